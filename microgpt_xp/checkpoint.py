@@ -1,0 +1,187 @@
+"""Atomic checkpoints: params, Adam state, step, config and tokenizer in one file.
+
+The file is a NumPy ``.npz`` archive: the weights and Adam moments as arrays, and a
+JSON header (format version, config, tokenizer, step, Adam hyperparameters and a
+SHA-256 of every array) so that a truncated, corrupt or mismatched file is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import _xp
+from .config import GPTConfig
+from .data import Tokenizer
+from .optim import Adam
+from .params import FIELDS, Params, from_host
+
+FORMAT = "microgpt-xp-checkpoint"
+VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be loaded (missing, corrupt, truncated, mismatched)."""
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`load` returns.
+
+    ``params`` on the requested backend; ``adam`` an :class:`Adam` carrying the saved
+    moments and step count (``None`` if none was saved); ``step`` the number of training
+    steps taken; ``tokenizer`` (or ``None``); ``meta`` extra JSON-able information.
+    """
+
+    params: Params
+    adam: Adam | None
+    step: int
+    tokenizer: Tokenizer | None
+    meta: dict[str, Any]
+
+    @property
+    def config(self) -> GPTConfig:
+        """The model config."""
+        return self.params.config
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def save(
+    path: str | Path,
+    params: Params,
+    *,
+    adam: Adam | None = None,
+    step: int = 0,
+    tokenizer: Tokenizer | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint atomically: to a temporary file in the same folder, fsync, then
+    rename over ``path``. A crash mid-save leaves the previous file intact. Returns the path.
+    """
+    path = Path(path)
+    arrays: dict[str, np.ndarray] = {
+        f"params/{k}": _xp.to_numpy(v) for k, v in params.arrays().items()
+    }
+    if adam is not None:
+        arrays.update({f"adam_m/{k}": _xp.to_numpy(v) for k, v in adam.m.arrays().items()})
+        arrays.update({f"adam_v/{k}": _xp.to_numpy(v) for k, v in adam.v.arrays().items()})
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "config": params.config.to_dict(),
+        "dtype": str(arrays["params/wte"].dtype),
+        "step": int(step),
+        "adam": None if adam is None else adam.state_dict(),
+        "tokenizer": None if tokenizer is None else tokenizer.to_dict(),
+        "meta": meta or {},
+        "sha256": {k: _digest(v) for k, v in arrays.items()},
+    }
+    buf = io.BytesIO()
+    np.savez(buf, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def load(
+    path: str | Path,
+    *,
+    backend: str = "numpy",
+    device: Any = None,
+    dtype: str | None = None,
+    config: GPTConfig | None = None,
+) -> Checkpoint:
+    """Read a checkpoint onto ``backend``/``device`` (``dtype=None``: the saved dtype).
+
+    Raises :class:`CheckpointError` for a missing, truncated or corrupt file, a file that
+    is not a microgpt-xp checkpoint, and (when ``config`` is given) a config mismatch.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated: {exc}") from exc
+    try:
+        header = json.loads(data.pop("__header__").tobytes().decode())
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(
+            f"{str(path)!r} is not a microgpt-xp checkpoint (no valid header)"
+        ) from exc
+    if header.get("format") != FORMAT or header.get("version") != VERSION:
+        raise CheckpointError(
+            f"{str(path)!r} is not a version-{VERSION} microgpt-xp checkpoint "
+            f"(format {header.get('format')!r}, version {header.get('version')!r})"
+        )
+    digests = header["sha256"]
+    if set(digests) != set(data):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is incomplete: arrays do not match its header"
+        )
+    for k, a in data.items():
+        if _digest(a) != digests[k]:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is corrupt: array {k!r} fails its checksum"
+            )
+    saved = GPTConfig.from_dict(header["config"])
+    if config is not None and config != saved:
+        raise CheckpointError(f"checkpoint {str(path)!r} holds {saved}, not the requested {config}")
+    dtype = header["dtype"] if dtype is None else _xp.check_dtype(dtype)
+
+    def record(prefix: str) -> Params:
+        try:
+            return from_host(
+                {k: data[f"{prefix}/{k}"] for k in FIELDS},
+                saved,
+                backend=backend,
+                device=device,
+                dtype=dtype,
+            )
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} does not match its config: {exc}"
+            ) from exc
+
+    params = record("params")
+    adam = None
+    if header["adam"] is not None:
+        hp = dict(header["adam"])
+        t = hp.pop("t")
+        adam = Adam(params, **hp)
+        adam.m, adam.v, adam.t = record("adam_m"), record("adam_v"), t
+    tok = header["tokenizer"]
+    return Checkpoint(
+        params=params,
+        adam=adam,
+        step=int(header["step"]),
+        tokenizer=None if tok is None else Tokenizer.from_dict(tok),
+        meta=header["meta"],
+    )

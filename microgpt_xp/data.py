@@ -1,0 +1,196 @@
+"""Documents, the character tokenizer and padded ``(tokens, lengths)`` batches.
+
+Everything here runs on the host with Python lists and NumPy arrays; batches are moved
+to a backend by the caller (``microgpt_xp._xp.asarray``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """A corpus or batch request that cannot be used (empty, undecodable, too small)."""
+
+
+# -- corpora ----------------------------------------------------------------------------
+def docs_from_text(text: str) -> list[str]:
+    """Documents from text as the spec reads ``input.txt``: one per line, surrounding
+    whitespace stripped, empty lines dropped, file order kept."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def read_docs(path: str | Path) -> list[str]:
+    """Read a UTF-8 text file of one document per line (see :func:`docs_from_text`).
+
+    Raises :class:`DataError` for a missing file, bytes that are not UTF-8, or a file
+    without any document.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot read data file {str(path)!r}: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"data file {str(path)!r} is not UTF-8 text (undecodable byte at offset {exc.start})"
+        ) from exc
+    docs = docs_from_text(text)
+    if not docs:
+        raise DataError(f"data file {str(path)!r} holds no documents (it is empty or blank)")
+    return docs
+
+
+def default_docs() -> list[str]:
+    """The embedded default corpus: the English first names that the MIT-licensed
+    ``mimesis`` package ships (about 3,300 names), lowercased, deduplicated, a–z only,
+    sorted. Needs no download and no file of this repository."""
+    # find_spec locates the package without importing it (mimesis' import is slow).
+    spec = importlib.util.find_spec("mimesis")
+    if spec is None or spec.origin is None:
+        raise DataError(
+            "the embedded default corpus needs the 'mimesis' package: pip install mimesis"
+        )
+    data = (Path(spec.origin).parent / "datasets" / "en" / "person.json").read_text("utf-8")
+    names = json.loads(data)["names"]
+    docs = {n.strip().lower() for group in names.values() for n in group}
+    return sorted(d for d in docs if d and d.isascii() and d.isalpha())
+
+
+# -- tokenizer ---------------------------------------------------------------------------
+class Tokenizer:
+    """microgpt's character tokenizer: ids ``0..len(chars)-1`` for the sorted distinct
+    characters, then one ``BOS`` id (``= len(chars)``) that marks both the start and the
+    end of a document.
+
+    ``vocab_size = len(chars) + 1``.
+    """
+
+    def __init__(self, chars: Iterable[str]) -> None:
+        chars = sorted(set(chars))
+        for ch in chars:
+            if not isinstance(ch, str) or len(ch) != 1:
+                raise ValueError(f"tokenizer characters must be single characters, got {ch!r}")
+        if not chars:
+            raise ValueError("a tokenizer needs at least one character")
+        self.chars: list[str] = chars
+        self._ids = {ch: i for i, ch in enumerate(chars)}
+
+    @classmethod
+    def from_docs(cls, docs: Iterable[str]) -> Tokenizer:
+        """The tokenizer of a corpus: every character that occurs in it."""
+        return cls(set("".join(docs)))
+
+    @property
+    def bos(self) -> int:
+        """The BOS id."""
+        return len(self.chars)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, characters plus BOS."""
+        return len(self.chars) + 1
+
+    def encode(self, doc: str) -> list[int]:
+        """Character ids of ``doc`` (no BOS). Raises ``ValueError`` naming any character
+        outside the vocabulary."""
+        try:
+            return [self._ids[ch] for ch in doc]
+        except KeyError as exc:
+            raise ValueError(
+                f"character {exc.args[0]!r} in {doc!r} is not in the tokenizer's vocabulary"
+            ) from None
+
+    def encode_doc(self, doc: str) -> list[int]:
+        """``[BOS] + encode(doc) + [BOS]``, the spec's encoding of a training document."""
+        return [self.bos, *self.encode(doc), self.bos]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of character ids; BOS ids are skipped. Raises ``ValueError`` for ids outside
+        ``[0, vocab_size)``."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == self.bos:
+                continue
+            if not 0 <= i < self.bos:
+                raise ValueError(f"token id {i} is outside [0, {self.vocab_size})")
+            out.append(self.chars[i])
+        return "".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able description (for checkpoints)."""
+        return {"chars": "".join(self.chars)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Tokenizer:
+        """Inverse of :meth:`to_dict`."""
+        return cls(d["chars"])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tokenizer) and other.chars == self.chars
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.chars))
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(chars={''.join(self.chars)!r})"
+
+
+# -- batches -------------------------------------------------------------------------------
+def encode_docs(
+    tokenizer: Tokenizer, docs: Sequence[str], block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encode documents into a right-padded ``(tokens (N, L) int64, lengths (N,) int64)``.
+
+    Each row is ``BOS, chars…, BOS`` truncated to ``block_size + 1`` tokens (the spec's
+    ``n = min(block_size, len - 1)`` predictions) and padded with BOS; ``L`` is the
+    longest row. ``lengths`` counts the real tokens.
+    """
+    if not docs:
+        raise DataError("no documents to encode")
+    rows = [tokenizer.encode_doc(d)[: block_size + 1] for d in docs]
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    tokens = np.full((len(rows), int(lengths.max())), tokenizer.bos, dtype=np.int64)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    return tokens, lengths
+
+
+def batch_indices(num_docs: int, batch_size: int, step: int, seed: int) -> np.ndarray:
+    """Indices of the documents of training step ``step`` (0-based).
+
+    The corpus is read in epochs, each a fresh permutation drawn from
+    ``numpy.random.default_rng([seed, epoch])``; step ``s`` takes positions
+    ``s*B .. s*B + B - 1`` of the concatenated epochs. The batch of a step depends only on
+    ``(num_docs, batch_size, step, seed)``, so a resumed run sees the same batches.
+    """
+    if batch_size < 1:
+        raise DataError(f"batch size must be at least 1, got {batch_size}")
+    if num_docs < batch_size:
+        raise DataError(
+            f"the corpus has {num_docs} documents, fewer than the batch size {batch_size}"
+        )
+    start = step * batch_size
+    first, last = start // num_docs, (start + batch_size - 1) // num_docs
+    perms = np.concatenate(
+        [np.random.default_rng([seed, e]).permutation(num_docs) for e in range(first, last + 1)]
+    )
+    offset = start - first * num_docs
+    return perms[offset : offset + batch_size]
+
+
+def take_batch(
+    tokens: np.ndarray, lengths: np.ndarray, idx: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``idx`` of an encoded corpus, trimmed to the longest of them."""
+    lens = lengths[idx]
+    return tokens[idx, : int(lens.max())], lens

@@ -1,0 +1,370 @@
+"""The GPT: whole-sequence ``forward``, token-by-token ``decode_step`` with a ``KVCache``,
+``loss_and_grads`` (the hand-written backward pass) and per-document ``score``.
+
+All of it is composed from the forward/backward pairs in :mod:`microgpt_xp.layers` and
+runs on whatever namespace and device the inputs live on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from array_api_compat import array_namespace, device
+
+from . import _xp
+from . import layers as L
+from .params import LAYER_FIELDS, Params
+
+Array = Any
+Reduction = Literal["mean", "token_mean"]
+
+
+# -- input checks (at the edge, before any model code) -----------------------------------
+def _check_same_place(params: Params, arrays: dict[str, Array]) -> Any:
+    for name, a in arrays.items():
+        try:
+            xp = array_namespace(a, params.wte)
+        except TypeError as exc:
+            raise TypeError(
+                f"{name} and params are arrays of different namespaces "
+                f"({type(a).__module__}.{type(a).__name__} vs {params.backend}): {exc}"
+            ) from exc
+        if str(device(a)) != str(params.device):
+            raise ValueError(f"{name} is on device {device(a)} but params are on {params.device}")
+    return xp
+
+
+def _eager_values(x: Array) -> np.ndarray | None:
+    """Host values of an eager array for validation; ``None`` for lazy arrays."""
+    if _xp.is_lazy(x):
+        return None
+    return _xp.to_numpy(x)
+
+
+def _check_tokens(
+    params: Params, tokens: Array, lengths: Array | None, *, max_len: int, min_length: int
+) -> tuple[Array, Array]:
+    """Validate ``tokens (B, T)`` / ``lengths (B,)`` and return them (lengths filled in).
+
+    Value checks (ids in range, lengths that fit) run on eager arrays; on Dask they are
+    attached to the graph and raise when computed.
+    """
+    if not hasattr(tokens, "shape") or not hasattr(tokens, "dtype"):
+        raise TypeError(f"tokens must be an array, got {type(tokens).__name__}")
+    xp = _check_same_place(params, {"tokens": tokens})
+    if not xp.isdtype(tokens.dtype, "integral"):
+        raise TypeError(f"tokens must have an integer dtype, got {tokens.dtype}")
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be 2-d (batch, time), got shape {tuple(tokens.shape)}")
+    b, t = tokens.shape
+    if t > max_len:
+        raise ValueError(f"sequence length {t} exceeds the model's limit {max_len}")
+    if t < min_length:
+        raise ValueError(f"sequences need at least {min_length} tokens, got {t}")
+    if lengths is None:
+        lengths = xp.full((b,), t, dtype=tokens.dtype, device=device(tokens))
+    else:
+        _check_same_place(params, {"lengths": lengths})
+        if not xp.isdtype(lengths.dtype, "integral"):
+            raise TypeError(f"lengths must have an integer dtype, got {lengths.dtype}")
+        if tuple(lengths.shape) != (b,):
+            raise ValueError(
+                f"lengths must have shape ({b},) to match tokens, got {tuple(lengths.shape)}"
+            )
+    vocab = params.config.vocab_size
+    tok_host, len_host = _eager_values(tokens), _eager_values(lengths)
+    if (
+        len_host is not None
+        and len_host.size
+        and (len_host.min() < min_length or len_host.max() > t)
+    ):
+        raise ValueError(
+            f"lengths must lie in [{min_length}, {t}] for tokens of shape {(b, t)}, "
+            f"got min {len_host.min()} max {len_host.max()}"
+        )
+    if tok_host is not None and len_host is not None and tok_host.size:
+        real = np.arange(t)[None, :] < len_host[:, None]
+        bad = real & ((tok_host < 0) | (tok_host >= vocab))
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise ValueError(
+                f"token id {tok_host[row, col]} at [{row}, {col}] is outside [0, {vocab})"
+            )
+    if _xp.is_lazy(tokens) or _xp.is_lazy(lengths):
+        tokens = _xp.lazy_value_check(
+            tokens,
+            lambda blk: bool(((blk >= 0) & (blk < vocab)).all()) if blk.size else True,
+            f"token ids must lie in [0, {vocab}) (padding included, on lazy arrays)",
+        )
+    return tokens, lengths
+
+
+def _real_mask(lengths: Array, t: int, dtype: Any) -> Array:
+    """``(B, T)`` 1.0 at positions ``< lengths[b]``, else 0.0."""
+    xp = array_namespace(lengths)
+    pos = xp.arange(t, dtype=lengths.dtype, device=device(lengths))
+    return xp.astype(pos[None, :] < lengths[:, None], dtype)
+
+
+# -- forward and backward over whole sequences ---------------------------------------------
+def _qkv_weight(params: Params, layer: int) -> Array:
+    xp = params.xp
+    return xp.concat(
+        [params.attn_wq[layer, ...], params.attn_wk[layer, ...], params.attn_wv[layer, ...]], axis=0
+    )
+
+
+def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
+    """Logits ``(B*T, V)`` of valid ``tokens (B, T)`` and the caches for the backward pass."""
+    cfg = params.config
+    b, t = tokens.shape
+    e, c_emb = L.embedding_forward(tokens, params.wte, params.wpe[:t, :])
+    x, c_norm0 = L.rmsnorm_forward(e)
+    caches: list[Any] = [c_emb, c_norm0]
+    for layer in range(cfg.n_layer):
+        h, c1 = L.rmsnorm_forward(x)
+        qkv, c2 = L.linear_forward(h, _qkv_weight(params, layer))
+        a, c3 = L.causal_attention_forward(qkv, b, t, cfg.n_head)
+        o, c4 = L.linear_forward(a, params.attn_wo[layer, ...])
+        x = x + o
+        h, c5 = L.rmsnorm_forward(x)
+        u, c6 = L.linear_forward(h, params.mlp_fc1[layer, ...])
+        u, c7 = L.relu_forward(u)
+        m, c8 = L.linear_forward(u, params.mlp_fc2[layer, ...])
+        x = x + m
+        caches.append((c1, c2, c3, c4, c5, c6, c7, c8))
+    logits, c_head = L.linear_forward(x, params.lm_head)
+    caches.append(c_head)
+    return logits, caches
+
+
+def _backward(params: Params, dlogits: Array, caches: list[Any]) -> Params:
+    """Gradients of all weights from ``dlogits (B*T, V)``, walking the caches in reverse."""
+    xp = params.xp
+    cfg = params.config
+    c = cfg.n_embd
+    dx, dlm_head = L.linear_backward(dlogits, caches[-1])
+    per_layer: dict[str, list[Array]] = {name: [] for name in LAYER_FIELDS}
+    for layer in reversed(range(cfg.n_layer)):
+        c1, c2, c3, c4, c5, c6, c7, c8 = caches[2 + layer]
+        du, dfc2 = L.linear_backward(dx, c8)
+        dh, dfc1 = L.linear_backward(L.relu_backward(du, c7), c6)
+        dx = dx + L.rmsnorm_backward(dh, c5)
+        da, dwo = L.linear_backward(dx, c4)
+        dh, dwqkv = L.linear_backward(L.causal_attention_backward(da, c3), c2)
+        dx = dx + L.rmsnorm_backward(dh, c1)
+        for name, g in (
+            ("attn_wq", dwqkv[:c, :]),
+            ("attn_wk", dwqkv[c : 2 * c, :]),
+            ("attn_wv", dwqkv[2 * c :, :]),
+            ("attn_wo", dwo),
+            ("mlp_fc1", dfc1),
+            ("mlp_fc2", dfc2),
+        ):
+            per_layer[name].insert(0, g)
+    de = L.rmsnorm_backward(dx, caches[1])
+    dwte, dwpe_rows = L.embedding_backward(de, caches[0])
+    t = dwpe_rows.shape[0]
+    dwpe = dwpe_rows
+    if t < cfg.block_size:
+        rest = xp.zeros((cfg.block_size - t, c), dtype=dwpe_rows.dtype, device=device(dwpe_rows))
+        dwpe = xp.concat([dwpe_rows, rest], axis=0)
+    return Params(
+        cfg,
+        wte=dwte,
+        wpe=dwpe,
+        lm_head=dlm_head,
+        **{name: xp.stack(gs, axis=0) for name, gs in per_layer.items()},
+    )
+
+
+def _safe_tokens(tokens: Array, lengths: Array) -> Array:
+    """Padding replaced by id 0, so that whatever the padding holds never reaches the model."""
+    xp = array_namespace(tokens)
+    real = _real_mask(lengths, tokens.shape[1], xp.bool)
+    return xp.where(real, tokens, xp.zeros_like(tokens))
+
+
+def forward(params: Params, tokens: Array, lengths: Array | None = None) -> Array:
+    """Logits of every position of a right-padded batch.
+
+    Args:
+        params: the weights.
+        tokens: ``(B, T)`` integer ids of the params' namespace and device, ``T <=
+            block_size``, rows right-padded.
+        lengths: ``(B,)`` integer number of real tokens per row (default: all ``T``).
+
+    Returns:
+        ``(B, T, V)`` logits in the params' dtype. Position ``t`` of row ``b`` sees
+        tokens ``0..t`` of that row only, so the logits of real positions never depend
+        on the padding (the logits at padded positions are meaningless).
+
+    Raises ``TypeError``/``ValueError`` for tokens of another namespace or device, a
+    non-integer dtype, ids outside ``[0, V)``, ``T > block_size`` or bad ``lengths``.
+    """
+    cfg = params.config
+    tokens, lengths = _check_tokens(params, tokens, lengths, max_len=cfg.block_size, min_length=1)
+    b, t = tokens.shape
+    logits, _ = _forward_cached(params, _safe_tokens(tokens, lengths))
+    return params.xp.reshape(logits, (b, t, cfg.vocab_size))
+
+
+def _prediction_inputs(
+    params: Params, tokens: Array, lengths: Array
+) -> tuple[Array, Array, Array, Array]:
+    """Split documents ``(B, L)`` into model inputs, targets and the per-row number of
+    predictions ``n = min(lengths - 1, block_size)``; returns ``(inputs, targets, n, valid)``."""
+    xp = params.xp
+    cfg = params.config
+    tokens, lengths = _check_tokens(
+        params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
+    )
+    t = min(tokens.shape[1] - 1, cfg.block_size)
+    safe = _safe_tokens(tokens, lengths)
+    n = xp.minimum(lengths - 1, xp.full_like(lengths, cfg.block_size))
+    valid = _real_mask(n, t, params.dtype)
+    return safe[:, :t], safe[:, 1 : t + 1], n, valid
+
+
+def _nll(
+    params: Params, tokens: Array, lengths: Array
+) -> tuple[Array, Array, Array, list[Any], Any]:
+    """Per-position losses ``(B, T)`` (zero at padding), ``n (B,)``, ``valid (B, T)``,
+    plus the caches of the forward pass and of the cross-entropy."""
+    xp = params.xp
+    inputs, targets, n, valid = _prediction_inputs(params, tokens, lengths)
+    b, t = inputs.shape
+    logits, caches = _forward_cached(params, inputs)
+    losses, c_ce = L.cross_entropy_forward(logits, xp.reshape(targets, (b * t,)))
+    return xp.reshape(losses, (b, t)) * valid, n, valid, caches, c_ce
+
+
+def _row_weights(n: Array, valid: Array, reduction: Reduction) -> tuple[Array, Any]:
+    """``(B, T)`` weight of each position in the batch loss; the per-row factor ``(B,)``
+    or the scalar factor of a token mean."""
+    xp = array_namespace(valid)
+    if reduction == "mean":
+        inv_n = 1.0 / xp.astype(n, valid.dtype)
+        return valid * (inv_n * (1.0 / valid.shape[0]))[:, None], inv_n
+    inv_total = 1.0 / xp.sum(valid)
+    return valid * inv_total, inv_total
+
+
+def loss_and_grads(
+    params: Params, tokens: Array, lengths: Array, *, reduction: Reduction = "mean"
+) -> tuple[Array, Params]:
+    """The training loss of a batch of documents and its gradient (hand-written backward).
+
+    Args:
+        params: the weights.
+        tokens: ``(B, L)`` integer ids, ``L <= block_size + 1``, each row ``BOS, chars…,
+            BOS`` as the spec encodes a document, right-padded.
+        lengths: ``(B,)`` real tokens per row, each ``>= 2``.
+        reduction: ``"mean"`` (default): row ``b``'s loss is the mean of ``−log p(next
+            token)`` over its ``n_b = min(lengths[b] − 1, block_size)`` predictions and the
+            batch loss the mean of the rows' losses — exactly microgpt's loss when
+            ``B = 1``. ``"token_mean"``: the mean over all predicted tokens of the batch,
+            so long documents weigh more.
+
+    Returns:
+        ``(loss, grads)``: ``loss`` a 0-d array of the params' namespace, ``grads`` a
+        :class:`Params` of the same namespace, device and dtype. Rows of ``wte``/``wpe``
+        the batch does not use get exactly zero gradient.
+    """
+    if reduction not in ("mean", "token_mean"):
+        raise ValueError(f"reduction must be 'mean' or 'token_mean', got {reduction!r}")
+    xp = params.xp
+    losses, n, valid, caches, c_ce = _nll(params, tokens, lengths)
+    weights, factor = _row_weights(n, valid, reduction)
+    if reduction == "mean":
+        loss = xp.mean(xp.sum(losses, axis=1) * factor)
+    else:
+        loss = xp.sum(losses) * factor
+    dlogits = L.cross_entropy_backward(xp.reshape(weights, (-1,)), c_ce)
+    return loss, _backward(params, dlogits, caches)
+
+
+def score(params: Params, tokens: Array, lengths: Array) -> Array:
+    """Each document's mean negative log-likelihood per predicted token (the spec's loss
+    of that document), with the same ``tokens (B, L)`` / ``lengths (B,)`` conventions as
+    :func:`loss_and_grads`. Returns ``(B,)`` in the params' dtype; lazy on Dask."""
+    xp = params.xp
+    losses, n, _, _, _ = _nll(params, tokens, lengths)
+    return xp.sum(losses, axis=1) * (1.0 / xp.astype(n, losses.dtype))
+
+
+# -- token-by-token decoding ----------------------------------------------------------------
+@dataclass(frozen=True)
+class KVCache:
+    """Keys and values of the positions decoded so far, for a batch.
+
+    ``keys[l]`` and ``values[l]`` are ``(B, H, pos, D)`` arrays of layer ``l`` (empty tuples
+    before the first step); ``pos`` is the number of positions already decoded, which is
+    also the position of the next token.
+    """
+
+    keys: tuple[Array, ...] = ()
+    values: tuple[Array, ...] = ()
+    pos: int = 0
+
+    @classmethod
+    def empty(cls) -> KVCache:
+        """A cache for a fresh sequence (position 0)."""
+        return cls()
+
+
+def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array, KVCache]:
+    """Run one position of the model for a batch, attending over the cache.
+
+    Args:
+        params: the weights.
+        token_ids: ``(B,)`` integer ids at position ``cache.pos`` (same namespace/device).
+        cache: the :class:`KVCache` of the earlier positions (``KVCache()`` to start).
+
+    Returns:
+        ``(logits (B, V), new_cache)``. The logits equal :func:`forward`'s at that position.
+        This is the spec's token-by-token forward: the new key and value are appended
+        before attending, so the position attends to itself.
+    """
+    cfg = params.config
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+    if cache.pos >= cfg.block_size:
+        raise ValueError(
+            f"the cache is full: position {cache.pos} is past block_size {cfg.block_size}"
+        )
+    if getattr(token_ids, "ndim", None) != 1:
+        raise ValueError(
+            f"token_ids must be 1-d (batch,), got {getattr(token_ids, 'shape', token_ids)}"
+        )
+    xp = params.xp
+    tokens, _ = _check_tokens(
+        params, token_ids[:, None], None, max_len=cfg.block_size, min_length=1
+    )
+    b = tokens.shape[0]
+    pos = cache.pos
+    x, _ = L.embedding_forward(tokens, params.wte, params.wpe[pos : pos + 1, :])
+    x, _ = L.rmsnorm_forward(x)
+    keys, values = [], []
+    for layer in range(cfg.n_layer):
+        h, _ = L.rmsnorm_forward(x)
+        qkv, _ = L.linear_forward(h, _qkv_weight(params, layer))
+        c = cfg.n_embd
+        q, k, v = (L.split_heads(qkv[:, i * c : (i + 1) * c], b, 1, cfg.n_head) for i in range(3))
+        if pos:
+            k = xp.concat([cache.keys[layer], k], axis=2)
+            v = xp.concat([cache.values[layer], v], axis=2)
+        keys.append(k)
+        values.append(v)
+        y, _ = L.attend_forward(q, k, v, None)
+        o, _ = L.linear_forward(L.merge_heads(y), params.attn_wo[layer, ...])
+        x = x + o
+        h, _ = L.rmsnorm_forward(x)
+        u, _ = L.linear_forward(h, params.mlp_fc1[layer, ...])
+        u, _ = L.relu_forward(u)
+        m, _ = L.linear_forward(u, params.mlp_fc2[layer, ...])
+        x = x + m
+    logits, _ = L.linear_forward(x, params.lm_head)
+    return logits, KVCache(tuple(keys), tuple(values), pos + 1)

@@ -1,0 +1,128 @@
+"""Batched generation through the KV cache, with temperature."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace
+
+from . import _xp
+from .data import Tokenizer
+from .layers import softmax
+from .model import KVCache, decode_step
+from .params import Params
+
+
+def choose(probs: Any, u: Any) -> Any:
+    """Inverse-CDF draw of one id per row, as the standard library's ``choices`` does.
+
+    ``probs (B, V)`` (not necessarily normalised), ``u (B,)`` uniforms in ``[0, 1)`` of the
+    same namespace and device. With ``c`` the running sums of a row, returns the number of
+    ``c[0..V-2]`` that are ``<= u * c[V-1]``: ``(B,)`` int64 ids.
+    """
+    xp = array_namespace(probs, u)
+    c = xp.cumulative_sum(probs, axis=-1)
+    hits = c[:, :-1] <= (u * c[:, -1])[:, None]
+    return xp.sum(xp.astype(hits, xp.int64), axis=-1)
+
+
+def sample_tokens(
+    params: Params,
+    bos: int,
+    num_samples: int,
+    *,
+    temperature: float = 0.5,
+    seed: int = 0,
+    batch_size: int | None = None,
+    chunks: int | None = None,
+) -> np.ndarray:
+    """Generate ``num_samples`` sequences from BOS; returns ``(N, block_size)`` int64 ids
+    on the host, each row cut at its first BOS (which stays, followed by more BOS).
+
+    One uniform per (sample, position) is drawn up front on the host from
+    ``numpy.random.default_rng(seed)`` and moved to the params' device, so the result
+    for a seed does not depend on ``batch_size`` (samples generated at once) or on Dask
+    ``chunks`` (rows per chunk of the batch axis).
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"the number of samples must be a positive int, got {num_samples!r}")
+    if not (
+        isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0
+    ):
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch size must be positive, got {batch_size!r}")
+    cfg = params.config
+    if not 0 <= bos < cfg.vocab_size:
+        raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
+    xp, backend, dev = params.xp, params.backend, params.device
+    dtype = str(params.dtype).split(".")[-1]
+    uniforms = np.random.default_rng(seed).random((num_samples, cfg.block_size))
+    inv_t = 1.0 / temperature
+    batch_size = num_samples if batch_size is None else batch_size
+    out = []
+    for start in range(0, num_samples, batch_size):
+        u_host = uniforms[start : start + batch_size]
+        b = u_host.shape[0]
+        u = _xp.asarray(
+            u_host,
+            backend,
+            device=dev,
+            dtype=dtype,
+            chunks=None if chunks is None else (chunks, -1),
+        )
+        token = _xp.asarray(
+            np.full(b, bos, dtype=np.int64),
+            backend,
+            device=dev,
+            chunks=None if chunks is None else (chunks,),
+        )
+        done = xp.zeros((b,), dtype=xp.bool, device=dev)
+        cache, rows = KVCache(), []
+        for pos in range(cfg.block_size):
+            logits, cache = decode_step(params, token, cache)
+            token = choose(softmax(logits * inv_t), u[:, pos])
+            done = done | (token == bos)
+            rows.append(xp.where(done, xp.full_like(token, bos), token))
+            if not _xp.is_lazy(done) and bool(xp.all(done)):
+                break
+        ids = _xp.to_numpy(xp.stack(rows, axis=1))
+        full = np.full((b, cfg.block_size), bos, dtype=np.int64)
+        full[:, : ids.shape[1]] = ids
+        out.append(full)
+    return np.concatenate(out, axis=0)
+
+
+def sample(
+    params: Params,
+    tokenizer: Tokenizer,
+    num_samples: int = 20,
+    *,
+    temperature: float = 0.5,
+    seed: int = 0,
+    batch_size: int | None = None,
+    chunks: int | None = None,
+) -> list[str]:
+    """Generate ``num_samples`` documents (names) with the KV cache at ``temperature``.
+
+    Each starts from BOS at position 0 and stops at the first sampled BOS or after
+    ``block_size`` tokens. Draws are made on the host (see :func:`sample_tokens`), so a
+    seed gives the same names whatever the batch size or chunking. Runs on the params'
+    namespace and device.
+    """
+    if tokenizer.vocab_size != params.config.vocab_size:
+        raise ValueError(
+            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
+        )
+    ids = sample_tokens(
+        params,
+        tokenizer.bos,
+        num_samples,
+        temperature=temperature,
+        seed=seed,
+        batch_size=batch_size,
+        chunks=chunks,
+    )
+    return [tokenizer.decode(row) for row in ids]

@@ -1,0 +1,117 @@
+"""Shared fixtures: the ``backend`` fixture runs a test once per array namespace.
+
+``MICROGPT_XP_BACKENDS`` (comma-separated, e.g. ``dask`` or ``numpy,torch``) narrows the
+namespaces; by default every importable one is used. array-api-strict runs on its
+non-default device ``device1`` so that a forgotten ``device=`` fails loudly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from microgpt_xp import _xp
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMES_TXT = ROOT.parent / "shared" / "data" / "names.txt"
+
+_MODULES = {
+    "numpy": "numpy",
+    "array_api_strict": "array_api_strict",
+    "dask": "dask",
+    "torch": "torch",
+    "jax": "jax",
+    "cupy": "cupy",
+}
+
+
+def _cupy_usable() -> bool:
+    try:
+        import cupy
+
+        return bool(cupy.cuda.is_available())
+    except Exception:
+        return False
+
+
+def selected_backends() -> list[str]:
+    """Backends chosen by MICROGPT_XP_BACKENDS, or all installed ones."""
+    env = os.environ.get("MICROGPT_XP_BACKENDS", "").strip()
+    if env:
+        names = [n.strip() for n in env.split(",") if n.strip()]
+        for n in names:
+            _xp.check_backend(n)
+        return names
+    return [n for n, mod in _MODULES.items() if importlib.util.find_spec(mod) is not None]
+
+
+@dataclass
+class Backend:
+    """One array namespace under test, with helpers to move host data there and back."""
+
+    name: str
+    device: Any
+
+    @property
+    def xp(self) -> Any:
+        return _xp.namespace(self.name)
+
+    def asarray(self, host: Any, dtype: str | None = None, chunks: Any = None) -> Any:
+        if self.name == "dask" and chunks is None:
+            host = np.asarray(host)
+            # chunk along the batch axis so that tests exercise multi-chunk graphs
+            chunks = (max(1, host.shape[0] // 2),) + (-1,) * (host.ndim - 1) if host.ndim else -1
+        return _xp.asarray(host, self.name, device=self.device, dtype=dtype, chunks=chunks)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return _xp.to_numpy(x)
+
+
+def _device_for(name: str) -> Any:
+    if name == "array_api_strict":
+        return "device1"
+    return None
+
+
+@pytest.fixture(params=selected_backends())
+def backend(request: pytest.FixtureRequest) -> Backend:
+    name = request.param
+    if name == "cupy" and not _cupy_usable():
+        pytest.skip("CuPy needs a CUDA GPU (cupy.cuda.is_available() is False)")
+    if importlib.util.find_spec(_MODULES[name]) is None:
+        pytest.skip(f"{name} is not installed")
+    if name == "dask":
+        import dask
+
+        # the synchronous scheduler keeps tests deterministic and light on 2 cores
+        with dask.config.set(scheduler="synchronous"):
+            yield Backend(name, None)
+        return
+    yield Backend(name, _device_for(name))
+
+
+@pytest.fixture
+def names_txt() -> Path:
+    """makemore's names.txt from ../shared, or skip."""
+    if not NAMES_TXT.is_file():
+        pytest.skip(f"{NAMES_TXT} is absent")
+    return NAMES_TXT
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In the non-NumPy nox sessions run only the tests that take the ``backend`` fixture;
+    the others (CLI, data, checkpoints, …) do not depend on the namespace and run once,
+    in the NumPy session."""
+    if os.environ.get("MICROGPT_XP_BACKEND_ONLY") != "1":
+        return
+    keep = [i for i in items if "backend" in getattr(i, "fixturenames", ())]
+    drop = [i for i in items if "backend" not in getattr(i, "fixturenames", ())]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
