@@ -1,21 +1,47 @@
 """microgpt on the Python Array API: one GPT, its hand-written backward pass, Adam and
-sampling, written once and run on NumPy, CuPy, Dask, PyTorch, JAX or array-api-strict."""
+sampling, written once and run on NumPy, CuPy, Dask, PyTorch, JAX or array-api-strict.
+
+The model code takes its namespace and device from its inputs; choose an array type
+with ``backend=`` where arrays are created (``init_params``, ``train``) or by passing
+arrays of that type.
+"""
 
 from ._version import __version__
 from ._xp import BACKENDS
+from .checkpoint import Checkpoint, CheckpointError, load, save
 from .config import GPTConfig
+from .data import DataError, Tokenizer, default_docs, read_docs
+from .exact import run_exact, sample_exact
 from .model import KVCache, decode_step, forward, loss_and_grads, score
+from .optim import Adam
 from .params import Params, init_params
+from .sample import sample
+from .train import TrainingError, TrainResult, train
 
 __all__ = [
     "BACKENDS",
+    "Adam",
+    "Checkpoint",
+    "CheckpointError",
+    "DataError",
     "GPTConfig",
     "KVCache",
     "Params",
+    "Tokenizer",
+    "TrainResult",
+    "TrainingError",
     "__version__",
     "decode_step",
+    "default_docs",
     "forward",
     "init_params",
+    "load",
     "loss_and_grads",
+    "read_docs",
+    "run_exact",
+    "sample",
+    "sample_exact",
+    "save",
     "score",
+    "train",
 ]

@@ -97,7 +97,10 @@ def resolve_device(backend: str, device: Any = None) -> Any:
     if backend == "torch":
         import torch
 
-        return torch.device("cpu") if device is None else torch.device(device)
+        try:
+            return torch.device("cpu") if device is None else torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"unknown torch device {device!r}: {exc}") from exc
     if backend == "cupy":
         import cupy
 
@@ -218,3 +221,24 @@ def materialize(arrays: list[Any]) -> list[Any]:
     from dask.base import persist
 
     return list(persist(*arrays))
+
+
+_NAMESPACES: dict[type, Any] = {}
+
+
+def array_namespace(*arrays: Any) -> Any:
+    """``array_api_compat.array_namespace`` with a per-type cache.
+
+    The model calls this on every block; the cache turns a ~9 µs lookup into a dict hit
+    when all arrays share one type (the namespace depends only on the array type).
+    Mixed types go through ``array_api_compat.array_namespace``, which raises for arrays
+    of different libraries.
+    """
+    kind = type(arrays[0])
+    for a in arrays[1:]:
+        if type(a) is not kind:
+            return array_api_compat.array_namespace(*arrays)
+    ns = _NAMESPACES.get(kind)
+    if ns is None:
+        ns = _NAMESPACES[kind] = array_api_compat.array_namespace(arrays[0])
+    return ns

@@ -97,6 +97,9 @@ def save(
             f.write(buf.getvalue())
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; use the usual file mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -125,6 +128,12 @@ def load(
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"PK\x03\x04":
+        raise CheckpointError(
+            f"{str(path)!r} is not a microgpt-xp checkpoint (not an .npz archive)"
+        )
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}

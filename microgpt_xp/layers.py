@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from array_api_compat import array_namespace, device
+from array_api_compat import device
+
+from ._xp import array_namespace
 
 #: Added to the mean square in RMSNorm (the spec's 1e-5).
 RMSNORM_EPS = 1e-5

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from array_api_compat import array_namespace, device
+from array_api_compat import device
 
 from . import _xp
 from . import layers as L
+from ._xp import array_namespace
 from .params import LAYER_FIELDS, Params
 
 Array = Any
@@ -171,13 +172,9 @@ def _backward(params: Params, dlogits: Array, caches: list[Any]) -> Params:
     if t < cfg.block_size:
         rest = xp.zeros((cfg.block_size - t, c), dtype=dwpe_rows.dtype, device=device(dwpe_rows))
         dwpe = xp.concat([dwpe_rows, rest], axis=0)
-    return Params(
-        cfg,
-        wte=dwte,
-        wpe=dwpe,
-        lm_head=dlm_head,
-        **{name: xp.stack(gs, axis=0) for name, gs in per_layer.items()},
-    )
+    grads = {"wte": dwte, "wpe": dwpe, "lm_head": dlm_head}
+    grads.update({name: xp.stack(gs, axis=0) for name, gs in per_layer.items()})
+    return Params.trusted(cfg, grads)
 
 
 def _safe_tokens(tokens: Array, lengths: Array) -> Array:

@@ -69,14 +69,14 @@ class Adam:
         # Python floats, evaluated as the original does: (1 - beta) is 0.15000000000000002.
         c1, c2 = 1 - b1, 1 - b2
         bc1, bc2 = 1 - b1 ** (t + 1), 1 - b2 ** (t + 1)
-        self.m = self.m.map(lambda m, g: b1 * m + c1 * g, grads)
-        self.v = self.v.map(lambda v, g: b2 * v + c2 * (g * g), grads)
+        self.m = self.m.map(lambda m, g: b1 * m + c1 * g, grads, check=False)
+        self.v = self.v.map(lambda v, g: b2 * v + c2 * (g * g), grads, check=False)
 
         def update(p: Any, m: Any, v: Any) -> Any:
             return p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + self.eps)
 
         self.t = t + 1
-        return params.map(update, self.m, self.v)
+        return params.map(update, self.m, self.v, check=False)
 
     def state_dict(self) -> dict[str, Any]:
         """Hyperparameters and step count (the moments are ``self.m`` / ``self.v``)."""

@@ -82,7 +82,7 @@ class Params:
             raise TypeError(f"Params.config must be a GPTConfig, got {type(self.config).__name__}")
         arrays = [getattr(self, name) for name in FIELDS]
         try:
-            xp = array_api_compat.array_namespace(*arrays)
+            xp = _xp.array_namespace(*arrays)
         except TypeError as exc:
             raise TypeError(f"Params fields must be arrays of one namespace: {exc}") from exc
         for name, shape in field_shapes(self.config).items():
@@ -91,20 +91,24 @@ class Params:
                 raise ValueError(
                     f"Params.{name} has shape {got}, but the config needs {shape} ({self.config})"
                 )
-        dtypes = {str(a.dtype) for a in arrays}
-        if len(dtypes) != 1:
-            raise TypeError(f"Params fields must share one dtype, got {sorted(dtypes)}")
-        if not xp.isdtype(arrays[0].dtype, "real floating"):
-            raise TypeError(f"Params must be real floating, got {arrays[0].dtype}")
-        devices = {str(array_api_compat.device(a)) for a in arrays}
-        if len(devices) != 1:
-            raise ValueError(f"Params fields must share one device, got {sorted(devices)}")
+        first = arrays[0]
+        if any(a.dtype != first.dtype for a in arrays):
+            raise TypeError(
+                f"Params fields must share one dtype, got {sorted({str(a.dtype) for a in arrays})}"
+            )
+        if not xp.isdtype(first.dtype, "real floating"):
+            raise TypeError(f"Params must be real floating, got {first.dtype}")
+        dev = array_api_compat.device(first)
+        if any(array_api_compat.device(a) != dev for a in arrays):
+            raise ValueError(
+                f"Params fields must share one device, got {sorted({str(array_api_compat.device(a)) for a in arrays})}"
+            )
 
     # -- properties ---------------------------------------------------------------
     @property
     def xp(self) -> Any:
         """The Array API namespace of the weights."""
-        return array_api_compat.array_namespace(self.wte)
+        return _xp.array_namespace(self.wte)
 
     @property
     def device(self) -> Any:
@@ -126,15 +130,26 @@ class Params:
         return {name: getattr(self, name) for name in FIELDS}
 
     # -- building new records -----------------------------------------------------
-    def map(self, fn: Callable[..., Any], *others: Params) -> Params:
-        """A new ``Params`` whose field ``f`` is ``fn(self.f, other1.f, …)``."""
-        return Params(
-            self.config,
-            **{
-                name: fn(getattr(self, name), *(getattr(o, name) for o in others))
-                for name in FIELDS
-            },
-        )
+    def map(self, fn: Callable[..., Any], *others: Params, check: bool = True) -> Params:
+        """A new ``Params`` whose field ``f`` is ``fn(self.f, other1.f, …)``.
+
+        ``check=False`` skips the validation of the result (for elementwise updates in
+        hot loops, where shapes, dtype and device cannot change).
+        """
+        arrays = {
+            name: fn(getattr(self, name), *(getattr(o, name) for o in others)) for name in FIELDS
+        }
+        return Params(self.config, **arrays) if check else Params.trusted(self.config, arrays)
+
+    @classmethod
+    def trusted(cls, config: GPTConfig, arrays: Mapping[str, Any]) -> Params:
+        """Build a record without validating it; only for arrays known to fit ``config``
+        (results of the model's own elementwise or backward computations)."""
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "config", config)
+        for name in FIELDS:
+            object.__setattr__(obj, name, arrays[name])
+        return obj
 
     def to(
         self, backend: str | None = None, *, device: Any = None, dtype: str | None = None
@@ -282,7 +297,7 @@ def materialize(first: Any, *records: Params) -> tuple[Any, ...]:
     flat = _xp.materialize([first] + [a for r in records for a in r.arrays().values()])
     k = len(FIELDS)
     out = [
-        Params(r.config, **dict(zip(FIELDS, flat[1 + i * k : 1 + (i + 1) * k], strict=True)))
+        Params.trusted(r.config, dict(zip(FIELDS, flat[1 + i * k : 1 + (i + 1) * k], strict=True)))
         for i, r in enumerate(records)
     ]
     return (flat[0], *out)

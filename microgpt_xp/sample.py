@@ -6,9 +6,9 @@ import math
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace
 
 from . import _xp
+from ._xp import array_namespace
 from .data import Tokenizer
 from .layers import softmax
 from .model import KVCache, decode_step

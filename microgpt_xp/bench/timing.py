@@ -1,0 +1,232 @@
+"""Interleaved timing rounds with a ``/proc/stat`` filter, BLAS thread control, and
+robust statistics.
+
+A *round* times our implementation and each peer once, back to back, in an order that
+alternates from round to round (ours first, then peers first), so that slow drift of
+the machine (frequency, other tenants) affects both sides of a ratio alike. Around each
+round the machine-wide CPU counters of ``/proc/stat`` and this process's own CPU time are
+read; a round in which *other* processes used more than a small share of the CPUs is
+dropped (and counted), because on a shared machine such rounds can be 10x off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Cumulative CPU counters at one instant: machine-wide busy and total jiffies, this
+    process's user+system jiffies (all its threads) and the wall clock."""
+
+    busy: int
+    total: int
+    own: int
+    wall: float
+
+
+def cpu_sample() -> CpuSample | None:
+    """Read ``/proc/stat`` and ``/proc/self/stat``; ``None`` where they do not exist."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        with open("/proc/self/stat") as f:
+            own_fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    # user nice system idle iowait irq softirq steal (guest is already inside user).
+    user, nice, system, idle, iowait, irq, softirq = fields[:7]
+    steal = fields[7] if len(fields) > 7 else 0
+    busy = user + nice + system + irq + softirq + steal
+    own = int(own_fields[11]) + int(own_fields[12])  # utime, stime (fields 14, 15)
+    return CpuSample(busy, busy + idle + iowait, own, time.perf_counter())
+
+
+def other_cpu_share(before: CpuSample | None, after: CpuSample | None) -> float | None:
+    """Share of the machine's CPU capacity (0..1) used by other processes between two
+    samples, or ``None`` when ``/proc`` is unavailable.
+
+    Capacity is the elapsed total jiffies over all CPUs; "other" is busy jiffies (steal
+    included) minus this process's own.
+    """
+    if before is None or after is None:
+        return None
+    total = after.total - before.total
+    if total <= 0:
+        return 0.0
+    other = (after.busy - before.busy) - (after.own - before.own)
+    return max(0.0, other / total)
+
+
+# -- BLAS threads --------------------------------------------------------------------------
+def _openblas() -> Any:
+    """The OpenBLAS library NumPy has loaded (through ctypes), or ``None``."""
+    try:
+        import numpy as np
+
+        libs = glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "*openblas*"))
+        libs += glob.glob(os.path.join(os.path.dirname(np.__file__), ".libs", "*openblas*"))
+        for path in libs:
+            lib = ctypes.CDLL(path)
+            for prefix in ("scipy_openblas_", "openblas_"):
+                for suffix in ("64_", ""):
+                    get = getattr(lib, f"{prefix}get_num_threads{suffix}", None)
+                    put = getattr(lib, f"{prefix}set_num_threads{suffix}", None)
+                    if get is not None and put is not None:
+                        return get, put
+    except OSError:
+        return None
+    return None
+
+
+def blas_threads() -> int | None:
+    """Number of threads of NumPy's BLAS (threadpoolctl when installed, else OpenBLAS
+    through ctypes); ``None`` when it cannot be told."""
+    try:
+        from threadpoolctl import threadpool_info  # type: ignore[import-not-found,unused-ignore]
+
+        counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
+        if counts:
+            return int(counts[0])
+    except ImportError:
+        pass
+    fns = _openblas()
+    return None if fns is None else int(fns[0]())
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set NumPy's BLAS threads to ``n``; returns whether it could be done."""
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found,unused-ignore]
+
+        threadpool_limits(limits=n, user_api="blas")
+        return True
+    except ImportError:
+        pass
+    fns = _openblas()
+    if fns is None:
+        return False
+    fns[1](int(n))
+    return True
+
+
+# -- statistics ------------------------------------------------------------------------------
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """``median``, ``min``, ``max``, quartiles ``q1``/``q3`` and the number ``n`` of values."""
+    v = sorted(values)
+    if not v:
+        return {
+            "n": 0,
+            "median": math.nan,
+            "min": math.nan,
+            "max": math.nan,
+            "q1": math.nan,
+            "q3": math.nan,
+        }
+    q1, q3 = (v[0], v[0]) if len(v) == 1 else tuple(statistics.quantiles(v, n=4)[::2])
+    return {
+        "n": len(v),
+        "median": statistics.median(v),
+        "min": v[0],
+        "max": v[-1],
+        "q1": q1,
+        "q3": q3,
+    }
+
+
+# -- rounds -------------------------------------------------------------------------------------
+@dataclass
+class Timed:
+    """A callable to time: one call does ``tokens`` tokens of work; ``repeat`` calls make
+    one measurement (set by :func:`calibrate`)."""
+
+    name: str
+    fn: Callable[[], Any]
+    tokens: int
+    repeat: int = 1
+
+
+def _time(t: Timed) -> float:
+    start = time.perf_counter()
+    for _ in range(t.repeat):
+        t.fn()
+    return (time.perf_counter() - start) / t.repeat
+
+
+def calibrate(t: Timed, warmup: int, min_time: float) -> float:
+    """Warm ``t`` up (``warmup`` calls, at least one) and set ``t.repeat`` so that one
+    measurement lasts about ``min_time`` seconds. Returns the fastest warm-up call's time."""
+    best = math.inf
+    for _ in range(max(1, warmup)):
+        start = time.perf_counter()
+        t.fn()
+        best = min(best, time.perf_counter() - start)
+    t.repeat = max(1, math.ceil(min_time / max(best, 1e-9)))
+    return best
+
+
+@dataclass
+class Rounds:
+    """The outcome of :func:`interleave`: per-round seconds per call of every timed
+    callable, the other-process CPU share of each round, and which rounds were kept."""
+
+    names: list[str]
+    seconds: list[dict[str, float]] = field(default_factory=list)
+    other_share: list[float | None] = field(default_factory=list)
+    kept: list[bool] = field(default_factory=list)
+    filtered: bool = True
+
+    @property
+    def dropped(self) -> int:
+        """Rounds dropped because other processes used the CPUs."""
+        return self.kept.count(False)
+
+    def kept_seconds(self) -> list[dict[str, float]]:
+        """Seconds per call of the kept rounds (all rounds if none was kept, in which case
+        ``filtered`` is False)."""
+        out = [s for s, k in zip(self.seconds, self.kept, strict=True) if k]
+        return out if out else list(self.seconds)
+
+
+def interleave(
+    timed: Sequence[Timed],
+    repeats: int,
+    *,
+    max_other: float = 0.05,
+    max_rounds: int | None = None,
+    deadline: float | None = None,
+) -> Rounds:
+    """Run rounds until ``repeats`` of them are clean or ``max_rounds`` (default
+    ``3 * repeats``) have run, or ``time.perf_counter()`` passes ``deadline``.
+
+    Each round measures every callable once, in forward order on even rounds and reverse
+    order on odd ones. A round is clean when other processes used at most ``max_other``
+    of the machine's CPU capacity during it (always clean where ``/proc`` is missing).
+    """
+    max_rounds = 3 * repeats if max_rounds is None else max(max_rounds, repeats)
+    out = Rounds([t.name for t in timed])
+    clean = 0
+    for r in range(max_rounds):
+        if clean >= repeats or (deadline is not None and r >= 1 and time.perf_counter() > deadline):
+            break
+        order = list(timed) if r % 2 == 0 else list(reversed(timed))
+        before = cpu_sample()
+        seconds = {t.name: _time(t) for t in order}
+        share = other_cpu_share(before, cpu_sample())
+        ok = share is None or share <= max_other
+        out.seconds.append(seconds)
+        out.other_share.append(share)
+        out.kept.append(ok)
+        clean += ok
+    out.filtered = clean > 0
+    return out

@@ -1,0 +1,454 @@
+"""What the benchmark times: our training step, scoring and decoding on any backend, and
+the same work done by the peers (the scalar reference, PyTorch eager, and the plain
+matmuls of the step as the machine's yardstick), plus a per-layer breakdown of our step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import _xp
+from .. import layers as L
+from ..config import GPTConfig
+from ..model import KVCache, decode_step, loss_and_grads, score
+from ..optim import Adam
+from ..params import FIELDS, Params, init_params, materialize
+from ..sample import choose
+from .timing import Timed, cpu_sample, other_cpu_share
+
+#: Named model shapes (the spec's model and a wider, deeper one).
+CONFIGS: dict[str, GPTConfig] = {
+    "default": GPTConfig(vocab_size=27, n_layer=1, n_embd=16, n_head=4, block_size=16),
+    "medium": GPTConfig(vocab_size=27, n_layer=4, n_embd=128, n_head=4, block_size=64),
+}
+
+WORKLOADS: tuple[str, ...] = ("train", "score", "decode")
+PEERS: tuple[str, ...] = ("scalar", "torch", "torch_sdpa", "matmul")
+
+#: The scalar peer is run only where a step builds fewer graph nodes than this
+#: (about ``num_params * block_size``); the medium model would take minutes a step.
+SCALAR_MAX_WORK = 300_000
+
+#: Sampling temperature of the decode workload (the spec's 0.5).
+TEMPERATURE = 0.5
+
+
+def parse_config(text: str) -> tuple[str, GPTConfig]:
+    """A config by name (``default``, ``medium``) or spelled ``L4,C128,H4,T64[,V27]`` (any
+    order, commas optional; V defaults to 27). Returns ``(label, config)``."""
+    if text in CONFIGS:
+        return text, CONFIGS[text]
+    parts = dict(re.findall(r"([LCHTV])(\d+)", text.upper()))
+    if not parts or re.sub(r"[LCHTV]\d+|[,\s]", "", text.upper()):
+        raise ValueError(
+            f"unknown config {text!r}: use {', '.join(CONFIGS)} or a spec like L4,C128,H4,T64"
+        )
+    cfg = GPTConfig(
+        vocab_size=int(parts.get("V", 27)),
+        n_layer=int(parts.get("L", 1)),
+        n_embd=int(parts.get("C", 16)),
+        n_head=int(parts.get("H", 4)),
+        block_size=int(parts.get("T", 16)),
+    )
+    return config_label(cfg), cfg
+
+
+def config_label(cfg: GPTConfig) -> str:
+    """``L1,C16,H4,T16,V27``-style label of a config."""
+    return f"L{cfg.n_layer},C{cfg.n_embd},H{cfg.n_head},T{cfg.block_size},V{cfg.vocab_size}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark setting: a workload on a config, batch size, dtype and backend.
+
+    ``batch`` is documents per training/scoring step, or sequences decoded at once.
+    Every document is full length: ``T = block_size`` predicted (or sampled) tokens.
+    """
+
+    workload: str
+    config_name: str
+    config: GPTConfig
+    batch: int
+    dtype: str
+    backend: str
+    seed: int = 0
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per sequence (predicted in train/score, sampled in decode)."""
+        return self.config.block_size
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of work in one call: ``batch * seq_len``."""
+        return self.batch * self.seq_len
+
+    def host_tokens(self) -> np.ndarray:
+        """``(batch, T+1)`` int64 random full-length documents (fixed by ``seed``)."""
+        rng = np.random.default_rng([self.seed, 1])
+        return rng.integers(0, self.config.vocab_size, (self.batch, self.seq_len + 1))
+
+    def host_uniforms(self) -> np.ndarray:
+        """``(batch, T)`` uniforms of the decode draws (fixed by ``seed``)."""
+        return np.random.default_rng([self.seed, 2]).random((self.batch, self.seq_len))
+
+    def params(self) -> Params:
+        """Initial weights of this case on its backend and dtype."""
+        return init_params(self.config, seed=self.seed, backend=self.backend, dtype=self.dtype)
+
+
+# -- ours -------------------------------------------------------------------------------------
+def _sync(x: Any) -> float:
+    return float(_xp.to_numpy(x).ravel()[0])
+
+
+def ours(case: Case) -> Timed:
+    """Our code on ``case.backend``: a training step as :func:`microgpt_xp.train.train`
+    runs it (``loss_and_grads``, ``Adam.step``, materialize, the loss to the host),
+    ``score`` of the batch, or ``decode_step`` + softmax + ``choose`` for ``T`` positions
+    (the inner loop of :func:`microgpt_xp.sample.sample_tokens`, without the early stop)."""
+    params = case.params()
+    backend = case.backend
+    host = case.host_tokens()
+    tok = _xp.asarray(host, backend)
+    lens = _xp.asarray(np.full(case.batch, case.seq_len + 1, dtype=np.int64), backend)
+    name = f"ours[{backend}]"
+    if case.workload == "train":
+        adam = Adam(params, num_steps=2**62)
+        state = {"params": params}
+
+        def train_step() -> float:
+            loss, grads = loss_and_grads(state["params"], tok, lens)
+            new = adam.step(state["params"], grads)
+            loss, new, adam.m, adam.v = materialize(loss, new, adam.m, adam.v)
+            state["params"] = new
+            return _sync(loss)
+
+        return Timed(name, train_step, case.tokens)
+    if case.workload == "score":
+        return Timed(name, lambda: _sync(score(params, tok, lens)), case.tokens)
+    if case.workload == "decode":
+        xp = params.xp
+        u = _xp.asarray(case.host_uniforms(), backend, dtype=case.dtype)
+        bos = case.config.vocab_size - 1
+        start = _xp.asarray(np.full(case.batch, bos, dtype=np.int64), backend)
+        inv_t = 1.0 / TEMPERATURE
+
+        def decode() -> float:
+            token, cache = start, KVCache()
+            for pos in range(case.seq_len):
+                logits, cache = decode_step(params, token, cache)
+                token = choose(L.softmax(logits * inv_t), u[:, pos])
+            return _sync(xp.astype(token, xp.float64))
+
+        return Timed(name, decode, case.tokens)
+    raise ValueError(f"unknown workload {case.workload!r}")
+
+
+# -- peers ------------------------------------------------------------------------------------
+def host_weights(case: Case, dtype: str) -> dict[str, np.ndarray]:
+    """The case's initial weights as layer-stacked host arrays of ``dtype``."""
+    p = init_params(case.config, seed=case.seed, backend="numpy", dtype=dtype)
+    return {name: np.asarray(getattr(p, name)) for name in FIELDS}
+
+
+def peer_skip_reason(peer: str, case: Case) -> str | None:
+    """Why ``peer`` does not run for ``case`` (``None`` when it does)."""
+    if peer not in PEERS:
+        return f"unknown peer {peer!r}"
+    if peer == "scalar":
+        work = case.config.num_params * case.seq_len
+        if work > SCALAR_MAX_WORK:
+            return f"scalar reference skipped: ~{work:,} graph nodes a document (too slow)"
+    if peer in ("torch", "torch_sdpa"):
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return "PyTorch is not installed (pip install 'microgpt-xp[bench]')"
+        if peer == "torch_sdpa" and case.workload == "decode":
+            return "torch_sdpa: decode uses the KV-cache loop of the torch peer"
+    if peer == "matmul" and case.workload == "decode":
+        return "matmul yardstick: train and score only"
+    return None
+
+
+def make_peer(peer: str, case: Case) -> Timed:
+    """The ``Timed`` of one peer on the case (check :func:`peer_skip_reason` first).
+
+    ``scalar`` does one document per call (``T`` tokens; its numbers are Python floats,
+    i.e. float64, whatever the case's dtype); ``torch``/``torch_sdpa`` the whole batch in
+    the case's dtype; ``matmul`` the step's matrix products alone (NumPy).
+    """
+    cfg = case.config
+    if peer == "scalar":
+        from .scalar import ScalarGPT
+
+        host = init_params(cfg, seed=case.seed, backend="numpy", dtype="float64")
+        model = ScalarGPT(host.to_state_dict(), cfg)
+        doc = [int(i) for i in case.host_tokens()[0]]
+        if case.workload == "train":
+            return Timed(peer, lambda: model.train_step(doc), case.seq_len)
+        if case.workload == "score":
+            return Timed(peer, lambda: model.score(doc), case.seq_len)
+        import random
+
+        rng = random.Random(case.seed)
+        bos = cfg.vocab_size - 1
+        return Timed(peer, lambda: model.sample(bos, rng, case.seq_len, TEMPERATURE), case.seq_len)
+    if peer in ("torch", "torch_sdpa"):
+        import torch
+
+        from .torch_peer import TorchGPT
+
+        model_t = TorchGPT(
+            host_weights(case, case.dtype),
+            cfg,
+            case.dtype,
+            attention="sdpa" if peer == "torch_sdpa" else "manual",
+        )
+        tok = torch.from_numpy(case.host_tokens())
+        if case.workload == "train":
+            return Timed(peer, lambda: model_t.train_step(tok), case.tokens)
+        if case.workload == "score":
+            return Timed(peer, lambda: float(model_t.score(tok)[0]), case.tokens)
+        u = torch.from_numpy(case.host_uniforms().astype(case.dtype))
+        bos = cfg.vocab_size - 1
+        return Timed(peer, lambda: int(model_t.decode(u, bos, TEMPERATURE)[0, -1]), case.tokens)
+    if peer == "matmul":
+        pairs = matmul_operands(case)
+
+        def products() -> None:
+            for a, b in pairs:
+                np.matmul(a, b)
+
+        return Timed(peer, products, case.tokens)
+    raise ValueError(f"unknown peer {peer!r}")
+
+
+# -- the matmul yardstick ------------------------------------------------------------------------
+def matmul_shapes(case: Case) -> list[tuple[tuple[int, ...], int, int, int]]:
+    """The model's matrix products of one step as ``(batch_dims, m, k, n)``: ``(…, m, k) @
+    (…, k, n)``. Forward: per layer q|k|v, attention scores and mix (full ``T x T``, as ours
+    and PyTorch compute them), proj, fc1, fc2; then ``lm_head``. Training adds the two
+    products of each one's backward (``dx`` and ``dW``; ``dq, dk, datt, dv``). The one-hot
+    embedding products of our implementation are not model work and are left out."""
+    cfg = case.config
+    b, t, c, h, v = case.batch, case.seq_len, cfg.n_embd, cfg.n_head, cfg.vocab_size
+    n, d = b * t, cfg.head_dim
+    linears = [(n, c, 3 * c), (n, c, c), (n, c, 4 * c), (n, 4 * c, c)] * cfg.n_layer
+    linears.append((n, c, v))
+    attn = [((b, h), t, d, t), ((b, h), t, t, d)] * cfg.n_layer
+    out: list[tuple[tuple[int, ...], int, int, int]] = [((), m, k, nn) for m, k, nn in linears]
+    out += attn
+    if case.workload == "train":
+        for m, k, nn in linears:
+            out += [((), m, nn, k), ((), nn, m, k)]  # dx = dy @ W, dW = dy.T @ x
+        for _ in range(cfg.n_layer):
+            out += [((b, h), t, t, d)] * 3 + [((b, h), t, d, t)]  # dq, dk, dv; datt
+    return out
+
+
+def matmul_flops(case: Case) -> int:
+    """Floating-point operations (2 per multiply-add) of :func:`matmul_shapes`."""
+    return sum(2 * math.prod(bd) * m * k * n for bd, m, k, n in matmul_shapes(case))
+
+
+def matmul_operands(case: Case) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Contiguous random NumPy operands of :func:`matmul_shapes` in the case's dtype."""
+    rng = np.random.default_rng(case.seed)
+    return [
+        (
+            rng.standard_normal((*bd, m, k)).astype(case.dtype),
+            rng.standard_normal((*bd, k, n)).astype(case.dtype),
+        )
+        for bd, m, k, n in matmul_shapes(case)
+    ]
+
+
+def square_matmul_gflops(size: int = 1024, dtype: str = "float32", repeat: int = 5) -> float:
+    """The machine's plain matmul speed on one ``size x size`` product (best of
+    ``repeat``), in GFLOP/s: the peak that large shapes reach."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size)).astype(dtype)
+    b = rng.standard_normal((size, size)).astype(dtype)
+    a @ b
+    best = math.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+# -- per-layer breakdown of our training step -------------------------------------------------------
+_TIMED_LAYERS = (
+    "embedding_forward",
+    "embedding_backward",
+    "rmsnorm_forward",
+    "rmsnorm_backward",
+    "linear_forward",
+    "linear_backward",
+    "causal_attention_forward",
+    "causal_attention_backward",
+    "relu_forward",
+    "relu_backward",
+    "cross_entropy_forward",
+    "cross_entropy_backward",
+)
+
+#: Rows of the breakdown, in the order of the step.
+COMPONENTS: tuple[str, ...] = (
+    "embedding",
+    "rmsnorm",
+    "qkv",
+    "attention",
+    "proj",
+    "fc1",
+    "relu",
+    "fc2",
+    "lm_head",
+    "loss",
+    "adam",
+    "other",
+)
+
+
+def _linear_label(w_shape: tuple[int, ...], cfg: GPTConfig) -> str:
+    c, v = cfg.n_embd, cfg.vocab_size
+    labels: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for shape, label in (
+        ((3 * c, c), "qkv"),
+        ((c, c), "proj"),
+        ((4 * c, c), "fc1"),
+        ((c, 4 * c), "fc2"),
+        ((v, c), "lm_head"),
+    ):
+        labels[shape].append(label)
+    found = labels.get((int(w_shape[0]), int(w_shape[1])), [])
+    return found[0] if len(found) == 1 else "linear"
+
+
+@contextlib.contextmanager
+def timed_layers(cfg: GPTConfig, record: Callable[[str, str, float, Any], None]) -> Iterator[None]:
+    """Wrap the forward/backward functions of :mod:`microgpt_xp.layers` that
+    ``model.py`` calls, so that each call reports ``record(component, "forward" |
+    "backward", seconds, output)``; restores them on exit. Linear layers are told apart by
+    the shape of their weight. Measurement only: nothing else changes."""
+    saved = {name: getattr(L, name) for name in _TIMED_LAYERS}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        base, _, direction = name.rpartition("_")
+        comp = {"causal_attention": "attention", "cross_entropy": "loss"}.get(base, base)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            elapsed = time.perf_counter() - start
+            label = comp
+            if base == "linear":
+                w = args[1] if direction == "forward" else args[1][1]
+                label = _linear_label(tuple(w.shape), cfg)
+            record(label, direction, elapsed, out)
+            return out
+
+        return timed
+
+    try:
+        for name, fn in saved.items():
+            setattr(L, name, wrap(name, fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(L, name, fn)
+
+
+def _dtypes(out: Any) -> set[str]:
+    if isinstance(out, tuple):
+        return set().union(*(_dtypes(o) for o in out)) if out else set()
+    dtype = getattr(out, "dtype", None)
+    return set() if dtype is None else {str(dtype).split(".")[-1]}
+
+
+def breakdown(
+    case: Case, steps: int = 5, warmup: int = 2, max_other: float = 0.05
+) -> dict[str, Any]:
+    """Where the time of our training step goes on ``case`` (a ``train`` case of an eager
+    backend): seconds per step of each component's forward and backward (median over the
+    clean steps), Adam, and ``other``, the rest of the step's median time (the glue in
+    ``model.py``: input checks, residual adds, the q|k|v weight concat, gradient slicing
+    and stacking, the loss reduction). Also lists every dtype
+    a layer returned, to catch silent upcasts."""
+    if _xp.is_lazy(case.params().wte):
+        return {"skipped": f"breakdown needs an eager backend, not {case.backend}"}
+    params = case.params()
+    tok = _xp.asarray(case.host_tokens(), case.backend)
+    lens = _xp.asarray(np.full(case.batch, case.seq_len + 1, dtype=np.int64), case.backend)
+    adam = Adam(params, num_steps=2**62)
+    per_step: list[dict[str, float]] = []
+    shares: list[float | None] = []
+    dtypes: dict[str, set[str]] = defaultdict(set)
+    for i in range(warmup + steps):
+        acc: dict[str, float] = defaultdict(float)
+
+        def record(label: str, direction: str, sec: float, out: Any, acc: dict = acc) -> None:
+            acc[f"{label}.{direction}"] += sec
+            dtypes[label] |= _dtypes(out)
+
+        before = cpu_sample()
+        start = time.perf_counter()
+        with timed_layers(case.config, record):
+            loss, grads = loss_and_grads(params, tok, lens)
+        t_adam = time.perf_counter()
+        params = adam.step(params, grads)
+        _sync(loss)
+        end = time.perf_counter()
+        share = other_cpu_share(before, cpu_sample())
+        if i < warmup:
+            continue
+        acc["adam.step"] = end - t_adam
+        acc["total"] = end - start
+        per_step.append(dict(acc))
+        shares.append(share)
+    kept = [s for s, sh in zip(per_step, shares, strict=True) if sh is None or sh <= max_other]
+    use = kept or per_step
+    keys = sorted({k for s in use for k in s})
+    med = {k: float(np.median([s.get(k, 0.0) for s in use])) for k in keys}
+    total = med.pop("total")
+    # "other" is the rest of the step, so that the rows add up to the step's time
+    med["other.glue"] = total - sum(med.values())
+    rows = []
+    for comp in COMPONENTS:
+        fwd = med.get(f"{comp}.forward", 0.0)
+        bwd = med.get(f"{comp}.backward", 0.0)
+        extra = med.get(f"{comp}.step", 0.0) + med.get(f"{comp}.glue", 0.0)
+        if comp == "adam":
+            fwd, bwd = 0.0, extra
+        elif comp == "other":
+            fwd, bwd = extra, 0.0
+        rows.append(
+            {
+                "component": comp,
+                "forward_s": fwd,
+                "backward_s": bwd,
+                "total_s": fwd + bwd,
+                "share": (fwd + bwd) / total if total else math.nan,
+            }
+        )
+    return {
+        "step_s": total,
+        "steps_kept": len(kept),
+        "steps_dropped": len(per_step) - len(kept),
+        "rows": rows,
+        "dtypes": {k: sorted(v) for k, v in sorted(dtypes.items())},
+        "upcasts": sorted(k for k, v in dtypes.items() if v - {case.dtype, "bool", "int64"}),
+    }
