@@ -23,7 +23,7 @@ from . import _xp
 from .config import GPTConfig
 from .data import Tokenizer
 from .optim import Adam
-from .params import FIELDS, Params, from_host
+from .params import FIELDS, Params, from_host, materialize
 
 FORMAT = "microgpt-xp-checkpoint"
 VERSION = 1
@@ -71,12 +71,14 @@ def save(
     rename over ``path``. A crash mid-save leaves the previous file intact. Returns the path.
     """
     path = Path(path)
+    # one computation for lazy (Dask) records instead of one per array
+    params, *moments = materialize(params, *([] if adam is None else [adam.m, adam.v]))
     arrays: dict[str, np.ndarray] = {
         f"params/{k}": _xp.to_numpy(v) for k, v in params.arrays().items()
     }
     if adam is not None:
-        arrays.update({f"adam_m/{k}": _xp.to_numpy(v) for k, v in adam.m.arrays().items()})
-        arrays.update({f"adam_v/{k}": _xp.to_numpy(v) for k, v in adam.v.arrays().items()})
+        arrays.update({f"adam_m/{k}": _xp.to_numpy(v) for k, v in moments[0].arrays().items()})
+        arrays.update({f"adam_v/{k}": _xp.to_numpy(v) for k, v in moments[1].arrays().items()})
     header = {
         "format": FORMAT,
         "version": VERSION,
@@ -145,13 +147,21 @@ def load(
         raise CheckpointError(
             f"{str(path)!r} is not a microgpt-xp checkpoint (no valid header)"
         ) from exc
+    if not isinstance(header, dict):
+        raise CheckpointError(
+            f"{str(path)!r} is not a microgpt-xp checkpoint (its header is not a mapping)"
+        )
     if header.get("format") != FORMAT or header.get("version") != VERSION:
         raise CheckpointError(
             f"{str(path)!r} is not a version-{VERSION} microgpt-xp checkpoint "
             f"(format {header.get('format')!r}, version {header.get('version')!r})"
         )
+    required = ("sha256", "config", "dtype", "step", "adam", "tokenizer", "meta")
+    missing = [k for k in required if k not in header]
+    if missing:
+        raise CheckpointError(f"checkpoint {str(path)!r} has a damaged header: missing {missing}")
     digests = header["sha256"]
-    if set(digests) != set(data):
+    if not isinstance(digests, dict) or set(digests) != set(data):
         raise CheckpointError(
             f"checkpoint {str(path)!r} is incomplete: arrays do not match its header"
         )
@@ -160,7 +170,10 @@ def load(
             raise CheckpointError(
                 f"checkpoint {str(path)!r} is corrupt: array {k!r} fails its checksum"
             )
-    saved = GPTConfig.from_dict(header["config"])
+    try:
+        saved = GPTConfig.from_dict(header["config"])
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r} has an invalid config: {exc}") from exc
     if config is not None and config != saved:
         raise CheckpointError(f"checkpoint {str(path)!r} holds {saved}, not the requested {config}")
     dtype = header["dtype"] if dtype is None else _xp.check_dtype(dtype)

@@ -290,14 +290,18 @@ def init_params(
     return Params.from_state_dict(state, config=config, backend=backend, device=device, dtype=dtype)
 
 
-def materialize(first: Any, *records: Params) -> tuple[Any, ...]:
-    """Evaluate an array and some records together (one Dask computation, kept in
-    memory), so that a training loop's graph does not grow; a no-op on eager backends.
-    Returns ``(first, *records)`` evaluated."""
-    flat = _xp.materialize([first] + [a for r in records for a in r.arrays().values()])
-    k = len(FIELDS)
-    out = [
-        Params.trusted(r.config, dict(zip(FIELDS, flat[1 + i * k : 1 + (i + 1) * k], strict=True)))
-        for i, r in enumerate(records)
-    ]
-    return (flat[0], *out)
+def materialize(*items: Any) -> tuple[Any, ...]:
+    """Evaluate arrays and ``Params`` records together — one Dask computation whose
+    results stay in memory — so that a training loop's graph does not grow; a no-op on
+    eager backends. Returns the items in the same order and structure."""
+    flat: list[Any] = []
+    for item in items:
+        flat.extend(item.arrays().values() if isinstance(item, Params) else [item])
+    done = iter(_xp.materialize(flat))
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, Params):
+            out.append(Params.trusted(item.config, {name: next(done) for name in FIELDS}))
+        else:
+            out.append(next(done))
+    return tuple(out)

@@ -1,0 +1,326 @@
+"""Tests of microgpt_xp.data: reading corpora (spec §1), the tokenizer (spec §3), padded
+batches (spec §6) and the epoch-wise batch order."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from microgpt_xp import data
+from microgpt_xp.data import (
+    DataError,
+    Tokenizer,
+    batch_indices,
+    default_docs,
+    encode_docs,
+    read_docs,
+    take_batch,
+)
+
+
+def _write(tmp_path: Path, content: bytes, name: str = "docs.txt") -> Path:
+    path = tmp_path / name
+    path.write_bytes(content)
+    return path
+
+
+# -- read_docs ----------------------------------------------------------------------------
+def test_read_docs_strips_drops_empty_and_keeps_order(tmp_path: Path) -> None:
+    path = _write(tmp_path, b"  emma\n\nolivia  \n\t\n   \nava\tx \nzoe\n  \n")
+    assert read_docs(path) == ["emma", "olivia", "ava\tx", "zoe"]
+
+
+def test_read_docs_accepts_str_path(tmp_path: Path) -> None:
+    path = _write(tmp_path, b"b\na\n")
+    assert read_docs(str(path)) == ["b", "a"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"emma\nolivia\nava",
+        b"emma\nolivia\nava\n",
+        b"emma\r\nolivia\r\nava\r\n",
+        b"emma\r\nolivia\r\nava",
+    ],
+    ids=["no-trailing-newline", "trailing-newline", "crlf", "crlf-no-trailing"],
+)
+def test_read_docs_line_endings(tmp_path: Path, content: bytes) -> None:
+    docs = read_docs(_write(tmp_path, content))
+    assert docs == ["emma", "olivia", "ava"]
+    assert all("\r" not in d and "\n" not in d for d in docs)
+
+
+def test_read_docs_matches_the_spec_reading(tmp_path: Path) -> None:
+    # spec §1: line by line, strip, keep non-empty lines, in file order
+    text = "x\n  y y \n\n\nz\r\n \n"
+    path = _write(tmp_path, text.encode())
+    expected = [line.strip() for line in path.open(encoding="utf-8") if line.strip()]
+    assert read_docs(path) == expected
+
+
+def test_read_docs_keeps_duplicates_and_unicode(tmp_path: Path) -> None:
+    path = _write(tmp_path, "zoë\nanna\nzoë\n".encode())
+    assert read_docs(path) == ["zoë", "anna", "zoë"]
+
+
+@pytest.mark.parametrize(
+    "content", [b"", b"\n", b"  \n\t\n\r\n   "], ids=["empty", "newline", "blank"]
+)
+def test_read_docs_empty_file(tmp_path: Path, content: bytes) -> None:
+    path = _write(tmp_path, content)
+    with pytest.raises(DataError, match="no documents") as info:
+        read_docs(path)
+    assert str(path) in str(info.value)
+
+
+def test_read_docs_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.txt"
+    with pytest.raises(DataError, match="cannot read") as info:
+        read_docs(path)
+    assert "nope.txt" in str(info.value)
+
+
+def test_read_docs_directory(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="cannot read"):
+        read_docs(tmp_path)
+
+
+def test_read_docs_undecodable_bytes(tmp_path: Path) -> None:
+    path = _write(tmp_path, b"emma\nol\xffivia\n")
+    with pytest.raises(DataError, match="UTF-8") as info:
+        read_docs(path)
+    assert str(path) in str(info.value)
+    assert "offset 7" in str(info.value)
+
+
+def test_data_error_is_a_value_error() -> None:
+    assert issubclass(DataError, ValueError)
+
+
+def test_read_docs_names_txt(names_txt: Path) -> None:
+    docs = read_docs(names_txt)
+    assert len(docs) == 32033
+    assert docs[0] == names_txt.read_text().split("\n", 1)[0].strip()
+    assert {len(d) for d in docs} <= set(range(2, 16))
+    tok = Tokenizer.from_docs(docs)
+    assert tok.chars == list(string.ascii_lowercase)
+    assert tok.vocab_size == 27
+    assert tok.bos == 26
+
+
+# -- default_docs -------------------------------------------------------------------------
+def test_default_docs() -> None:
+    docs = default_docs()
+    assert len(docs) > 100
+    assert all(d and set(d) <= set(string.ascii_lowercase) for d in docs)
+    assert default_docs() == docs
+
+
+def test_default_docs_needs_no_shared_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    # any attempt to read outside the installed packages (e.g. ../shared/data) fails
+    real_read_text = Path.read_text
+    real_read_bytes = Path.read_bytes
+
+    def guarded(real: Callable[..., Any]) -> Callable[..., Any]:
+        def read(self: Path, *args: Any, **kwargs: Any) -> Any:
+            if "shared" in self.parts or self.name == "names.txt":
+                raise AssertionError(f"default_docs read {self}")
+            return real(self, *args, **kwargs)
+
+        return read
+
+    monkeypatch.setattr(Path, "read_text", guarded(real_read_text))
+    monkeypatch.setattr(Path, "read_bytes", guarded(real_read_bytes))
+    monkeypatch.chdir(Path("/"))
+    assert len(default_docs()) > 100
+
+
+def test_default_docs_without_mimesis(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DataError, match="mimesis"):
+        default_docs()
+
+
+# -- Tokenizer ------------------------------------------------------------------------------
+def test_tokenizer_sorted_chars_and_bos() -> None:
+    tok = Tokenizer.from_docs(["cab", "bad", "zz"])
+    assert tok.chars == ["a", "b", "c", "d", "z"]
+    assert tok.bos == 5
+    assert tok.vocab_size == 6
+    assert tok.encode("zadcb") == [4, 0, 3, 2, 1]
+    assert tok.encode("") == []
+
+
+def test_tokenizer_matches_the_spec() -> None:
+    docs = ["emma", "olivia", "ava", "isabella", "sophia"]
+    uchars = sorted(set("".join(docs)))
+    tok = Tokenizer.from_docs(docs)
+    assert tok.chars == uchars
+    assert tok.bos == len(uchars)
+    for doc in docs:
+        assert tok.encode_doc(doc) == [len(uchars)] + [uchars.index(c) for c in doc] + [len(uchars)]
+
+
+def test_tokenizer_round_trip() -> None:
+    docs = ["hello", "world", "zoë", "a b"]
+    tok = Tokenizer.from_docs(docs)
+    for doc in docs:
+        assert tok.decode(tok.encode(doc)) == doc
+        assert tok.decode(tok.encode_doc(doc)) == doc
+    ids = np.array(tok.encode_doc("hello"), dtype=np.int64)
+    assert tok.decode(ids) == "hello"
+
+
+def test_tokenizer_unknown_character() -> None:
+    tok = Tokenizer.from_docs(["abc"])
+    with pytest.raises(ValueError, match="'q'") as info:
+        tok.encode("abqc")
+    assert "abqc" in str(info.value)
+    with pytest.raises(ValueError, match="'Q'"):
+        tok.encode_doc("Q")
+
+
+def test_tokenizer_decode_out_of_range() -> None:
+    tok = Tokenizer.from_docs(["abc"])
+    for bad in (4, -1, 100):
+        with pytest.raises(ValueError, match=str(bad)):
+            tok.decode([0, bad])
+
+
+def test_tokenizer_bad_chars() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        Tokenizer([])
+    with pytest.raises(ValueError, match="single"):
+        Tokenizer(["ab", "c"])
+
+
+def test_tokenizer_dict_round_trip() -> None:
+    import json
+
+    tok = Tokenizer.from_docs(["zebra", "apple", "ñu"])
+    d = json.loads(json.dumps(tok.to_dict()))
+    back = Tokenizer.from_dict(d)
+    assert back == tok
+    assert hash(back) == hash(tok)
+    assert back.chars == tok.chars
+    assert back.encode("ñu") == tok.encode("ñu")
+    assert Tokenizer.from_docs(["abc"]) != tok
+
+
+# -- encode_docs ----------------------------------------------------------------------------
+def test_encode_docs_pads_right_with_bos() -> None:
+    tok = Tokenizer.from_docs(["ab", "c"])
+    bos = tok.bos
+    tokens, lengths = encode_docs(tok, ["ab", "c", "abcab"], block_size=16)
+    assert tokens.dtype == np.int64 and lengths.dtype == np.int64
+    assert tokens.shape == (3, 7)
+    np.testing.assert_array_equal(lengths, [4, 3, 7])
+    np.testing.assert_array_equal(
+        tokens,
+        [
+            [bos, 0, 1, bos, bos, bos, bos],
+            [bos, 2, bos, bos, bos, bos, bos],
+            [bos, 0, 1, 2, 0, 1, bos],
+        ],
+    )
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 5, 6, 7, 16])
+def test_encode_docs_truncates_like_the_spec(block_size: int) -> None:
+    docs = ["abcde", "a", "edcba"]
+    tok = Tokenizer.from_docs(docs)
+    tokens, lengths = encode_docs(tok, docs, block_size)
+    for i, doc in enumerate(docs):
+        full = tok.encode_doc(doc)
+        n = min(block_size, len(full) - 1)  # spec §6: the number of predictions
+        assert lengths[i] == n + 1
+        np.testing.assert_array_equal(tokens[i, : n + 1], full[: n + 1])
+        assert np.all(tokens[i, n + 1 :] == tok.bos)
+    assert tokens.shape[1] == int(lengths.max()) <= block_size + 1
+
+
+def test_encode_docs_errors() -> None:
+    tok = Tokenizer.from_docs(["ab"])
+    with pytest.raises(DataError, match="no documents"):
+        encode_docs(tok, [], 16)
+    with pytest.raises(ValueError, match="'z'"):
+        encode_docs(tok, ["ab", "az"], 16)
+
+
+def test_take_batch_trims_to_longest() -> None:
+    tok = Tokenizer.from_docs(["abcdef"])
+    tokens, lengths = encode_docs(tok, ["a", "abcdef", "ab"], 16)
+    t, lens = take_batch(tokens, lengths, np.array([2, 0]))
+    np.testing.assert_array_equal(lens, [4, 3])
+    np.testing.assert_array_equal(t, tokens[[2, 0], :4])
+
+
+# -- batch_indices ----------------------------------------------------------------------------
+def test_batch_indices_deterministic() -> None:
+    a = [batch_indices(10, 3, s, seed=7) for s in range(8)]
+    b = [batch_indices(10, 3, s, seed=7) for s in range(8)]
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    c = [batch_indices(10, 3, s, seed=8) for s in range(8)]
+    assert any(not np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+@pytest.mark.parametrize(("num_docs", "batch_size"), [(12, 4), (10, 3), (7, 7), (5, 1)])
+def test_batch_indices_each_doc_once_per_epoch(num_docs: int, batch_size: int) -> None:
+    epochs = 3
+    steps = -(-epochs * num_docs // batch_size)
+    stream = np.concatenate([batch_indices(num_docs, batch_size, s, seed=1) for s in range(steps)])
+    for s in range(steps):
+        assert len(batch_indices(num_docs, batch_size, s, seed=1)) == batch_size
+    for e in range(epochs):
+        epoch = stream[e * num_docs : (e + 1) * num_docs]
+        assert sorted(epoch.tolist()) == list(range(num_docs))
+    # epochs are reshuffled
+    assert num_docs < 3 or not all(
+        np.array_equal(stream[:num_docs], stream[e * num_docs : (e + 1) * num_docs])
+        for e in range(1, epochs)
+    )
+
+
+def test_batch_indices_crosses_epoch_boundary() -> None:
+    # 10 docs, batches of 4: step 2 takes the last 2 of epoch 0 and the first 2 of epoch 1
+    e0 = np.concatenate([batch_indices(10, 4, s, seed=3) for s in range(2)])
+    b2 = batch_indices(10, 4, 2, seed=3)
+    b3 = batch_indices(10, 4, 3, seed=3)
+    assert sorted(np.concatenate([e0, b2[:2]]).tolist()) == list(range(10))
+    assert sorted(np.concatenate([b2[2:], b3, batch_indices(10, 4, 4, seed=3)[:4]]).tolist()) == (
+        list(range(10))
+    )
+
+
+def test_batch_indices_are_valid_ids() -> None:
+    for s in range(20):
+        idx = batch_indices(13, 5, s, seed=0)
+        assert idx.shape == (5,)
+        assert np.issubdtype(idx.dtype, np.integer)
+        assert idx.min() >= 0 and idx.max() < 13
+
+
+def test_batch_indices_depends_only_on_its_arguments() -> None:
+    # no hidden state: asking for step 5 first gives the same as asking after steps 0..4
+    late = batch_indices(9, 2, 5, seed=4)
+    for s in range(5):
+        batch_indices(9, 2, s, seed=4)
+    np.testing.assert_array_equal(batch_indices(9, 2, 5, seed=4), late)
+
+
+@pytest.mark.parametrize("batch_size", [0, -3])
+def test_batch_indices_bad_batch_size(batch_size: int) -> None:
+    with pytest.raises(DataError, match="batch size"):
+        batch_indices(10, batch_size, 0, seed=0)
+
+
+def test_batch_indices_corpus_smaller_than_batch() -> None:
+    with pytest.raises(DataError, match=r"3 documents.*batch size 4"):
+        batch_indices(3, 4, 0, seed=0)

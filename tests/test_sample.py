@@ -1,0 +1,222 @@
+"""Tests of microgpt_xp.sample: seeded, batch- and chunk-independent generation that follows
+the spec's §10 protocol (checked against the pure-Python oracle), temperature, the
+inverse-CDF draw ``choose`` (checked against the standard library) and argument errors."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pytest
+import reference
+
+from microgpt_xp import GPTConfig, Params, init_params
+from microgpt_xp.data import Tokenizer
+from microgpt_xp.sample import choose, sample, sample_tokens
+
+TOKENIZER = Tokenizer("abcde")
+CONFIG = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=8, n_head=2, block_size=8)
+BOS = TOKENIZER.bos
+# Few samples and one shape, so that backends that compile per shape (JAX) stay quick.
+N = 4
+
+
+def _params(backend: Any = None, dtype: str = "float64", seed: int = 0) -> Params:
+    kw = {} if backend is None else dict(backend=backend.name, device=backend.device)
+    return init_params(CONFIG, seed=seed, dtype=dtype, **kw)
+
+
+class FeedRandom(random.Random):
+    """A ``random.Random`` whose ``random()`` returns given values in order."""
+
+    def __init__(self, values: Iterable[float]) -> None:
+        super().__init__(0)
+        self._values = iter(values)
+
+    def random(self) -> float:
+        return float(next(self._values))
+
+
+def _cut(row: np.ndarray) -> list[int]:
+    """The ids of a sampled row before its first BOS."""
+    out = []
+    for i in row.tolist():
+        if i == BOS:
+            break
+        out.append(i)
+    return out
+
+
+# -- determinism ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_deterministic_and_independent_of_batch_size(backend: Any, dtype: str) -> None:
+    params = _params(backend, dtype)
+    names = sample(params, TOKENIZER, N, temperature=1.0, seed=3)
+    assert len(names) == N
+    assert sample(params, TOKENIZER, N, temperature=1.0, seed=3) == names
+    assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=2) == names
+    if backend.name == "dask":
+        assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, chunks=1) == names
+        assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, chunks=3) == names
+        assert (
+            sample(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=2, chunks=1) == names
+        )
+
+
+def test_independent_of_batch_size_many() -> None:
+    params = _params()
+    ids = sample_tokens(params, BOS, 23, temperature=1.0, seed=5)
+    for batch_size in (1, 4, 7, 23, 100):
+        np.testing.assert_array_equal(
+            sample_tokens(params, BOS, 23, temperature=1.0, seed=5, batch_size=batch_size), ids
+        )
+    # the first samples of a longer run are the samples of a shorter one
+    np.testing.assert_array_equal(sample_tokens(params, BOS, 5, temperature=1.0, seed=5), ids[:5])
+
+
+def test_seed_changes_the_samples() -> None:
+    params = _params()
+    assert sample(params, TOKENIZER, 20, temperature=1.0, seed=1) != sample(
+        params, TOKENIZER, 20, temperature=1.0, seed=2
+    )
+
+
+# -- the protocol -------------------------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_matches_the_reference_sampler(backend: Any, temperature: float) -> None:
+    """Each sample is the spec's §10 loop (the pure-Python oracle, fresh KV cache, stop at
+    BOS) driven by the documented uniforms ``default_rng(seed).random((N, block_size))``."""
+    params = _params(backend)
+    seed = 11
+    ids = sample_tokens(params, BOS, N, temperature=temperature, seed=seed)
+    uniforms = np.random.default_rng(seed).random((N, CONFIG.block_size))
+    sd = {k: v.tolist() for k, v in params.to_state_dict().items()}
+    for i in range(N):
+        want = reference.sample_one(
+            sd, FeedRandom(uniforms[i]), BOS, temperature=temperature, n_head=CONFIG.n_head
+        )
+        assert _cut(ids[i]) == want, i
+
+
+def test_samples_are_valid_names() -> None:
+    params = _params(seed=4)
+    n = 60
+    ids = sample_tokens(params, BOS, n, temperature=1.0, seed=0)
+    assert ids.shape == (n, CONFIG.block_size) and ids.dtype == np.int64
+    assert ids.min() >= 0 and ids.max() < CONFIG.vocab_size
+    names = sample(params, TOKENIZER, n, temperature=1.0, seed=0)
+    lengths = []
+    for row, name in zip(ids, names, strict=True):
+        prefix = _cut(row)
+        # after the first BOS, only BOS
+        assert np.all(row[len(prefix) :] == BOS)
+        assert name == "".join(TOKENIZER.chars[i] for i in prefix)
+        assert set(name) <= set(TOKENIZER.chars)
+        assert len(name) <= CONFIG.block_size
+        lengths.append(len(name))
+    # both ways of stopping happen: a sampled BOS and the end of the block
+    assert min(lengths) < CONFIG.block_size
+    assert max(lengths) == CONFIG.block_size
+
+
+def _greedy(params: Params) -> list[int]:
+    """Argmax decoding with the oracle's whole-sequence logits, stopping at BOS."""
+    sd = {k: v.tolist() for k, v in params.to_state_dict().items()}
+    tokens = [BOS]
+    for _ in range(CONFIG.block_size):
+        logits = reference.gpt_logits(sd, tokens, n_head=CONFIG.n_head)[-1]
+        nxt = max(range(len(logits)), key=logits.__getitem__)
+        if nxt == BOS:
+            break
+        tokens.append(nxt)
+    return tokens[1:]
+
+
+def test_low_temperature_is_argmax() -> None:
+    params = _params(seed=2)
+    greedy = "".join(TOKENIZER.chars[i] for i in _greedy(params))
+    assert sample(params, TOKENIZER, 30, temperature=1e-3, seed=0) == [greedy] * 30
+
+
+def test_lower_temperature_fewer_distinct_samples() -> None:
+    params = _params(seed=0)
+    distinct = [
+        len(set(sample(params, TOKENIZER, 40, temperature=t, seed=7))) for t in (1.0, 0.05, 1e-3)
+    ]
+    assert distinct[0] > distinct[1] > distinct[2] == 1
+    assert distinct[0] >= 20
+
+
+# -- choose --------------------------------------------------------------------------------
+def _stdlib_draw(weights: list[float], u: float) -> int:
+    """The spec's §10 draw: bisect-right of ``u * total`` in the running sums, hi = V - 1."""
+    cum = list(itertools.accumulate(weights))
+    return bisect.bisect(cum, u * cum[-1], 0, len(cum) - 1)
+
+
+def test_choose_matches_random_choices(backend: Any) -> None:
+    rng = np.random.default_rng(0)
+    b, v = 64, 7
+    probs = rng.random((b, v))
+    probs[rng.random((b, v)) < 0.3] = 0.0  # zero weights are skipped
+    probs[:, -1] += 1e-3  # keep every row's total positive
+    seeds = list(range(100, 100 + b))
+    u = np.array([random.Random(s).random() for s in seeds])
+    want = [
+        random.Random(s).choices(range(v), weights=probs[i].tolist())[0]
+        for i, s in enumerate(seeds)
+    ]
+    assert want == [_stdlib_draw(probs[i].tolist(), u[i]) for i in range(b)]
+    got = backend.to_numpy(choose(backend.asarray(probs), backend.asarray(u)))
+    assert got.shape == (b,)
+    assert got.tolist() == want
+
+
+def test_choose_edges() -> None:
+    probs = np.array(
+        [
+            [0.0, 0.0, 1.0, 0.0],  # one-hot: always index 2
+            [0.0, 0.0, 1.0, 0.0],
+            [0.0, 0.5, 0.5, 0.0],  # u = 0 skips the leading zero
+            [3.0, 1.0, 0.0, 4.0],  # unnormalised; u near 1 gives the last non-zero index
+            [0.25, 0.25, 0.25, 0.25],  # u exactly on a boundary: bisect-right goes past it
+        ]
+    )
+    u = np.array([0.0, math.nextafter(1.0, 0.0), 0.0, math.nextafter(1.0, 0.0), 0.5])
+    want = [_stdlib_draw(p.tolist(), x) for p, x in zip(probs, u, strict=True)]
+    assert want == [2, 2, 1, 3, 2]
+    assert choose(probs, u).tolist() == want
+
+
+# -- errors ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("num_samples", [0, -1, 2.0, True])
+def test_bad_num_samples(num_samples: Any) -> None:
+    with pytest.raises(ValueError, match="number of samples"):
+        sample(_params(), TOKENIZER, num_samples)
+
+
+@pytest.mark.parametrize("temperature", [0, 0.0, -0.5, math.nan, math.inf, "1"])
+def test_bad_temperature(temperature: Any) -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        sample(_params(), TOKENIZER, 2, temperature=temperature)
+
+
+def test_tokenizer_model_vocab_mismatch() -> None:
+    with pytest.raises(ValueError, match="tokenizer has 7 ids but the model 6"):
+        sample(_params(), Tokenizer("abcdef"), 2)
+
+
+def test_bad_batch_size() -> None:
+    with pytest.raises(ValueError, match="batch size"):
+        sample(_params(), TOKENIZER, 2, batch_size=0)
+
+
+@pytest.mark.parametrize("bos", [-1, CONFIG.vocab_size])
+def test_bad_bos(bos: int) -> None:
+    with pytest.raises(ValueError, match="bos"):
+        sample_tokens(_params(), bos, 2)

@@ -1,0 +1,320 @@
+"""Tests of microgpt_xp.train: determinism, callbacks, resuming, non-finite losses, argument
+errors, and (slow) that a short run on names.txt learns."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, score
+from microgpt_xp.checkpoint import CheckpointError, load
+from microgpt_xp.data import (
+    DataError,
+    Tokenizer,
+    batch_indices,
+    encode_docs,
+    read_docs,
+    take_batch,
+)
+from microgpt_xp.train import TrainingError, TrainResult, train
+
+# the package exports the function ``train``, which hides the module of the same name
+train_mod = importlib.import_module("microgpt_xp.train")
+
+# Every document has the same length, so every batch has the same shape: backends that
+# compile per shape (JAX) compile once for the whole file.
+DOCS = ["abcd", "bcda", "cdab", "dabc", "acbd", "bdca", "cadb", "dbac"]
+TOKENIZER = Tokenizer.from_docs(DOCS)
+CONFIG = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=8, n_head=2, block_size=8)
+STEPS, BATCH = 4, 3
+
+
+def _run(backend: Any = None, **kwargs: Any) -> TrainResult:
+    args: dict[str, Any] = dict(
+        steps=STEPS, batch_size=BATCH, config=CONFIG, seed=1, dtype="float64", lr=0.05
+    )
+    if backend is not None:
+        args.update(backend=backend.name, device=backend.device)
+    args.update(kwargs)
+    return train(DOCS, **args)
+
+
+def _host(p: Params) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in p.to("numpy").arrays().items()}
+
+
+def _assert_params_equal(a: Params, b: Params) -> None:
+    ha, hb = _host(a), _host(b)
+    for k in ha:
+        np.testing.assert_array_equal(ha[k], hb[k], err_msg=k)
+
+
+# -- determinism ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_deterministic_for_a_seed(backend: Any, dtype: str) -> None:
+    r1 = _run(backend, dtype=dtype)
+    r2 = _run(backend, dtype=dtype)
+    assert len(r1.losses) == STEPS
+    assert all(isinstance(x, float) and math.isfinite(x) for x in r1.losses)
+    assert r1.losses == r2.losses
+    _assert_params_equal(r1.params, r2.params)
+    assert r1.params.backend == backend.name
+    assert str(r1.params.dtype).endswith(dtype)
+    assert r1.step == STEPS and r1.start_step == 0 and r1.adam.t == STEPS
+    assert r1.adam.num_steps == STEPS
+    assert r1.tokenizer == TOKENIZER
+    # training moved the weights
+    init = _host(init_params(CONFIG, seed=1, dtype=dtype))
+    assert any(not np.array_equal(init[k], v) for k, v in _host(r1.params).items())
+
+
+def test_backend_matches_numpy(backend: Any) -> None:
+    """The same seed gives the same run on every backend (float64, to rounding)."""
+    got = _run(backend).losses
+    want = _run().losses
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
+def test_seed_changes_the_run() -> None:
+    assert _run(seed=1).losses != _run(seed=2).losses
+
+
+def test_first_loss_is_before_the_update() -> None:
+    """losses[0] is the batch loss of the initial weights on step 0's documents."""
+    result = _run()
+    params = init_params(CONFIG, seed=1, dtype="float64")
+    tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
+    tok, lens = take_batch(tokens, lengths, batch_indices(len(DOCS), BATCH, 0, seed=1))
+    loss, _ = loss_and_grads(params, tok, lens)
+    assert result.losses[0] == float(loss)
+
+
+def test_callback_gets_step_and_loss() -> None:
+    calls: list[tuple[int, float]] = []
+    result = _run(callback=lambda step, loss: calls.append((step, loss)))
+    assert [s for s, _ in calls] == list(range(1, STEPS + 1))
+    assert all(isinstance(s, int) and isinstance(x, float) for s, x in calls)
+    assert [x for _, x in calls] == result.losses
+
+
+def test_default_corpus_and_tokenizer() -> None:
+    result = train(steps=1, batch_size=2, dtype="float64")
+    assert set(result.tokenizer.chars) <= set("abcdefghijklmnopqrstuvwxyz")
+    assert result.params.config == GPTConfig(result.tokenizer.vocab_size)
+    assert len(result.losses) == 1
+
+
+# -- checkpoints and resuming -------------------------------------------------------------------
+class Interrupt(Exception):
+    """Stands for a crash or a Ctrl-C in the middle of a run."""
+
+
+def _interrupt_at(step_to_fail: int) -> Any:
+    def callback(step: int, loss: float) -> None:
+        if step == step_to_fail:
+            raise Interrupt
+
+    return callback
+
+
+def _resume_matches(backend: Any, tmp_path: Path, k: int) -> None:
+    full = _run(backend)
+    path = tmp_path / "run.ckpt"
+    # checkpoint every step; the interrupt comes in step k + 1, before its save
+    with pytest.raises(Interrupt):
+        _run(backend, checkpoint=path, checkpoint_every=1, callback=_interrupt_at(k + 1))
+    assert load(path).step == k
+    seen: list[int] = []
+    resumed = _run(
+        backend, checkpoint=path, resume=True, callback=lambda step, loss: seen.append(step)
+    )
+    assert resumed.start_step == k and resumed.step == STEPS
+    assert seen == list(range(k + 1, STEPS + 1))
+    assert resumed.losses == full.losses[k:]
+    _assert_params_equal(resumed.params, full.params)
+    assert resumed.adam.t == STEPS
+    final = load(path)
+    assert final.step == STEPS
+    _assert_params_equal(final.params, full.params)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_resume_gives_the_uninterrupted_run(tmp_path: Path, k: int) -> None:
+    _resume_matches(None, tmp_path, k)
+
+
+def test_resume_on_backend(backend: Any, tmp_path: Path) -> None:
+    _resume_matches(backend, tmp_path, 2)
+
+
+def test_resume_without_a_checkpoint_file_starts_fresh(tmp_path: Path) -> None:
+    path = tmp_path / "new.ckpt"
+    result = _run(checkpoint=path, resume=True)
+    assert result.start_step == 0
+    assert result.losses == _run().losses
+    saved = load(path)
+    assert saved.step == STEPS and saved.tokenizer == TOKENIZER
+    _assert_params_equal(saved.params, result.params)
+
+
+def test_resume_a_finished_run(tmp_path: Path) -> None:
+    path = tmp_path / "done.ckpt"
+    first = _run(checkpoint=path)
+    again = _run(checkpoint=path, resume=True)
+    assert again.losses == [] and again.start_step == again.step == STEPS
+    _assert_params_equal(again.params, first.params)
+
+
+def test_checkpoint_every(tmp_path: Path) -> None:
+    path = tmp_path / "every.ckpt"
+    seen: list[int | None] = []
+
+    def callback(step: int, loss: float) -> None:
+        # step s's callback runs before step s's save, so it sees the previous save
+        seen.append(load(path).step if path.exists() else None)
+
+    _run(checkpoint=path, checkpoint_every=2, callback=callback)
+    assert seen == [None, None, 2, 2]
+    assert load(path).step == STEPS
+
+
+def test_resume_refuses_other_steps_or_config(tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    _run(checkpoint=path)
+    with pytest.raises(ValueError, match=f"trained for {STEPS} steps"):
+        _run(checkpoint=path, resume=True, steps=STEPS + 3)
+    other = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=4, n_head=2, block_size=8)
+    with pytest.raises(CheckpointError, match="not the requested"):
+        _run(checkpoint=path, resume=True, config=other)
+
+
+# -- non-finite losses --------------------------------------------------------------------------
+def test_nan_loss_raises_and_keeps_last_good_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    full = _run()
+    path = tmp_path / "run.ckpt"
+    real = train_mod.loss_and_grads
+    calls = []
+
+    def poisoned(params: Params, tokens: Any, lengths: Any, **kw: Any) -> Any:
+        loss, grads = real(params, tokens, lengths, **kw)
+        calls.append(1)
+        return (loss * float("nan"), grads) if len(calls) == 4 else (loss, grads)
+
+    monkeypatch.setattr(train_mod, "loss_and_grads", poisoned)
+    seen: list[int] = []
+    # saves after steps 2 and 4; step 4's loss is nan, so the file must still hold step 2
+    with pytest.raises(TrainingError, match="step 4") as info:
+        _run(
+            checkpoint=path,
+            checkpoint_every=2,
+            callback=lambda step, loss: seen.append(step),
+        )
+    monkeypatch.undo()
+    assert "nan" in str(info.value)
+    assert str(path) in str(info.value)
+    assert seen == [1, 2, 3]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    saved = load(path)
+    assert saved.step == 2
+    # the kept checkpoint is the good one: resuming from it gives the uninterrupted run
+    resumed = _run(checkpoint=path, resume=True)
+    assert resumed.losses == full.losses[2:]
+    _assert_params_equal(resumed.params, full.params)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_huge_learning_rate_diverges() -> None:
+    with pytest.raises(TrainingError, match=r"step \d+"):
+        _run(lr=1e4)
+
+
+def test_training_error_without_checkpoint_names_no_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = train_mod.loss_and_grads
+
+    def inf_loss(params: Params, tokens: Any, lengths: Any, **kw: Any) -> Any:
+        loss, grads = real(params, tokens, lengths, **kw)
+        return loss * float("inf"), grads
+
+    monkeypatch.setattr(train_mod, "loss_and_grads", inf_loss)
+    with pytest.raises(TrainingError, match="inf at step 1") as info:
+        _run()
+    assert "checkpoint" not in str(info.value)
+
+
+# -- argument errors -----------------------------------------------------------------------------
+@pytest.mark.parametrize("steps", [0, -1, 2.5, True])
+def test_bad_steps(steps: Any) -> None:
+    with pytest.raises(ValueError, match="steps"):
+        _run(steps=steps)
+
+
+@pytest.mark.parametrize("batch_size", [0, -2, 1.0])
+def test_bad_batch_size(batch_size: Any) -> None:
+    with pytest.raises(ValueError, match="batch size"):
+        _run(batch_size=batch_size)
+
+
+def test_unknown_backend() -> None:
+    with pytest.raises(ValueError, match="unknown backend 'nope'"):
+        train(DOCS, steps=1, batch_size=1, backend="nope")
+
+
+def test_unknown_dtype() -> None:
+    with pytest.raises(ValueError, match="float16"):
+        train(DOCS, steps=1, batch_size=1, dtype="float16")
+
+
+def test_corpus_smaller_than_batch() -> None:
+    with pytest.raises(DataError, match=f"{len(DOCS)} documents, fewer than the batch size 9"):
+        _run(batch_size=len(DOCS) + 1)
+
+
+def test_empty_corpus() -> None:
+    with pytest.raises(ValueError):
+        train([], steps=1, batch_size=1)
+
+
+def test_resume_needs_a_checkpoint_path() -> None:
+    with pytest.raises(ValueError, match="checkpoint"):
+        _run(resume=True)
+
+
+def test_vocab_mismatch() -> None:
+    with pytest.raises(ValueError, match="vocab_size"):
+        _run(config=GPTConfig(TOKENIZER.vocab_size + 1, n_embd=8, n_head=2))
+
+
+def test_unknown_character_for_tokenizer() -> None:
+    with pytest.raises(ValueError, match="'e'"):
+        train([*DOCS, "abce"], steps=1, batch_size=1, tokenizer=TOKENIZER, config=CONFIG)
+
+
+# -- it learns -----------------------------------------------------------------------------------
+def _mean_loss_over_corpus(params: Params, tokens: np.ndarray, lengths: np.ndarray) -> float:
+    total = 0.0
+    chunk = 2048
+    for start in range(0, len(lengths), chunk):
+        idx = np.arange(start, min(start + chunk, len(lengths)))
+        tok, lens = take_batch(tokens, lengths, idx)
+        total += float(np.sum(np.asarray(score(params, tok, lens), dtype=np.float64)))
+    return total / len(lengths)
+
+
+@pytest.mark.slow
+def test_it_learns_names(names_txt: Path) -> None:
+    docs = read_docs(names_txt)
+    tok = Tokenizer.from_docs(docs)
+    config = GPTConfig(tok.vocab_size)
+    tokens, lengths = encode_docs(tok, docs, config.block_size)
+    before = _mean_loss_over_corpus(init_params(config, seed=0), tokens, lengths)
+    result = train(docs, steps=200, batch_size=32, seed=0)
+    after = _mean_loss_over_corpus(result.params, tokens, lengths)
+    assert abs(before - math.log(tok.vocab_size)) < 0.1  # about uniform: ~3.3
+    assert after < 2.4
