@@ -23,9 +23,7 @@ EXTRAS = {
 }
 
 
-@nox.session
-@nox.parametrize("backend", BACKENDS, ids=BACKENDS)
-def tests(session: nox.Session, backend: str) -> None:
+def _tests(session: nox.Session, backend: str) -> None:
     """Run the tests on one array namespace (``MICROGPT_XP_BACKENDS=<backend>``)."""
     if backend == "torch":
         # the CPU build; a bare "torch" would pull a multi-GB CUDA build
@@ -35,6 +33,12 @@ def tests(session: nox.Session, backend: str) -> None:
     if backend != "numpy":
         env["MICROGPT_XP_BACKEND_ONLY"] = "1"
     session.run("pytest", *session.posargs, env=env)
+
+
+for _backend in BACKENDS:
+    nox.session(name=f"tests-{_backend}")(
+        lambda session, _b=_backend: _tests(session, _b)
+    )
 
 
 @nox.session
@@ -49,3 +53,10 @@ def typecheck(session: nox.Session) -> None:
     """mypy (strict-leaning, see pyproject.toml) over the package."""
     session.install("mypy", "-e", ".")
     session.run("mypy")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site (warnings are errors)."""
+    session.install("-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})

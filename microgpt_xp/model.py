@@ -32,7 +32,12 @@ def _check_same_place(params: Params, arrays: dict[str, Array]) -> Any:
                 f"{name} and params are arrays of different namespaces "
                 f"({type(a).__module__}.{type(a).__name__} vs {params.backend}): {exc}"
             ) from exc
-        if str(device(a)) != str(params.device):
+        # traced (jax.jit) arrays have no device; they are placed by the tracer
+        if (
+            device(a) is not None
+            and params.device is not None
+            and str(device(a)) != str(params.device)
+        ):
             raise ValueError(f"{name} is on device {device(a)} but params are on {params.device}")
     return xp
 

@@ -1,0 +1,266 @@
+"""The benchmark: a tiny end-to-end run with its JSON, the peers computing the same model
+as ours, and the pieces that make the ratios trustworthy (the /proc/stat filter, the
+interleaving, the FLOP count)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import reference
+
+from microgpt_xp import GPTConfig, init_params, loss_and_grads
+from microgpt_xp.bench import main
+from microgpt_xp.bench import timing as T
+from microgpt_xp.bench import workloads as W
+from microgpt_xp.bench.scalar import ScalarGPT, grads_of
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+TINY = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=5)
+
+
+def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    peers = "scalar,matmul" + (",torch" if HAS_TORCH else "")
+    argv = [
+        "--config",
+        "L1,C8,H2,T4",
+        "--batch-size",
+        "3",
+        "--decode-batch-size",
+        "2",
+        "--repeats",
+        "1",
+        "--max-rounds",
+        "1",
+        "--warmup",
+        "1",
+        "--min-time",
+        "0.001",
+        "--peers",
+        peers,
+        "--json",
+        str(out),
+    ]
+    if HAS_MPL:
+        argv += ["--plot", str(png)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "ours[numpy] / scalar" in printed and "breakdown of our training step" in printed
+
+    result = json.loads(out.read_text())
+    assert result["schema"] == "microgpt-xp-bench/1"
+    assert "microgpt_xp.bench" in result["command"] and "--json" in result["command"]
+    m = result["machine"]
+    assert m["cpus"] >= 1 and m["square_matmul_gflops"] > 0
+    if HAS_TORCH:
+        assert m["torch_threads"] >= 1
+    impls = {"ours[numpy]", "scalar", "matmul"} | ({"torch"} if HAS_TORCH else set())
+    for workload in ("train", "score", "decode"):
+        rows = [r for r in result["results"] if r["workload"] == workload]
+        want = impls - ({"matmul"} if workload == "decode" else set())
+        assert {r["impl"] for r in rows} == want
+        for r in rows:
+            assert r["config"] == "L1,C8,H2,T4,V27" and r["seq_len"] == 4
+            assert r["batch"] == (2 if workload == "decode" else 3)
+            assert r["tokens_per_call"] == (4 if r["impl"] == "scalar" else r["batch"] * 4)
+            assert r["rounds_kept"] + r["rounds_dropped"] == 1
+            tps = r["tokens_per_s"]
+            assert tps["n"] == 1 and 0 < tps["min"] <= tps["median"] <= tps["max"]
+            assert r["dtype_used"] == ("float64" if r["impl"] == "scalar" else "float32")
+    comps = result["comparisons"]
+    assert len(comps) == 3 * len(impls) - 1 - 3  # every peer of every workload, no matmul decode
+    results = {(r["workload"], r["impl"]): r for r in result["results"]}
+    for c in comps:
+        assert c["ours"] == "ours[numpy]" and len(c["ratios"]) == 1
+        ours = results[(c["workload"], "ours[numpy]")]["tokens_per_s"]["median"]
+        peer = results[(c["workload"], c["peer"])]["tokens_per_s"]["median"]
+        assert c["ratio"]["median"] == pytest.approx(ours / peer, rel=1e-9)
+        assert c["target"] is None and c["meets_target"] is None  # no target for this config
+        assert len(c["other_cpu_share"]) == 1
+    mm = next(c for c in comps if c["peer"] == "matmul" and c["workload"] == "train")
+    assert mm["model_flops_per_call"] > 0 and mm["matmul_gflops"]["median"] > 0
+    assert {s["peer"] for s in result["skipped"]} == {"matmul"}
+    (bd,) = result["breakdown"]
+    assert [r["component"] for r in bd["rows"]] == list(W.COMPONENTS)
+    assert bd["step_s"] > 0 and all(
+        r["total_s"] >= 0 for r in bd["rows"] if r["component"] != "other"
+    )
+    assert sum(r["total_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-6)
+    assert bd["upcasts"] == [], bd["dtypes"]  # float32 stays float32 in every layer
+    if HAS_MPL:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_arguments_exit_with_status_2(capsys: pytest.CaptureFixture) -> None:
+    assert main(["--workload", "nope", "--repeats", "1"]) == 2
+    assert "unknown workload" in capsys.readouterr().err
+    assert main(["--peers", "numpy2", "--repeats", "1"]) == 2
+
+
+def test_parse_config() -> None:
+    assert W.parse_config("default") == ("default", W.CONFIGS["default"])
+    label, cfg = W.parse_config("L4,C128,H4,T64")
+    assert (
+        cfg == GPTConfig(27, n_layer=4, n_embd=128, n_head=4, block_size=64) == W.CONFIGS["medium"]
+    )
+    assert label == "L4,C128,H4,T64,V27"
+    assert W.parse_config("c32l2t8v11")[1] == GPTConfig(11, n_layer=2, n_embd=32, block_size=8)
+    with pytest.raises(ValueError, match="unknown config"):
+        W.parse_config("big")
+
+
+def _state_dict(cfg: GPTConfig, seed: int) -> dict[str, list[list[float]]]:
+    return reference.init_state_dict(
+        cfg.vocab_size, cfg.n_layer, cfg.n_embd, cfg.block_size, rng=random.Random(seed)
+    )
+
+
+def test_scalar_peer_matches_the_reference_oracle() -> None:
+    sd = _state_dict(TINY, 3)
+    doc = [6, 0, 3, 3, 5, 6]
+    want_loss, want = reference.loss_and_grads(sd, doc, n_head=TINY.n_head)
+    loss, grads = grads_of(ScalarGPT(sd, TINY), doc)
+    assert loss == pytest.approx(want_loss, rel=1e-13)
+    assert grads.keys() == want.keys()
+    for k in want:
+        np.testing.assert_allclose(grads[k], want[k], rtol=1e-10, atol=1e-14)
+
+
+def test_scalar_peer_train_step_is_adam_on_the_loss() -> None:
+    sd = _state_dict(TINY, 4)
+    doc = [6, 1, 2, 6]
+    model = ScalarGPT(sd, TINY)
+    loss0 = model.train_step(doc)
+    assert loss0 == pytest.approx(reference.loss_and_grads(sd, doc, n_head=2)[0], rel=1e-13)
+    # at the first step Adam moves every weight with a non-zero gradient by about lr * sign(g)
+    _, g = reference.loss_and_grads(sd, doc, n_head=2)
+    after = [[v.data for v in row] for row in model.state["layer0.mlp_fc1"]]
+    moved = np.array(after) - np.array(sd["layer0.mlp_fc1"])
+    gs = np.array(g["layer0.mlp_fc1"])
+    nz = np.abs(gs) > 1e-6
+    np.testing.assert_allclose(moved[nz], -0.01 * np.sign(gs[nz]), rtol=1e-3)
+    assert model.score(doc) < loss0  # one step on a document lowers its loss
+
+
+def test_scalar_peer_samples_the_requested_number_of_tokens() -> None:
+    model = ScalarGPT(_state_dict(TINY, 5), TINY)
+    a = model.sample(6, random.Random(1), TINY.block_size)
+    b = model.sample(6, random.Random(1), TINY.block_size)
+    assert a == b and len(a) == TINY.block_size and all(0 <= t < 7 for t in a)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_torch_peer_is_the_same_model(attention: str) -> None:
+    import torch
+
+    from microgpt_xp.bench.torch_peer import TorchGPT
+
+    case = W.Case("train", "tiny", TINY, 3, "float64", "numpy", seed=2)
+    params = case.params()
+    host = W.host_weights(case, "float64")
+    tokens = case.host_tokens()
+    want_loss, want = loss_and_grads(params, tokens, np.full(3, TINY.block_size + 1))
+    peer = TorchGPT(host, TINY, "float64", attention=attention)
+    loss = peer.loss(torch.from_numpy(tokens))
+    loss.backward()
+    assert loss.item() == pytest.approx(float(want_loss), rel=1e-12)
+    np.testing.assert_allclose(peer.wte.grad.numpy(), want.wte, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(peer.lm_head.grad.numpy(), want.lm_head, rtol=1e-9, atol=1e-13)
+    for i, (wqkv, _wo, _fc1, fc2) in enumerate(peer.layers):
+        qkv = np.concatenate([want.attn_wq[i], want.attn_wk[i], want.attn_wv[i]])
+        np.testing.assert_allclose(wqkv.grad.numpy(), qkv, rtol=1e-9, atol=1e-13)
+        np.testing.assert_allclose(fc2.grad.numpy(), want.mlp_fc2[i], rtol=1e-9, atol=1e-13)
+    nll = peer.score(torch.from_numpy(tokens)).numpy()
+    from microgpt_xp import score
+
+    np.testing.assert_allclose(nll, score(params, tokens, np.full(3, 6)), rtol=1e-12)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+def test_torch_peer_decodes_what_sample_tokens_samples() -> None:
+    import torch
+
+    from microgpt_xp.bench.torch_peer import TorchGPT
+    from microgpt_xp.sample import sample_tokens
+
+    cfg = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=6)
+    params = init_params(cfg, seed=1, dtype="float64")
+    host = {k: np.asarray(v) for k, v in params.arrays().items()}
+    ours = sample_tokens(params, 6, 40, seed=9)
+    u = torch.from_numpy(np.random.default_rng(9).random((40, cfg.block_size)))
+    theirs = TorchGPT(host, cfg, "float64").decode(u, 6).numpy()
+    for row_ours, row_theirs in zip(ours, theirs, strict=True):
+        stop = list(row_theirs).index(6) + 1 if 6 in row_theirs else cfg.block_size
+        assert list(row_ours[:stop]) == list(row_theirs[:stop])
+
+
+def test_matmul_flops_are_three_forward_passes() -> None:
+    cfg = W.CONFIGS["medium"]
+    b, t, c, v, L = 32, cfg.block_size, cfg.n_embd, cfg.vocab_size, cfg.n_layer
+    n = b * t
+    forward = 2 * n * (12 * c * c * L + c * v) + 2 * 2 * b * t * t * c * L
+    assert W.matmul_flops(W.Case("score", "medium", cfg, b, "float32", "numpy")) == forward
+    assert W.matmul_flops(W.Case("train", "medium", cfg, b, "float32", "numpy")) == 3 * forward
+    ops = W.matmul_operands(W.Case("train", "default", W.CONFIGS["default"], 2, "float32", "numpy"))
+    assert all(a.dtype == np.float32 and b_.dtype == np.float32 for a, b_ in ops)
+    assert all(a.shape[-1] == b_.shape[-2] for a, b_ in ops)
+
+
+def test_other_cpu_share() -> None:
+    before = T.CpuSample(busy=1000, total=5000, own=100, wall=0.0)
+    # 200 jiffies of capacity: 60 busy of which 50 ours -> 10 by others = 5 %
+    after = T.CpuSample(busy=1060, total=5200, own=150, wall=1.0)
+    assert T.other_cpu_share(before, after) == pytest.approx(0.05)
+    assert T.other_cpu_share(before, T.CpuSample(1050, 5200, 150, 1.0)) == 0.0
+    assert T.other_cpu_share(None, after) is None
+    sample = T.cpu_sample()
+    if Path("/proc/stat").exists():
+        assert sample is not None and sample.total >= sample.busy >= sample.own >= 0
+
+
+def test_interleave_drops_disturbed_rounds_and_alternates_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    shares = iter([0.0, 0.5, 0.01, 0.9, 0.0, 0.0, 0.0])
+    monkeypatch.setattr(T, "other_cpu_share", lambda a, b: next(shares))
+    timed = [T.Timed("a", lambda: calls.append("a"), 1), T.Timed("b", lambda: calls.append("b"), 1)]
+    rounds = T.interleave(timed, repeats=3, max_other=0.05, max_rounds=10)
+    assert rounds.kept == [True, False, True, False, True]
+    assert rounds.dropped == 2 and rounds.filtered and len(rounds.kept_seconds()) == 3
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+
+
+def test_interleave_reports_unfiltered_when_every_round_is_disturbed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(T, "other_cpu_share", lambda a, b: 1.0)
+    rounds = T.interleave([T.Timed("a", lambda: None, 1)], repeats=2, max_rounds=3)
+    assert rounds.kept == [False] * 3 and not rounds.filtered
+    assert len(rounds.kept_seconds()) == 3  # all rounds, flagged as unfiltered
+
+
+def test_summary_statistics() -> None:
+    s = T.summary([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s["n"], s["median"], s["min"], s["max"]) == (5, 3.0, 1.0, 5.0)
+    assert s["q1"] <= s["median"] <= s["q3"]
+    assert math.isnan(T.summary([])["median"])
+
+
+def test_blas_threads_round_trip() -> None:
+    n = T.blas_threads()
+    if n is None:
+        pytest.skip("NumPy's BLAS thread count cannot be read here")
+    try:
+        assert T.set_blas_threads(1) and T.blas_threads() == 1
+    finally:
+        T.set_blas_threads(n)
+    assert T.blas_threads() == n

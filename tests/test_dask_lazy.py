@@ -1,0 +1,205 @@
+"""Dask: the model builds graphs without computing anything, the results equal NumPy's,
+chunking along the batch does not change them, and the weights enter the graph once
+(single-chunk arrays shared by every batch chunk) instead of being copied per chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+dask = pytest.importorskip("dask")
+
+from array_api_extra.testing import lazy_xp_function, patch_lazy_xp_functions  # noqa: E402
+
+from microgpt_xp import (  # noqa: E402
+    GPTConfig,
+    Params,
+    _xp,
+    forward,
+    init_params,
+    loss_and_grads,
+    score,
+)
+
+# under patch_lazy_xp_functions these must not call dask.compute / persist at all
+lazy_xp_function(forward)
+lazy_xp_function(loss_and_grads)
+lazy_xp_function(score)
+
+CONFIG = GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8)
+B = 6
+RTOL = 1e-12
+
+
+class ComputeCalled(AssertionError):
+    """Raised by :func:`forbid_compute`'s scheduler."""
+
+
+def _refuse(*args: Any, **kwargs: Any) -> Any:
+    raise ComputeCalled("dask computed something while the graph was being built")
+
+
+@pytest.fixture
+def forbid_compute() -> Iterator[None]:
+    """Any compute or persist inside the block raises :class:`ComputeCalled`."""
+    with dask.config.set(scheduler=_refuse):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _synchronous() -> Iterator[None]:
+    with dask.config.set(scheduler="synchronous"):
+        yield
+
+
+def assert_rel_close(actual: Any, expected: Any, rtol: float, what: str = "") -> None:
+    """``max|actual - expected| <= rtol * max|expected|`` (norm-wise relative error)."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, what
+    err, scale = float(np.max(np.abs(actual - expected))), float(np.max(np.abs(expected)))
+    assert err <= rtol * scale, f"{what}: max abs error {err:.3e} > {rtol:g} * {scale:.3e}"
+
+
+def batch() -> tuple[np.ndarray, np.ndarray]:
+    """Documents ``(B, block_size + 1)`` right-padded, lengths in ``[2, block_size + 1]``."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, CONFIG.vocab_size, size=(B, CONFIG.block_size + 1))
+    lengths = np.array([9, 2, 5, 7, 3, 9])
+    return tokens, lengths
+
+
+def on_dask(host: np.ndarray, rows_per_chunk: int) -> Any:
+    return _xp.asarray(
+        host, "dask", dtype="int64", chunks=(rows_per_chunk,) + (-1,) * (host.ndim - 1)
+    )
+
+
+@pytest.fixture(scope="module")
+def host_params() -> Params:
+    return init_params(CONFIG, seed=1, dtype="float64")
+
+
+@pytest.fixture
+def dask_params(host_params: Params) -> Params:
+    p = host_params.to("dask")
+    assert all(a.numblocks == (1,) * a.ndim for a in p.arrays().values())
+    return p
+
+
+def test_nothing_is_computed_until_compute(dask_params: Params, forbid_compute: None) -> None:
+    tokens, lengths = batch()
+    tok, lens = on_dask(tokens, 2), on_dask(lengths, 2)
+    logits = forward(dask_params, tok[:, :-1], lens - 1)
+    loss, grads = loss_and_grads(dask_params, tok, lens)
+    scores = score(dask_params, tok, lens)
+    token_mean, _ = loss_and_grads(dask_params, tok, lens, reduction="token_mean")
+    for out in (logits, loss, scores, token_mean, *grads.arrays().values()):
+        assert _xp.backend_of(out) == "dask"
+        assert _xp.is_lazy(out)
+    # outputs along the batch keep the batch chunks; gradients are reduced over the batch
+    # chunks: one chunk per weight matrix (the stacked per-layer ones: one per layer)
+    assert logits.chunks[0] == tok.chunks[0] == scores.chunks[0]
+    assert tuple(loss.shape) == ()
+    assert all(a.numblocks[-2:] == (1, 1) for a in grads.arrays().values())
+    # the guard is real: a compute inside it fails
+    with pytest.raises(ComputeCalled):
+        loss.compute()
+
+
+def test_lazy_xp_function(request: pytest.FixtureRequest, dask_params: Params) -> None:
+    """array-api-extra's harness: the tagged functions never call ``dask.compute``."""
+    tokens, lengths = batch()
+    tok, lens = on_dask(tokens, 2), on_dask(lengths, 2)
+    with patch_lazy_xp_functions(request, xp=_xp.namespace("dask")):
+        forward(dask_params, tok[:, :-1], lens - 1)
+        loss_and_grads(dask_params, tok, lens)
+        score(dask_params, tok, lens)
+
+
+def test_invalid_ids_fail_at_compute_not_before(dask_params: Params, forbid_compute: None) -> None:
+    tokens, lengths = batch()
+    tokens[3, 1] = CONFIG.vocab_size
+    loss, _ = loss_and_grads(dask_params, on_dask(tokens, 2), on_dask(lengths, 2))
+    with dask.config.set(scheduler="synchronous"), pytest.raises(ValueError, match="token ids"):
+        loss.compute()
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 2, 4, B])
+def test_results_equal_numpy(host_params: Params, dask_params: Params, rows_per_chunk: int) -> None:
+    tokens, lengths = batch()
+    tok, lens = on_dask(tokens, rows_per_chunk), on_dask(lengths, rows_per_chunk)
+    logits = forward(dask_params, tok[:, :-1], lens - 1)
+    expected = forward(host_params, tokens[:, :-1], lengths - 1)
+    real = np.arange(CONFIG.block_size)[None, :] < (lengths - 1)[:, None]
+    assert_rel_close(_xp.to_numpy(logits)[real], expected[real], RTOL, "logits")
+    for reduction in ("mean", "token_mean"):
+        loss, grads = loss_and_grads(dask_params, tok, lens, reduction=reduction)
+        ref_loss, ref_grads = loss_and_grads(host_params, tokens, lengths, reduction=reduction)
+        assert abs(float(loss.compute()) - float(ref_loss)) <= RTOL * float(ref_loss)
+        for name, g in grads.arrays().items():
+            assert_rel_close(_xp.to_numpy(g), ref_grads.arrays()[name], RTOL, f"d{name}")
+    assert_rel_close(
+        _xp.to_numpy(score(dask_params, tok, lens)), score(host_params, tokens, lengths), RTOL
+    )
+
+
+def test_chunked_equals_unchunked(dask_params: Params) -> None:
+    tokens, lengths = batch()
+    one = loss_and_grads(dask_params, on_dask(tokens, B), on_dask(lengths, B))
+    many = loss_and_grads(dask_params, on_dask(tokens, 2), on_dask(lengths, 2))
+    (loss_one, g_one), (loss_many, g_many) = dask.compute(one, many)
+    assert abs(float(loss_many) - float(loss_one)) <= RTOL * float(loss_one)
+    for name in g_one.arrays():
+        assert_rel_close(g_many.arrays()[name], g_one.arrays()[name], RTOL, f"d{name}")
+
+
+def _layers(x: Any) -> dict[str, int]:
+    """Layer name -> number of tasks of a Dask collection's high-level graph."""
+    return {name: len(layer) for name, layer in x.__dask_graph__().layers.items()}
+
+
+def _key_name(key: Any) -> str:
+    return key[0] if isinstance(key, tuple) else key
+
+
+def test_weights_enter_the_graph_once(dask_params: Params, forbid_compute: None) -> None:
+    tokens, lengths = batch()
+    weight_names = {a.name for a in dask_params.arrays().values()}
+    assert len(weight_names) == len(dask_params.arrays())
+
+    def build(rows_per_chunk: int) -> Any:
+        tok, lens = on_dask(tokens[:, :-1], rows_per_chunk), on_dask(lengths - 1, rows_per_chunk)
+        return forward(dask_params, tok, lens)
+
+    graphs = {k: build(B // k) for k in (1, 3, 6)}  # 1, 3 and 6 batch chunks
+    for k, logits in graphs.items():
+        assert logits.numblocks[0] == k
+        keys = [_key_name(key) for key in dict(logits.__dask_graph__())]
+        for name in weight_names:
+            assert keys.count(name) == 1, f"{k} chunks: weight {name} has {keys.count(name)} keys"
+
+    # Layers that depend on the weights only carry the same name (a hash of their inputs)
+    # whatever the chunking, and must not grow with it; every other layer is per chunk.
+    one, three, six = (_layers(graphs[k]) for k in (1, 3, 6))
+    assert len(one) == len(three) == len(six)
+    shared = set(one) & set(three) & set(six)
+    assert weight_names <= shared
+    assert all(one[n] == three[n] == six[n] for n in shared)
+    fixed = sum(one[n] for n in shared)
+    per_chunk = sum(one.values()) - fixed
+    assert sum(three.values()) == fixed + 3 * per_chunk
+    assert sum(six.values()) == fixed + 6 * per_chunk
+
+
+def test_gradient_graph_reads_each_weight_once(dask_params: Params, forbid_compute: None) -> None:
+    tokens, lengths = batch()
+    loss, grads = loss_and_grads(dask_params, on_dask(tokens, 1), on_dask(lengths, 1))
+    collection = da.stack([da.sum(g) for g in grads.arrays().values()] + [loss])
+    keys = [_key_name(key) for key in dict(collection.__dask_graph__())]
+    for name in (a.name for a in dask_params.arrays().values()):
+        assert keys.count(name) == 1, name

@@ -1,0 +1,565 @@
+"""Dask at scale: corpus scoring and generation as single chunked Dask computations
+(microgpt_xp.scale), data-parallel training on Dask, and a real dask.distributed cluster
+with worker processes (microgpt_xp.cluster): results, graph shape, memory, faults.
+
+The oracle for scoring is the NumPy model on the whole encoded corpus, and, through an
+independent code path, ``loss_and_grads``' batch loss (whose ``"mean"`` and
+``"token_mean"`` reductions are the two corpus means)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("dask")
+import dask
+
+from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, score
+from microgpt_xp.data import DataError, Tokenizer, batch_indices, default_docs, encode_docs
+from microgpt_xp.sample import sample_tokens
+from microgpt_xp.scale import (
+    CorpusScore,
+    ShuffledRepeat,
+    generate,
+    generate_names,
+    graph_stats,
+    row_uniforms,
+    score_corpus,
+    write_names,
+    write_scores,
+)
+from microgpt_xp.train import train
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = default_docs()
+TOKENIZER = Tokenizer.from_docs(DOCS)
+CONFIG = GPTConfig(TOKENIZER.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def params64() -> Params:
+    return init_params(CONFIG, seed=3, dtype="float64")
+
+
+@pytest.fixture(autouse=True)
+def _threads() -> Iterator[None]:
+    # in-process tests use Dask's threaded scheduler unless a test connects a client
+    with dask.config.set(scheduler="threads"):
+        yield
+
+
+def _oracle(params: Params, docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    tokens, lengths = encode_docs(TOKENIZER, docs, CONFIG.block_size)
+    return np.asarray(score(params, tokens, lengths)), np.minimum(lengths - 1, CONFIG.block_size)
+
+
+# -- corpora ---------------------------------------------------------------------------------
+def test_shuffled_repeat_follows_the_epoch_permutations() -> None:
+    base = DOCS[:50]
+    corpus = ShuffledRepeat(base, 170, seed=4)
+    everything = corpus.docs(0, 170)
+    assert len(everything) == len(corpus) == 170
+    # batch_indices reads the same epochs: step k of size 10 is positions 10k..10k+9
+    for k in range(17):
+        want = [base[j] for j in batch_indices(len(base), 10, k, 4)]
+        assert everything[10 * k : 10 * k + 10] == want
+    # each epoch is a permutation of the base, and epochs differ
+    for e in range(3):
+        assert sorted(everything[50 * e : 50 * e + 50]) == sorted(base)
+    assert everything[:50] != everything[50:100]
+    # any split gives the same documents; ranges are clipped to the corpus
+    assert corpus.docs(0, 37) + corpus.docs(37, 101) + corpus.docs(101, 500) == everything
+    assert corpus.docs(170, 180) == []
+    assert corpus.max_doc_len() == max(len(d) for d in base)
+
+
+def test_shuffled_repeat_rejects_bad_arguments() -> None:
+    with pytest.raises(DataError, match="at least one base document"):
+        ShuffledRepeat([], 10)
+    with pytest.raises(DataError, match="positive"):
+        ShuffledRepeat(["a"], 0)
+    with pytest.raises(TypeError, match="int"):
+        ShuffledRepeat(["a"], 2.5)  # type: ignore[arg-type]
+
+
+# -- scoring -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["task", "graph"])
+@pytest.mark.parametrize("chunk_size", [1, 37, 5000])
+def test_score_corpus_equals_numpy_on_the_whole_corpus(
+    params64: Params, method: str, chunk_size: int
+) -> None:
+    docs = DOCS[:300] if chunk_size > 1 else DOCS[:40]
+    result = score_corpus(params64, TOKENIZER, docs, chunk_size=chunk_size, method=method)  # type: ignore[arg-type]
+    assert isinstance(result, CorpusScore)
+    assert result.num_chunks == -(-len(docs) // chunk_size)
+    assert result.losses.chunks[0] == tuple(
+        min(chunk_size, len(docs) - s) for s in range(0, len(docs), chunk_size)
+    )
+    got = result.compute(losses=True)
+    want, n = _oracle(params64, docs)
+    assert got.losses is not None and got.num_predictions is not None
+    np.testing.assert_allclose(got.losses, want, rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(got.num_predictions, n)
+    assert got.losses.dtype == np.float64 and got.num_predictions.dtype == np.int64
+    # the two corpus means are loss_and_grads' two batch losses (another code path)
+    tokens, lengths = encode_docs(TOKENIZER, docs, CONFIG.block_size)
+    mean, _ = loss_and_grads(params64, tokens, lengths, reduction="mean")
+    token_mean, _ = loss_and_grads(params64, tokens, lengths, reduction="token_mean")
+    assert got.mean == pytest.approx(float(mean), rel=1e-12)
+    assert got.token_mean == pytest.approx(float(token_mean), rel=1e-12)
+    assert got.num_docs == len(docs)
+
+
+def test_score_corpus_float32_keeps_the_dtype_and_a_float64_mean() -> None:
+    p32 = init_params(CONFIG, seed=3, dtype="float32")
+    docs = DOCS[:200]
+    got = score_corpus(p32, TOKENIZER, docs, chunk_size=64).compute(losses=True)
+    want, _ = _oracle(p32, docs)
+    assert got.losses is not None and got.losses.dtype == np.float32
+    np.testing.assert_array_equal(got.losses, want)
+    assert got.mean == pytest.approx(float(np.mean(want.astype(np.float64))), rel=1e-12)
+
+
+def test_a_virtual_corpus_is_scored_chunk_by_chunk_inside_the_tasks(params64: Params) -> None:
+    calls: list[tuple[int, int]] = []
+
+    class Recording(ShuffledRepeat):
+        def docs(self, start: int, stop: int) -> list[str]:
+            calls.append((start, stop))
+            return super().docs(start, stop)
+
+    corpus = Recording(DOCS[:100], 1000, seed=2)
+    result = score_corpus(params64, TOKENIZER, corpus, chunk_size=128)
+    assert calls == []  # building the graph produced no document
+    assert dask.is_dask_collection(result.losses) and dask.is_dask_collection(result.mean)
+    got = result.compute(losses=True)
+    # every call produced one chunk, never the corpus
+    assert sorted(calls) == [(s, min(s + 128, 1000)) for s in range(0, 1000, 128)]
+    want, _ = _oracle(params64, ShuffledRepeat(DOCS[:100], 1000, seed=2).docs(0, 1000))
+    assert got.losses is not None
+    np.testing.assert_allclose(got.losses, want, rtol=1e-12, atol=0)
+
+
+def test_the_chunking_does_not_change_the_result(params64: Params) -> None:
+    corpus = ShuffledRepeat(DOCS, 2000, seed=5)
+    runs = [
+        score_corpus(params64, TOKENIZER, corpus, chunk_size=c).compute(losses=True)
+        for c in (97, 2000)
+    ]
+    assert runs[0].losses is not None and runs[1].losses is not None
+    np.testing.assert_allclose(runs[0].losses, runs[1].losses, rtol=1e-12, atol=0)
+    assert runs[0].mean == pytest.approx(runs[1].mean, rel=1e-12)
+
+
+def test_graph_holds_the_weights_once_and_two_tasks_per_chunk(params64: Params) -> None:
+    corpus = ShuffledRepeat(DOCS, 64 * 100, seed=0)
+    stats = {}
+    for chunks in (4, 64):
+        r = score_corpus(params64, TOKENIZER, corpus, chunk_size=len(corpus) // chunks)
+        stats[chunks] = graph_stats(params64, r.mean, r.token_mean)
+        assert stats[chunks].weight_copies == 1
+    # per chunk: its spec and its fused score+sum task; plus the reduction tree, the
+    # weights and the corpus
+    extra = stats[64].tasks - stats[4].tasks
+    assert 2 * 60 <= extra <= 2 * 60 + 25
+    # the graph grows by the chunk specs (a few hundred bytes each), not by weight copies
+    weights_bytes = sum(np.asarray(a).nbytes for a in params64.arrays().values())
+    assert stats[64].bytes - stats[4].bytes < 60 * weights_bytes / 10
+    # the model's Dask graph has tens of tasks per chunk, still one weight copy per field
+    g = score_corpus(params64, TOKENIZER, corpus, chunk_size=len(corpus) // 4, method="graph")
+    gs = graph_stats(params64, g.mean)
+    assert gs.weight_copies == 1 and gs.tasks > 4 * 20
+
+
+def test_the_mean_is_a_tree_reduction(params64: Params) -> None:
+    from functools import cache
+
+    from dask.core import get_dependencies
+
+    corpus = ShuffledRepeat(DOCS, 64, seed=0)
+    r = score_corpus(params64, TOKENIZER, corpus, chunk_size=4, split_every=3)
+    (mean,) = dask.optimize(r.mean)
+    graph = dict(mean.__dask_graph__())
+
+    @cache
+    def depth(key: Any) -> int:
+        deps = get_dependencies(graph, key)
+        return 0 if not deps else 1 + max(depth(d) for d in deps)
+
+    # 16 chunks combined three at a time: no node has more than 3 inputs, and the
+    # result sits ceil(log3(16)) = 3 levels above the chunk tasks (which read their spec)
+    assert max(len(get_dependencies(graph, k)) for k in graph) <= 3
+    assert max(depth(k) for k in graph) >= 1 + 3
+
+
+def test_a_bad_document_names_its_chunk(params64: Params) -> None:
+    docs = [*DOCS[:20], "hello!", *DOCS[20:40]]
+    result = score_corpus(params64, TOKENIZER, docs, chunk_size=8)
+    with pytest.raises(DataError, match=r"documents 16\.\.23: .*'!'"):
+        result.compute()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"chunk_size": 0}, ValueError, "chunk size"),
+        ({"chunk_size": 2.0}, ValueError, "chunk size"),
+        ({"method": "fast"}, ValueError, "method"),
+        ({"weights": "copy"}, ValueError, "weights"),
+        ({"method": "graph", "weights": "scatter"}, ValueError, "weights='graph'"),
+        ({"chunk_backend": "dask"}, ValueError, "eager"),
+        ({"chunk_backend": "nope"}, ValueError, "unknown backend"),
+    ],
+)
+def test_score_corpus_rejects_bad_arguments(
+    params64: Params, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        score_corpus(params64, TOKENIZER, DOCS[:10], **kwargs)
+
+
+def test_score_corpus_rejects_bad_sources(params64: Params) -> None:
+    with pytest.raises(DataError, match="no documents"):
+        score_corpus(params64, TOKENIZER, [])
+    with pytest.raises(TypeError, match="source"):
+        score_corpus(params64, TOKENIZER, "abc")
+    with pytest.raises(ValueError, match="tokenizer has"):
+        score_corpus(params64, Tokenizer("ab"), DOCS[:3])
+
+
+def test_weights_of_another_backend_are_copied_once(params64: Params) -> None:
+    on_dask = params64.to("dask")
+    got = score_corpus(on_dask, TOKENIZER, DOCS[:50], chunk_size=16).compute(losses=True)
+    want, _ = _oracle(params64, DOCS[:50])
+    assert got.losses is not None
+    np.testing.assert_allclose(got.losses, want, rtol=1e-12, atol=0)
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("array_api_strict") is None,
+    reason="needs array_api_strict",
+)
+def test_chunks_can_run_on_another_backend(params64: Params) -> None:
+    got = score_corpus(
+        params64, TOKENIZER, DOCS[:50], chunk_size=16, chunk_backend="array_api_strict"
+    ).compute(losses=True)
+    want, _ = _oracle(params64, DOCS[:50])
+    assert got.losses is not None
+    np.testing.assert_allclose(got.losses, want, rtol=1e-12, atol=0)
+
+
+def test_write_scores_writes_after_the_computation(params64: Params, tmp_path: Path) -> None:
+    docs = DOCS[:30]
+    want, _ = _oracle(params64, docs)
+    txt, npy = tmp_path / "scores.txt", tmp_path / "scores.npy"
+    write_scores(txt, score_corpus(params64, TOKENIZER, docs, chunk_size=7))
+    write_scores(npy, score_corpus(params64, TOKENIZER, docs, chunk_size=7))
+    np.testing.assert_allclose(np.loadtxt(txt), want, rtol=1e-8)
+    np.testing.assert_allclose(np.load(npy), want, rtol=1e-12, atol=0)
+    # a failing computation leaves neither the file nor a temporary file behind
+    bad = score_corpus(params64, TOKENIZER, [*docs, "?"], chunk_size=7)
+    with pytest.raises(DataError):
+        write_scores(tmp_path / "bad.txt", bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.npy", "scores.txt"]
+
+
+# -- generation ---------------------------------------------------------------------------------
+def test_row_uniforms_are_rows_of_one_stream() -> None:
+    full = np.random.default_rng(11).random((50, 16))
+    np.testing.assert_array_equal(row_uniforms(11, 0, 50, 16), full)
+    np.testing.assert_array_equal(row_uniforms(11, 17, 33, 16), full[17:33])
+    np.testing.assert_array_equal(row_uniforms(11, 49, 50, 16), full[49:])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_generate_equals_sample_tokens_whatever_the_chunking(dtype: str) -> None:
+    trained = train(DOCS, steps=30, batch_size=16, seed=0, dtype=dtype).params
+    want = sample_tokens(trained, TOKENIZER.bos, 300, temperature=0.7, seed=9)
+    for chunk_size in (1, 64, 300, 1000):
+        ids = generate(
+            trained, 300, bos=TOKENIZER.bos, chunk_size=chunk_size, temperature=0.7, seed=9
+        )
+        assert ids.shape == (300, CONFIG.block_size) and ids.dtype == np.int64
+        np.testing.assert_array_equal(ids.compute(), want, err_msg=f"chunk size {chunk_size}")
+    # another seed gives other samples
+    other = generate(trained, 300, bos=TOKENIZER.bos, chunk_size=64, temperature=0.7, seed=10)
+    assert not np.array_equal(other.compute(), want)
+
+
+def test_generate_names_decodes_inside_the_tasks(params64: Params, tmp_path: Path) -> None:
+    names = generate_names(params64, TOKENIZER, 40, chunk_size=9, seed=1)
+    want = [TOKENIZER.decode(r) for r in sample_tokens(params64, TOKENIZER.bos, 40, seed=1)]
+    assert list(names.compute()) == want
+    out = write_names(tmp_path / "names.txt", names)
+    assert out == want
+    assert (tmp_path / "names.txt").read_text().splitlines() == want
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_samples": 0}, "number of samples"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"bos": 99}, "bos id"),
+        ({"seed": -1}, "seed"),
+        ({"chunk_size": -3}, "chunk size"),
+    ],
+)
+def test_generate_rejects_bad_arguments(
+    params64: Params, kwargs: dict[str, Any], match: str
+) -> None:
+    args: dict[str, Any] = {"num_samples": 5, "bos": TOKENIZER.bos, **kwargs}
+    n = args.pop("num_samples")
+    with pytest.raises(ValueError, match=match):
+        generate(params64, n, **args)
+
+
+# -- data-parallel training --------------------------------------------------------------------
+def test_dask_training_equals_numpy_and_reduces_gradients_in_a_tree() -> None:
+    from dask.core import get_dependencies
+
+    from microgpt_xp.train import to_batch
+
+    docs = DOCS[:400]
+    args: dict[str, Any] = dict(steps=4, batch_size=64, seed=7, dtype="float64", lr=0.01)
+    ref = train(docs, backend="numpy", **args)
+    with dask.config.set(scheduler="synchronous"):
+        got = train(docs, backend="dask", chunk_size=8, **args)
+    np.testing.assert_allclose(got.losses, ref.losses, rtol=1e-10, atol=0)
+    for name, a in got.params.to("numpy").arrays().items():
+        np.testing.assert_allclose(
+            a, ref.params.arrays()[name], rtol=1e-9, atol=1e-12, err_msg=name
+        )
+    # the gradient of a weight is a contraction over the chunked batch axis: per-chunk
+    # partial products combined in a tree (fan-in below the 8 chunks of the batch)
+    p = init_params(CONFIG, seed=0, dtype="float64", backend="dask")
+    tokens, lengths = encode_docs(TOKENIZER, docs[:64], CONFIG.block_size)
+    _, grads = loss_and_grads(p, *to_batch(tokens, lengths, "dask", chunk_size=4))
+    (g,) = dask.optimize(grads.lm_head)
+    graph = dict(g.__dask_graph__())
+    reducers = [k for k in graph if "partial" in str(k) or "aggregate" in str(k)]
+    fan_in = [len(get_dependencies(graph, k)) for k in reducers]
+    assert max(fan_in) < 16 and any(f > 1 for f in fan_in)
+
+
+# -- a real cluster: LocalCluster with worker processes --------------------------------------
+distributed = pytest.importorskip("distributed")
+from microgpt_xp.cluster import ClusterError, connect  # noqa: E402
+
+
+def _register_this_module() -> None:
+    # worker processes cannot import tests/; send this module's functions by value
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    _register_this_module()
+    with connect(None, n_workers=2, threads_per_worker=1, processes=True, timeout=60) as c:
+        yield c
+
+
+def test_connect_starts_worker_processes(client: Any) -> None:
+    pids = client.run(os.getpid)
+    assert len(pids) == 2 and os.getpid() not in pids.values()
+    assert all(w["nthreads"] == 1 for w in client.scheduler_info(n_workers=-1)["workers"].values())
+
+
+@pytest.mark.parametrize("weights", ["graph", "scatter"])
+def test_cluster_scores_like_threads(client: Any, params64: Params, weights: str) -> None:
+    corpus = ShuffledRepeat(DOCS, 3000, seed=1)
+    want = score_corpus(params64, TOKENIZER, corpus, chunk_size=500).compute(
+        losses=True, scheduler="threads"
+    )
+    r = score_corpus(params64, TOKENIZER, corpus, chunk_size=500, weights=weights, client=client)  # type: ignore[arg-type]
+    assert graph_stats(params64, r.mean).weight_copies == (1 if weights == "graph" else 0)
+    got = r.compute(losses=True, scheduler=client.get)
+    assert got.losses is not None and want.losses is not None
+    np.testing.assert_array_equal(got.losses, want.losses)
+    assert got.mean == want.mean and got.token_mean == want.token_mean
+
+
+def test_cluster_generates_like_sample_tokens(client: Any, params64: Params) -> None:
+    ids = generate(params64, 200, bos=TOKENIZER.bos, chunk_size=50, seed=2)
+    got = client.compute(ids).result()
+    np.testing.assert_array_equal(got, sample_tokens(params64, TOKENIZER.bos, 200, seed=2))
+
+
+def test_connect_errors_are_clear() -> None:
+    t0 = time.perf_counter()
+    with pytest.raises(
+        ClusterError, match=r"cannot reach the Dask scheduler at 'tcp://127\.0\.0\.1:1' within 1 s"
+    ):
+        connect("tcp://127.0.0.1:1", timeout=1)
+    assert time.perf_counter() - t0 < 15
+    with pytest.raises(ValueError, match="invalid Dask scheduler address 'no-port'"):
+        connect("no-port", timeout=1)
+    with pytest.raises(ValueError, match="unknown address scheme"):
+        connect("bogus://x:1", timeout=1)
+    with pytest.raises(ValueError, match="cannot be given with a scheduler address"):
+        connect("tcp://127.0.0.1:1", n_workers=2)
+    with pytest.raises(ClusterError, match="scheduler file"):
+        connect("/nonexistent/scheduler.json")
+    with pytest.raises(ValueError, match="n_workers"):
+        connect(None, n_workers=0)
+
+
+def test_connect_waits_for_workers(client: Any) -> None:
+    with pytest.raises(ClusterError, match=r"has 2 worker\(s\) after 1 s; 3 needed"):
+        connect(client.scheduler.address, min_workers=3, timeout=1)
+    with connect(client.scheduler.address, min_workers=2, timeout=10) as other:
+        assert len(other.scheduler_info(n_workers=-1)["workers"]) == 2
+
+
+class SlowCorpus(ShuffledRepeat):
+    """A corpus whose chunks take a known time to produce, so that a fault lands mid-job."""
+
+    delay: float = 0.15
+
+    def docs(self, start: int, stop: int) -> list[str]:
+        time.sleep(self.delay)
+        return super().docs(start, stop)
+
+
+def _chunks_done(dask_scheduler: Any) -> int:
+    """Chunk-scoring tasks whose results the scheduler holds."""
+    return sum(
+        ts.state == "memory" and "score_block" in str(ts.key)
+        for ts in dask_scheduler.tasks.values()
+    )
+
+
+def test_a_killed_worker_does_not_change_the_result(params64: Params) -> None:
+    _register_this_module()
+    corpus = SlowCorpus(DOCS, 40 * 200, seed=3)
+    want = score_corpus(params64, TOKENIZER, ShuffledRepeat(DOCS, 40 * 200, seed=3), chunk_size=200)
+    want_values = want.compute(losses=True, scheduler="threads")
+    with connect(None, n_workers=2, threads_per_worker=1, processes=True, timeout=60) as c:
+        r = score_corpus(params64, TOKENIZER, corpus, chunk_size=200)
+        futures = c.compute([r.mean, r.token_mean, r.losses])
+        deadline = time.monotonic() + 60
+        while c.run_on_scheduler(_chunks_done) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.run_on_scheduler(_chunks_done) >= 4
+        busy = [w for w, keys in c.processing().items() if keys]
+        victim = busy[0]
+        pid = c.run(os.getpid, workers=[victim])[victim]
+        assert not any(f.done() for f in futures), "the job ended before the fault"
+        os.kill(pid, signal.SIGKILL)
+        mean, token_mean, losses = c.gather(futures)
+        # the nanny started a new worker process in place of the killed one
+        assert pid not in c.run(os.getpid).values()
+    assert want_values.losses is not None
+    np.testing.assert_array_equal(losses, want_values.losses)
+    assert mean == want_values.mean and token_mean == want_values.token_mean
+
+
+_SCHEDULER_SCRIPT = """
+import time
+from distributed import LocalCluster
+cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                       dashboard_address=":0")
+print(cluster.scheduler_address, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lost_scheduler_is_a_clear_error_and_writes_nothing(
+    params64: Params, tmp_path: Path
+) -> None:
+    _register_this_module()
+    # the scheduler unpickles the graph, SlowCorpus included: let it import this module
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SCHEDULER_SCRIPT], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip()
+        with connect(address, timeout=5) as c:
+            r = score_corpus(
+                params64, TOKENIZER, SlowCorpus(DOCS, 30 * 100, seed=0), chunk_size=100
+            )
+            killer = threading.Timer(1.0, proc.kill)
+            killer.start()
+            out = tmp_path / "scores.txt"
+            with pytest.raises(ClusterError, match=f"lost the Dask scheduler at {address}"):
+                write_scores(out, r, scheduler=c.get)
+            killer.join()
+            assert list(tmp_path.iterdir()) == []
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+# -- the example -------------------------------------------------------------------------------
+def test_example_runs_small_and_reports_throughput(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples" / "dask_batch.py"),
+        "--n-docs",
+        "3000",
+        "--chunk-size",
+        "500",
+        "--n-samples",
+        "300",
+        "--workers",
+        "2",
+        "--json",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "documents/s" in proc.stdout and "samples/s" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["n_docs"] == 3000 and report["chunks"] == 6
+    assert report["score_docs_per_s"] > 0 and report["sample_per_s"] > 0
+    assert 1.0 < report["mean_loss"] < 10.0
+    assert len(report["names"]) > 0
+
+
+def test_benchmark_runs_small(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "dask_scoring.py"),
+        "--n-docs",
+        "2000",
+        "--chunk-sizes",
+        "500,2000",
+        "--rounds",
+        "1",
+        "--memory-docs",
+        "1000,3000",
+        "--memory-chunk",
+        "500",
+        "--data",
+        str(tmp_path / "names.txt"),
+        "--json",
+        str(out),
+    ]
+    (tmp_path / "names.txt").write_text("\n".join(DOCS[:500]) + "\n")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert [g["chunks"] for g in report["graphs"]] == [4, 1]
+    assert all(g["weight_copies"] == 1 for g in report["graphs"])
+    assert [s["chunk"] for s in report["summary"]] == [500, 2000]
+    assert {(m["way"], m["n_docs"]) for m in report["memory"]} == {
+        (w, n) for w in ("threads", "cluster", "numpy") for n in (1000, 3000)
+    }
+    assert all(m["client_mb"] >= m["client_mb_before"] > 0 for m in report["memory"])

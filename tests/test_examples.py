@@ -1,0 +1,171 @@
+"""Each script in examples/ runs as a user would run it (a subprocess), at a small size.
+
+The NumPy and CuPy-skip tests run in the NumPy session. The PyTorch, JAX and CuPy-GPU
+tests take the ``backend`` fixture for their own namespace, so they run in that
+namespace's nox session and skip where it is not installed (or, for CuPy, without a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import _cupy_usable, selected_backends
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+#: The original's state-dict keys and shapes (spec §4) for V = 27, C = 16, T = 16, one layer.
+SPEC_SHAPES = {
+    "wte": (27, 16),
+    "wpe": (16, 16),
+    "lm_head": (27, 16),
+    "layer0.attn_wq": (16, 16),
+    "layer0.attn_wk": (16, 16),
+    "layer0.attn_wv": (16, 16),
+    "layer0.attn_wo": (16, 16),
+    "layer0.mlp_fc1": (64, 16),
+    "layer0.mlp_fc2": (16, 64),
+}
+
+
+def run_example(
+    name: str, *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``examples/<name>`` with this interpreter; the output is returned, not checked."""
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def _samples(out: str) -> list[str]:
+    return re.findall(r"^sample +\d+: (.*)$", out, re.M)
+
+
+def _only(backend_name: str) -> None:
+    if backend_name not in selected_backends():
+        pytest.skip(f"{backend_name} is not among MICROGPT_XP_BACKENDS")
+
+
+def test_numpy_quickstart(tmp_path: Path) -> None:
+    out = _ok(
+        run_example(
+            "numpy_quickstart.py",
+            "--steps",
+            "30",
+            "--batch-size",
+            "8",
+            "--samples",
+            "3",
+            cwd=tmp_path,
+        )
+    )
+    head = re.search(r"^(\d+) docs, vocab (\d+), (\d+) params$", out, re.M)
+    assert head, out
+    vocab, num_params = int(head[2]), int(head[3])
+    # spec §4: 2·V·C + T·C + 12·C² weights for one layer of C = 16 channels, T = 16
+    assert num_params == 2 * vocab * 16 + 16 * 16 + 12 * 16 * 16
+    shapes = re.search(r"forward: tokens \((\d+), (\d+)\) -> logits \((\d+), (\d+), (\d+)\)", out)
+    assert shapes, out
+    b, t, b2, t2, v = map(int, shapes.groups())
+    assert (b2, t2, v) == (b, t, vocab)
+    assert len(re.findall(r"^step +\d+ / 30 \| loss \d+\.\d{4}$", out, re.M)) >= 2
+    first, last = map(float, re.search(r"^loss (\S+) -> (\S+)$", out, re.M).groups())
+    assert last < first  # 30 steps of Adam at lr 0.01 learn something
+    names = _samples(out)
+    assert len(names) == 3
+    assert all(re.fullmatch(r"[a-z]{0,16}", n) for n in names), names
+
+
+@pytest.mark.parametrize("backend", ["torch"], indirect=True)
+def test_torch_interop(backend, tmp_path: Path) -> None:
+    _only("torch")
+    weights = tmp_path / "weights.json"
+    args = ("--steps", "10", "--batch-size", "8", "--samples", "2", "--out", str(weights))
+    out = _ok(run_example("torch_interop.py", *args, cwd=tmp_path))
+    assert "trained 10 steps on torch" in out
+    assert "params.wte is a torch.Tensor" in out
+    assert "round trip exact: True" in out
+    diff = float(re.search(r"max \|logits difference\| = (\S+)", out)[1])
+    assert diff <= 1e-4  # float32 on two libraries
+    assert len(_samples(out)) == 2
+    # the exported file is the original's state dict: its keys, order and [n_out][n_in] shapes
+    state = json.loads(weights.read_text())
+    assert list(state) == list(SPEC_SHAPES)
+    for key, (rows, cols) in SPEC_SHAPES.items():
+        assert len(state[key]) == rows and {len(r) for r in state[key]} == {cols}, key
+        assert all(isinstance(x, float) for r in state[key] for x in r), key
+
+
+@pytest.mark.parametrize("backend", ["jax"], indirect=True)
+def test_jax_forward(backend, tmp_path: Path) -> None:
+    _only("jax")
+    out = _ok(run_example("jax_forward.py", "--batch-size", "4", "--n-layer", "2", cwd=tmp_path))
+    diffs = dict(re.findall(r"^  (\S+) +max relative difference (\S+)$", out, re.M))
+    expected = {"logits", "loss"} | {f"d{key.split('.')[-1]}" for key in SPEC_SHAPES}
+    assert set(diffs) == expected, out
+    assert max(map(float, diffs.values())) <= 1e-12  # float64 on two libraries
+    assert "agree:" in out
+
+
+def test_cupy_example_here(tmp_path: Path) -> None:
+    """On this machine: trains when CuPy has a GPU, else exits 0 with the skip message."""
+    proc = run_example("cupy_train.py", "--steps", "5", "--samples", "2", cwd=tmp_path)
+    out = _ok(proc)
+    if _cupy_usable():
+        assert "trained 5 steps on" in out
+        assert len(_samples(out)) == 2
+    else:
+        assert out.startswith("skipped: no CUDA GPU"), out
+        assert "sample" not in out
+
+
+def test_cupy_example_skips_when_the_gpu_is_unavailable(tmp_path: Path) -> None:
+    """A CuPy that is installed but finds no GPU (a stand-in module shadows the real one)."""
+    fake = tmp_path / "fake"
+    (fake / "cupy").mkdir(parents=True)
+    (fake / "cupy" / "__init__.py").write_text(
+        "class cuda:\n    @staticmethod\n    def is_available():\n        return False\n"
+    )
+    path = os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out = _ok(run_example("cupy_train.py", cwd=tmp_path, env={"PYTHONPATH": path}))
+    assert out.strip() == "skipped: no CUDA GPU (cupy.cuda.is_available() is False)"
+
+
+@pytest.mark.parametrize("backend", ["cupy"], indirect=True)
+def test_cupy_train_on_gpu(backend, tmp_path: Path) -> None:
+    _only("cupy")
+    out = _ok(
+        run_example(
+            "cupy_train.py",
+            "--steps",
+            "20",
+            "--batch-size",
+            "32",
+            "--samples",
+            "3",
+            cwd=tmp_path,
+        )
+    )
+    assert "trained 20 steps on" in out
+    first, last = map(float, re.search(r"^loss (\S+) -> (\S+)$", out, re.M).groups())
+    assert last < first
+    cupy_first, numpy_first = map(
+        float, re.search(r"first loss: cupy (\S+) numpy (\S+)", out).groups()
+    )
+    assert abs(cupy_first - numpy_first) <= 1e-4
+    assert len(_samples(out)) == 3

@@ -1,0 +1,409 @@
+"""Gradients: every block of ``microgpt_xp.layers`` alone against central finite
+differences, and the whole model's ``loss_and_grads`` against finite differences and
+against the scalar reverse-mode autograd of ``tests/reference.py`` (spec §6–§7).
+
+Finite differences are taken along random directions ``u``: the central difference
+``(f(x + h u) − f(x − h u)) / 2h`` against ``<grad, u>``, a well-conditioned scalar even
+when single gradient entries are tiny. Everything runs in float64 on the ``backend``.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import reference
+
+from microgpt_xp import GPTConfig, Params, loss_and_grads, score
+from microgpt_xp import layers as L
+
+#: Directional derivatives agree with central differences to this relative error.
+FD_RTOL = 1e-6
+#: The array code agrees with the scalar autograd to this relative error.
+REF_RTOL = 1e-12
+#: Step of the central differences (O(h²) truncation, O(eps/h) rounding: both << FD_RTOL).
+H = 1e-6
+
+CONFIGS = {
+    "default": GPTConfig(vocab_size=27),
+    "two_layers": GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8),
+}
+
+
+def assert_rel_close(actual: Any, expected: Any, rtol: float, what: str = "") -> None:
+    """``max|actual - expected| <= rtol * max|expected|`` (norm-wise relative error)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    err = float(np.max(np.abs(actual - expected)))
+    scale = float(np.max(np.abs(expected)))
+    assert err <= rtol * scale, f"{what}: max abs error {err:.3e} > {rtol:g} * {scale:.3e}"
+
+
+def check_directional(
+    f: Callable[[dict[str, np.ndarray]], float],
+    inputs: dict[str, np.ndarray],
+    grads: dict[str, np.ndarray],
+    rng: np.random.Generator,
+    *,
+    n_dirs: int = 3,
+) -> None:
+    """For each input alone and ``n_dirs`` random directions, the central difference of the
+    scalar ``f`` equals the directional derivative ``<grads[name], u>``."""
+    for name, x in inputs.items():
+        assert grads[name].shape == x.shape, name
+        for _ in range(n_dirs):
+            u = rng.standard_normal(x.shape)
+            plus = f({**inputs, name: x + H * u})
+            minus = f({**inputs, name: x - H * u})
+            fd = (plus - minus) / (2 * H)
+            analytic = float(np.sum(grads[name] * u))
+            rel = abs(fd - analytic) / max(abs(fd), abs(analytic))
+            assert rel <= FD_RTOL, f"d/d{name}: fd {fd!r} vs analytic {analytic!r} (rel {rel:.2e})"
+
+
+# -- each block alone ------------------------------------------------------------------------------
+def test_embedding_block(backend: Any) -> None:
+    rng = np.random.default_rng(0)
+    v, c, b, t = 7, 5, 3, 4
+    tokens = rng.integers(0, 5, size=(b, t))  # ids 5, 6 are never used
+    tokens[0, :2] = 3  # a repeated id: both uses add up
+    inputs = {"wte": rng.standard_normal((v, c)), "wpe": rng.standard_normal((t, c))}
+    weight = rng.standard_normal((b * t, c))
+    tok = backend.asarray(tokens, dtype="int64")
+
+    def f(x: dict[str, np.ndarray]) -> float:
+        e, _ = L.embedding_forward(
+            tok, backend.asarray(x["wte"], "float64"), backend.asarray(x["wpe"], "float64")
+        )
+        return float(np.sum(backend.to_numpy(e) * weight))
+
+    e, cache = L.embedding_forward(
+        tok, backend.asarray(inputs["wte"], "float64"), backend.asarray(inputs["wpe"], "float64")
+    )
+    expected = inputs["wte"][tokens] + inputs["wpe"][None, :, :]
+    np.testing.assert_array_equal(backend.to_numpy(e), expected.reshape(b * t, c))
+    dwte, dwpe = L.embedding_backward(backend.asarray(weight, "float64"), cache)
+    grads = {"wte": backend.to_numpy(dwte), "wpe": backend.to_numpy(dwpe)}
+    assert (grads["wte"][5:] == 0).all(), "unused token rows must get exactly zero gradient"
+    check_directional(f, inputs, grads, rng)
+
+
+def test_linear_block(backend: Any) -> None:
+    rng = np.random.default_rng(1)
+    inputs = {"x": rng.standard_normal((6, 5)), "w": rng.standard_normal((4, 5))}
+    weight = rng.standard_normal((6, 4))
+
+    def run(x: dict[str, np.ndarray]) -> tuple[Any, Any]:
+        return L.linear_forward(
+            backend.asarray(x["x"], "float64"), backend.asarray(x["w"], "float64")
+        )
+
+    y, cache = run(inputs)
+    assert_rel_close(backend.to_numpy(y), inputs["x"] @ inputs["w"].T, 1e-15, "y")
+    dx, dw = L.linear_backward(backend.asarray(weight, "float64"), cache)
+    grads = {"x": backend.to_numpy(dx), "w": backend.to_numpy(dw)}
+    check_directional(
+        lambda x: float(np.sum(backend.to_numpy(run(x)[0]) * weight)), inputs, grads, rng
+    )
+
+
+def test_rmsnorm_block(backend: Any) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 8))
+    x[1] *= 0.003  # mean square ~1e-5: the eps is not negligible there
+    x[2] *= 40.0
+    weight = rng.standard_normal((5, 8))
+
+    def run(x: np.ndarray) -> tuple[Any, Any]:
+        return L.rmsnorm_forward(backend.asarray(x, "float64"))
+
+    y, cache = run(x)
+    expected = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-5)
+    assert_rel_close(backend.to_numpy(y), expected, 1e-15, "y")
+    dx = backend.to_numpy(L.rmsnorm_backward(backend.asarray(weight, "float64"), cache))
+    check_directional(
+        lambda d: float(np.sum(backend.to_numpy(run(d["x"])[0]) * weight)),
+        {"x": x},
+        {"x": dx},
+        rng,
+    )
+
+
+def test_relu_block(backend: Any) -> None:
+    rng = np.random.default_rng(3)
+    # |x| >= 0.1 keeps x ± h·u on one side of the kink
+    x = rng.choice([-1.0, 1.0], size=(6, 7)) * rng.uniform(0.1, 2.0, size=(6, 7))
+    weight = rng.standard_normal((6, 7))
+
+    def run(x: np.ndarray) -> tuple[Any, Any]:
+        return L.relu_forward(backend.asarray(x, "float64"))
+
+    y, cache = run(x)
+    np.testing.assert_array_equal(backend.to_numpy(y), np.maximum(x, 0.0))
+    dx = backend.to_numpy(L.relu_backward(backend.asarray(weight, "float64"), cache))
+    np.testing.assert_array_equal(dx, weight * (x > 0))
+    check_directional(
+        lambda d: float(np.sum(backend.to_numpy(run(d["x"])[0]) * weight)),
+        {"x": x},
+        {"x": dx},
+        rng,
+    )
+    # the derivative at exactly 0 is 0 (the spec's relu)
+    _, mask = L.relu_forward(backend.asarray(np.zeros((1, 3)), "float64"))
+    np.testing.assert_array_equal(backend.to_numpy(mask), np.zeros((1, 3)))
+
+
+def _numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+    """Plain softmax attention (the oracle for the forward of the block)."""
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        tq, tk = scores.shape[-2:]
+        scores = np.where(np.tril(np.ones((tq, tk), dtype=bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return (p / p.sum(axis=-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize(("tq", "tk", "causal"), [(5, 5, True), (1, 6, False), (3, 4, False)])
+def test_attend_block(backend: Any, tq: int, tk: int, causal: bool) -> None:
+    rng = np.random.default_rng(4)
+    b, h, d = 2, 3, 4
+    inputs = {
+        "q": 1.5 * rng.standard_normal((b, h, tq, d)),
+        "k": 1.5 * rng.standard_normal((b, h, tk, d)),
+        "v": rng.standard_normal((b, h, tk, d)),
+    }
+    weight = rng.standard_normal((b, h, tq, d))
+
+    def run(x: dict[str, np.ndarray]) -> tuple[Any, Any]:
+        q, k, v = (backend.asarray(x[n], "float64") for n in ("q", "k", "v"))
+        return L.attend_forward(q, k, v, L.causal_bias(tq, q) if causal else None)
+
+    y, cache = run(inputs)
+    expected = _numpy_attention(inputs["q"], inputs["k"], inputs["v"], causal)
+    assert_rel_close(backend.to_numpy(y), expected, 1e-14, "attention output")
+    dq, dk, dv = L.attend_backward(backend.asarray(weight, "float64"), cache)
+    grads = {"q": backend.to_numpy(dq), "k": backend.to_numpy(dk), "v": backend.to_numpy(dv)}
+    check_directional(
+        lambda x: float(np.sum(backend.to_numpy(run(x)[0]) * weight)), inputs, grads, rng
+    )
+
+
+def test_causal_attention_block(backend: Any) -> None:
+    rng = np.random.default_rng(5)
+    b, t, n_head, c = 2, 5, 2, 6
+    qkv = 1.5 * rng.standard_normal((b * t, 3 * c))
+    weight = rng.standard_normal((b * t, c))
+
+    def run(x: np.ndarray) -> tuple[Any, Any]:
+        return L.causal_attention_forward(backend.asarray(x, "float64"), b, t, n_head)
+
+    y, cache = run(qkv)
+    heads = [
+        np.transpose(qkv[:, i * c : (i + 1) * c].reshape(b, t, n_head, c // n_head), (0, 2, 1, 3))
+        for i in range(3)
+    ]
+    expected = np.transpose(_numpy_attention(*heads, causal=True), (0, 2, 1, 3)).reshape(b * t, c)
+    assert_rel_close(backend.to_numpy(y), expected, 1e-14, "attention output")
+    dqkv = backend.to_numpy(L.causal_attention_backward(backend.asarray(weight, "float64"), cache))
+    check_directional(
+        lambda d: float(np.sum(backend.to_numpy(run(d["qkv"])[0]) * weight)),
+        {"qkv": qkv},
+        {"qkv": dqkv},
+        rng,
+    )
+
+
+def test_cross_entropy_block(backend: Any) -> None:
+    rng = np.random.default_rng(6)
+    n, v = 7, 5
+    logits = 2.0 * rng.standard_normal((n, v))
+    targets = rng.integers(0, v, size=n)
+    dlosses = rng.uniform(0.1, 1.0, size=n)
+    tgt = backend.asarray(targets, dtype="int64")
+
+    def run(x: np.ndarray) -> tuple[Any, Any]:
+        return L.cross_entropy_forward(backend.asarray(x, "float64"), tgt)
+
+    losses, cache = run(logits)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    expected = np.log(np.exp(shifted).sum(axis=-1)) - shifted[np.arange(n), targets]
+    assert_rel_close(backend.to_numpy(losses), expected, 1e-14, "losses")
+    dlogits = backend.to_numpy(L.cross_entropy_backward(backend.asarray(dlosses, "float64"), cache))
+    check_directional(
+        lambda d: float(np.sum(backend.to_numpy(run(d["logits"])[0]) * dlosses)),
+        {"logits": logits},
+        {"logits": dlogits},
+        rng,
+    )
+
+
+# -- the whole model -------------------------------------------------------------------------------
+@functools.cache
+def ref_state(config: GPTConfig, seed: int) -> dict[str, list[list[float]]]:
+    """A reference state dict (Gaussian, std 0.08, Python ``random``) for ``config``."""
+    return reference.init_state_dict(
+        config.vocab_size,
+        config.n_layer,
+        config.n_embd,
+        config.block_size,
+        rng=random.Random(seed),
+    )
+
+
+@functools.cache
+def ref_loss_and_grads(
+    config: GPTConfig, seed: int, doc: tuple[int, ...]
+) -> tuple[float, dict[str, np.ndarray]]:
+    """The scalar autograd's loss and gradients of one document."""
+    loss, grads = reference.loss_and_grads(ref_state(config, seed), list(doc), config.n_head)
+    return loss, {k: np.asarray(g) for k, g in grads.items()}
+
+
+def random_docs(
+    rng: np.random.Generator, config: GPTConfig, lengths: list[int]
+) -> list[tuple[int, ...]]:
+    """Documents ``BOS, chars…, BOS`` (BOS = V − 1) of the given total lengths."""
+    bos = config.vocab_size - 1
+    return [(bos, *(int(i) for i in rng.integers(0, bos, size=n - 2)), bos) for n in lengths]
+
+
+def pad(docs: list[tuple[int, ...]], width: int, rng: np.random.Generator, v: int) -> np.ndarray:
+    """Right-pad ``docs`` to ``width`` with random valid ids."""
+    out = rng.integers(0, v, size=(len(docs), width))
+    for row, doc in enumerate(docs):
+        out[row, : len(doc)] = doc
+    return out
+
+
+def params_on(backend: Any, config: GPTConfig, seed: int) -> Params:
+    return Params.from_state_dict(
+        ref_state(config, seed),
+        config=config,
+        backend=backend.name,
+        device=backend.device,
+        dtype="float64",
+    )
+
+
+def run_loss(
+    backend: Any, params: Params, tokens: np.ndarray, lengths: np.ndarray, **kwargs: Any
+) -> tuple[float, dict[str, np.ndarray]]:
+    loss, grads = loss_and_grads(
+        params,
+        backend.asarray(tokens, dtype="int64"),
+        backend.asarray(lengths, dtype="int64"),
+        **kwargs,
+    )
+    assert tuple(loss.shape) == ()
+    assert grads.backend == params.backend
+    assert str(grads.dtype) == str(params.dtype)
+    assert grads.config == params.config
+    return float(backend.to_numpy(loss)), grads.to_state_dict()
+
+
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_single_doc_matches_reference_autograd(backend: Any, config_name: str) -> None:
+    config = CONFIGS[config_name]
+    rng = np.random.default_rng(7)
+    params = params_on(backend, config, 1)
+    # the shortest document (BOS, BOS), a middling one and one that fills the block
+    for doc in random_docs(rng, config, [2, 5, config.block_size + 1]):
+        ref_loss, ref_grads = ref_loss_and_grads(config, 1, doc)
+        loss, grads = run_loss(backend, params, np.array([doc]), np.array([len(doc)]))
+        assert abs(loss - ref_loss) <= REF_RTOL * abs(ref_loss), (loss, ref_loss)
+        assert list(grads) == list(ref_grads)
+        for key, g in grads.items():
+            assert_rel_close(g, ref_grads[key], REF_RTOL, f"d{key} (doc length {len(doc)})")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "token_mean"])
+def test_batch_is_the_mean_of_reference_docs(backend: Any, reduction: str) -> None:
+    config = CONFIGS["two_layers"]
+    rng = np.random.default_rng(8)
+    docs = random_docs(rng, config, [4, config.block_size + 1, 2, 6])
+    lengths = np.array([len(d) for d in docs])
+    tokens = pad(docs, config.block_size + 1, rng, config.vocab_size)
+    params = params_on(backend, config, 2)
+    loss, grads = run_loss(backend, params, tokens, lengths, reduction=reduction)
+    refs = [ref_loss_and_grads(config, 2, d) for d in docs]
+    n = np.minimum(lengths - 1, config.block_size).astype(np.float64)
+    weights = np.full(len(docs), 1 / len(docs)) if reduction == "mean" else n / n.sum()
+    expected_loss = sum(w * r[0] for w, r in zip(weights, refs, strict=True))
+    assert abs(loss - expected_loss) <= REF_RTOL * expected_loss, (loss, expected_loss)
+    for key, g in grads.items():
+        expected = sum(w * r[1][key] for w, r in zip(weights, refs, strict=True))
+        assert_rel_close(g, expected, REF_RTOL, f"d{key} ({reduction})")
+    # the per-document losses are what score returns
+    scores = score(
+        params, backend.asarray(tokens, dtype="int64"), backend.asarray(lengths, dtype="int64")
+    )
+    assert_rel_close(backend.to_numpy(scores), [r[0] for r in refs], REF_RTOL, "score")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "token_mean"])
+def test_whole_model_directional_derivative(backend: Any, reduction: str) -> None:
+    config = CONFIGS["two_layers"]
+    rng = np.random.default_rng(9)
+    docs = random_docs(rng, config, [5, config.block_size + 1, 3])
+    lengths = np.array([len(d) for d in docs])
+    tokens = pad(docs, config.block_size + 1, rng, config.vocab_size)
+    sd = {k: np.asarray(v) for k, v in ref_state(config, 3).items()}
+
+    def f(state: dict[str, np.ndarray]) -> float:
+        p = Params.from_state_dict(
+            state, config=config, backend=backend.name, device=backend.device, dtype="float64"
+        )
+        return run_loss(backend, p, tokens, lengths, reduction=reduction)[0]
+
+    _, grads = run_loss(
+        backend, params_on(backend, config, 3), tokens, lengths, reduction=reduction
+    )
+    for _ in range(3):
+        u = {k: rng.standard_normal(v.shape) for k, v in sd.items()}
+        plus = f({k: v + H * u[k] for k, v in sd.items()})
+        minus = f({k: v - H * u[k] for k, v in sd.items()})
+        fd = (plus - minus) / (2 * H)
+        analytic = sum(float(np.sum(grads[k] * u[k])) for k in sd)
+        rel = abs(fd - analytic) / max(abs(fd), abs(analytic))
+        assert rel <= FD_RTOL, f"fd {fd!r} vs analytic {analytic!r} (rel {rel:.2e})"
+
+
+def test_unused_rows_get_exactly_zero_gradient(backend: Any) -> None:
+    config = CONFIGS["default"]
+    rng = np.random.default_rng(10)
+    bos = config.vocab_size - 1
+    used = [1, 4, 7, 8, 20]  # id 0 (what padding is replaced with) is not among them
+    docs = [(bos, *(int(i) for i in rng.choice(used, size=n)), bos) for n in (3, 6, 1)]
+    lengths = np.array([len(d) for d in docs])  # at most 8 tokens: 7 positions
+    tokens = pad(docs, 10, rng, config.vocab_size)  # padding holds any valid ids
+    _, grads = run_loss(backend, params_on(backend, config, 4), tokens, lengths)
+    inputs = {bos, *used}
+    for row in range(config.vocab_size):
+        nonzero = bool(np.any(grads["wte"][row] != 0))
+        assert nonzero == (row in inputs), f"wte row {row}"
+    n_max = int(lengths.max()) - 1
+    assert np.all(grads["wpe"][:n_max] != 0)
+    assert np.all(grads["wpe"][n_max:] == 0)
+
+
+def test_padding_does_not_change_loss_or_grads(backend: Any) -> None:
+    config = CONFIGS["two_layers"]
+    rng = np.random.default_rng(11)
+    docs = random_docs(rng, config, [3, 7, 5])
+    lengths = np.array([len(d) for d in docs])
+    params = params_on(backend, config, 5)
+    loss_a, grads_a = run_loss(backend, params, pad(docs, 7, rng, config.vocab_size), lengths)
+    loss_b, grads_b = run_loss(backend, params, pad(docs, 7, rng, config.vocab_size), lengths)
+    assert loss_a == loss_b
+    for key in grads_a:
+        np.testing.assert_array_equal(grads_a[key], grads_b[key], err_msg=key)
+    # wider padding: the same numbers up to rounding
+    loss_c, grads_c = run_loss(backend, params, pad(docs, 9, rng, config.vocab_size), lengths)
+    assert abs(loss_c - loss_a) <= REF_RTOL * loss_a
+    for key in grads_a:
+        assert_rel_close(grads_c[key], grads_a[key], REF_RTOL, key)

@@ -1,0 +1,369 @@
+"""Bad inputs fail with a clear ``ValueError`` / ``TypeError`` that names the problem.
+
+Value checks on lazy (Dask) arrays may only fire when the result is computed, so every
+call goes through :func:`realize`, which computes what the call returned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from microgpt_xp import (
+    GPTConfig,
+    KVCache,
+    Params,
+    decode_step,
+    forward,
+    init_params,
+    loss_and_grads,
+    score,
+)
+from microgpt_xp.params import FIELDS
+
+CONFIG = GPTConfig(vocab_size=7, n_layer=1, n_embd=8, n_head=2, block_size=5)
+
+
+def realize(backend: Any, out: Any) -> Any:
+    """Compute whatever a model call returned (a no-op on eager backends)."""
+    if isinstance(out, tuple):
+        return tuple(realize(backend, o) for o in out)
+    if isinstance(out, Params):
+        return {k: backend.to_numpy(a) for k, a in out.arrays().items()}
+    if isinstance(out, KVCache):
+        return out
+    return backend.to_numpy(out)
+
+
+def params_on(backend: Any, config: GPTConfig = CONFIG) -> Params:
+    return init_params(config, seed=0, backend=backend.name, device=backend.device, dtype="float64")
+
+
+def ints(backend: Any, host: Any) -> Any:
+    return backend.asarray(np.asarray(host), dtype="int64")
+
+
+GOOD_TOKENS = [[1, 2, 3, 0], [4, 5, 6, 6]]
+GOOD_LENGTHS = [4, 2]
+
+
+def test_good_inputs_pass(backend: Any) -> None:
+    """The baseline the other tests perturb is accepted."""
+    params = params_on(backend)
+    tokens, lengths = ints(backend, GOOD_TOKENS), ints(backend, GOOD_LENGTHS)
+    assert realize(backend, forward(params, tokens, lengths)).shape == (2, 4, 7)
+    realize(backend, loss_and_grads(params, tokens, lengths))
+    realize(backend, score(params, tokens, lengths))
+
+
+# -- token ids ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [7, -1, 100])
+@pytest.mark.parametrize("call", ["forward", "loss_and_grads", "score"])
+def test_token_ids_out_of_range(backend: Any, call: str, bad: int) -> None:
+    params = params_on(backend)
+    tokens = np.array(GOOD_TOKENS)
+    tokens[1, 1] = bad  # a real position (row 1 has length 2)
+    fn = {"forward": forward, "loss_and_grads": loss_and_grads, "score": score}[call]
+    with pytest.raises(ValueError, match=r"token id.*outside \[0, 7\)|token ids.*\[0, 7\)"):
+        realize(backend, fn(params, ints(backend, tokens), ints(backend, GOOD_LENGTHS)))
+
+
+def test_decode_step_token_out_of_range(backend: Any) -> None:
+    params = params_on(backend)
+    with pytest.raises(ValueError, match=r"token id.*\[0, 7\)"):
+        realize(backend, decode_step(params, ints(backend, [1, 7]), KVCache())[0])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bool"])
+def test_tokens_must_be_integers(backend: Any, dtype: str) -> None:
+    params = params_on(backend)
+    tokens = backend.asarray(np.array(GOOD_TOKENS) > 2 if dtype == "bool" else GOOD_TOKENS, dtype)
+    with pytest.raises(TypeError, match="tokens must have an integer dtype"):
+        realize(backend, forward(params, tokens))
+    with pytest.raises(TypeError, match="tokens must have an integer dtype"):
+        realize(backend, loss_and_grads(params, tokens, ints(backend, GOOD_LENGTHS)))
+
+
+def test_tokens_must_be_an_array() -> None:
+    params = init_params(CONFIG)
+    with pytest.raises(TypeError, match="tokens must be an array"):
+        forward(params, GOOD_TOKENS)
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 2, 2)])
+def test_tokens_must_be_2d(backend: Any, shape: tuple[int, ...]) -> None:
+    params = params_on(backend)
+    with pytest.raises(ValueError, match="tokens must be 2-d"):
+        realize(backend, forward(params, ints(backend, np.ones(shape, dtype=np.int64))))
+
+
+# -- sequence lengths --------------------------------------------------------------------------
+def test_forward_longer_than_block_size(backend: Any) -> None:
+    params = params_on(backend)
+    tokens = ints(backend, np.zeros((2, CONFIG.block_size + 1), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"sequence length 6 exceeds the model's limit 5"):
+        realize(backend, forward(params, tokens))
+
+
+@pytest.mark.parametrize("call", ["loss_and_grads", "score"])
+def test_documents_longer_than_block_size_plus_one(backend: Any, call: str) -> None:
+    params = params_on(backend)
+    fn = {"loss_and_grads": loss_and_grads, "score": score}[call]
+    fits = np.zeros((2, CONFIG.block_size + 1), dtype=np.int64)
+    realize(backend, fn(params, ints(backend, fits), ints(backend, [6, 2])))
+    tokens = np.zeros((2, CONFIG.block_size + 2), dtype=np.int64)
+    with pytest.raises(ValueError, match=r"sequence length 7 exceeds the model's limit 6"):
+        realize(backend, fn(params, ints(backend, tokens), ints(backend, [7, 2])))
+
+
+def test_empty_sequences(backend: Any) -> None:
+    params = params_on(backend)
+    with pytest.raises(ValueError, match=r"at least 1 token"):
+        realize(backend, forward(params, ints(backend, np.zeros((2, 0), dtype=np.int64))))
+    one = ints(backend, np.zeros((2, 1), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"at least 2 token"):
+        realize(backend, loss_and_grads(params, one, ints(backend, [1, 1])))
+
+
+@pytest.mark.parametrize("bad", [[0, 2], [5, 2], [4, -1]])
+def test_forward_lengths_that_do_not_fit(backend: Any, bad: list[int]) -> None:
+    params = params_on(backend)
+    with pytest.raises(ValueError, match=r"lengths.*\[1, 4\]"):
+        realize(backend, forward(params, ints(backend, GOOD_TOKENS), ints(backend, bad)))
+
+
+@pytest.mark.parametrize("bad", [[1, 2], [0, 2], [5, 2]])
+@pytest.mark.parametrize("call", ["loss_and_grads", "score"])
+def test_document_lengths_that_do_not_fit(backend: Any, call: str, bad: list[int]) -> None:
+    params = params_on(backend)
+    fn = {"loss_and_grads": loss_and_grads, "score": score}[call]
+    with pytest.raises(ValueError, match=r"lengths.*\[2, 4\]"):
+        realize(backend, fn(params, ints(backend, GOOD_TOKENS), ints(backend, bad)))
+
+
+@pytest.mark.parametrize("shape", [(3,), (1,), (2, 1)])
+def test_lengths_of_the_wrong_shape(backend: Any, shape: tuple[int, ...]) -> None:
+    params = params_on(backend)
+    lengths = ints(backend, np.full(shape, 2))
+    with pytest.raises(ValueError, match=r"lengths must have shape \(2,\)"):
+        realize(backend, forward(params, ints(backend, GOOD_TOKENS), lengths))
+    with pytest.raises(ValueError, match=r"lengths must have shape \(2,\)"):
+        realize(backend, loss_and_grads(params, ints(backend, GOOD_TOKENS), lengths))
+
+
+def test_lengths_must_be_integers(backend: Any) -> None:
+    params = params_on(backend)
+    lengths = backend.asarray(GOOD_LENGTHS, dtype="float64")
+    with pytest.raises(TypeError, match="lengths must have an integer dtype"):
+        realize(backend, forward(params, ints(backend, GOOD_TOKENS), lengths))
+
+
+def test_unknown_reduction(backend: Any) -> None:
+    params = params_on(backend)
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'token_mean'"):
+        loss_and_grads(
+            params,
+            ints(backend, GOOD_TOKENS),
+            ints(backend, GOOD_LENGTHS),
+            reduction="sum",  # type: ignore[arg-type]
+        )
+
+
+# -- namespaces and devices ----------------------------------------------------------------------
+def test_tokens_of_another_namespace(backend: Any) -> None:
+    """NumPy tokens with the backend's params (array-api-strict ones on the NumPy backend)."""
+    params = params_on(backend)
+    if backend.name == "numpy":
+        strict = pytest.importorskip("array_api_strict")
+        foreign = strict.asarray(np.array(GOOD_TOKENS))
+    else:
+        foreign = np.array(GOOD_TOKENS)
+    with pytest.raises(TypeError, match="tokens and params are arrays of different namespaces"):
+        forward(params, foreign)
+    with pytest.raises(TypeError, match="lengths and params are arrays of different namespaces"):
+        forward(params, ints(backend, GOOD_TOKENS), foreign[:, 0])
+
+
+def test_numpy_tokens_with_torch_params() -> None:
+    pytest.importorskip("torch")
+    params = init_params(CONFIG, backend="torch")
+    with pytest.raises(TypeError, match=r"tokens and params .*different namespaces"):
+        forward(params, np.array(GOOD_TOKENS))
+    with pytest.raises(TypeError, match=r"token_ids and params|tokens and params"):
+        decode_step(params, np.array([1, 2]), KVCache())
+
+
+def test_array_api_strict_tokens_on_another_device() -> None:
+    strict = pytest.importorskip("array_api_strict")
+    params = init_params(CONFIG, backend="array_api_strict", device="device1")
+    cpu = strict.Device("CPU_DEVICE")
+    tokens = strict.asarray(np.array(GOOD_TOKENS), device=cpu)
+    with pytest.raises(ValueError, match=r"tokens is on device .*CPU_DEVICE.* params are on"):
+        forward(params, tokens)
+    on_params_device = strict.asarray(np.array(GOOD_TOKENS), device=params.device)
+    lengths = strict.asarray(np.array(GOOD_LENGTHS), device=cpu)
+    with pytest.raises(ValueError, match=r"lengths is on device .*CPU_DEVICE"):
+        loss_and_grads(params, on_params_device, lengths)
+
+
+# -- decode_step ---------------------------------------------------------------------------------
+def test_decode_step_past_block_size(backend: Any) -> None:
+    params = params_on(backend)
+    cache = KVCache()
+    ids = ints(backend, [1, 2])
+    for _ in range(CONFIG.block_size):
+        _, cache = decode_step(params, ids, cache)
+    assert cache.pos == CONFIG.block_size
+    with pytest.raises(ValueError, match=r"cache is full: position 5 is past block_size 5"):
+        decode_step(params, ids, cache)
+
+
+def test_decode_step_bad_arguments(backend: Any) -> None:
+    params = params_on(backend)
+    with pytest.raises(ValueError, match="token_ids must be 1-d"):
+        decode_step(params, ints(backend, [[1, 2]]), KVCache())
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        decode_step(params, ints(backend, [1, 2]), None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tokens must have an integer dtype"):
+        decode_step(params, backend.asarray([1.0, 2.0], "float64"), KVCache())
+
+
+# -- state dicts -----------------------------------------------------------------------------------
+def _state_dict() -> dict[str, np.ndarray]:
+    return init_params(CONFIG, dtype="float64").to_state_dict()
+
+
+def test_state_dict_missing_key() -> None:
+    sd = _state_dict()
+    del sd["layer0.mlp_fc2"]
+    with pytest.raises(ValueError, match=r"missing keys \['layer0.mlp_fc2'\]"):
+        Params.from_state_dict(sd, config=CONFIG)
+
+
+def test_state_dict_extra_key() -> None:
+    sd = _state_dict()
+    sd["layer0.attn_bias"] = np.zeros((8,))
+    with pytest.raises(ValueError, match=r"extra keys \['layer0.attn_bias'\]"):
+        Params.from_state_dict(sd, config=CONFIG)
+    sd = _state_dict()
+    sd["ln_f"] = np.zeros((8,))
+    with pytest.raises(ValueError, match=r"extra keys \['ln_f'\]"):
+        Params.from_state_dict(sd, config=CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("key", "shape"),
+    [("wte", (7, 9)), ("wpe", (4, 8)), ("layer0.mlp_fc1", (8, 32)), ("lm_head", (7,))],
+)
+def test_state_dict_wrong_shape(key: str, shape: tuple[int, ...]) -> None:
+    sd = _state_dict()
+    sd[key] = np.zeros(shape)
+    with pytest.raises(ValueError, match=rf"'{key}' has shape \({shape[0]},"):
+        Params.from_state_dict(sd, config=CONFIG)
+
+
+def test_state_dict_layer_count_must_match_config() -> None:
+    sd = init_params(GPTConfig(7, n_layer=2, n_embd=8, n_head=2, block_size=5)).to_state_dict()
+    with pytest.raises(ValueError, match=r"extra keys \['layer1.attn_wq'"):
+        Params.from_state_dict(sd, config=CONFIG)
+
+
+def test_state_dict_must_be_a_mapping() -> None:
+    with pytest.raises(TypeError, match="state_dict must be a mapping"):
+        Params.from_state_dict([("wte", np.zeros((7, 8)))])  # type: ignore[arg-type]
+
+
+# -- GPTConfig and Params ----------------------------------------------------------------------------
+@pytest.mark.parametrize("field", ["vocab_size", "n_layer", "n_embd", "n_head", "block_size"])
+@pytest.mark.parametrize("value", [0, -3])
+def test_config_non_positive(field: str, value: int) -> None:
+    kwargs = {"vocab_size": 27, field: value}
+    with pytest.raises(ValueError, match=rf"GPTConfig.{field} must be positive, got {value}"):
+        GPTConfig(**kwargs)
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "n_layer", "n_embd", "n_head", "block_size"])
+@pytest.mark.parametrize("value", [16.0, "16", True, None])
+def test_config_non_int(field: str, value: Any) -> None:
+    kwargs = {"vocab_size": 27, field: value}
+    with pytest.raises(TypeError, match=rf"GPTConfig.{field} must be an int"):
+        GPTConfig(**kwargs)
+
+
+def test_config_heads_must_divide_width() -> None:
+    with pytest.raises(ValueError, match=r"n_embd \(16\) must be divisible by n_head \(3\)"):
+        GPTConfig(vocab_size=27, n_head=3)
+
+
+def test_config_from_dict_unknown_key() -> None:
+    with pytest.raises(ValueError, match=r"unknown GPTConfig keys: \['dropout'\]"):
+        GPTConfig.from_dict({"vocab_size": 27, "dropout": 0.1})
+
+
+def test_params_config_does_not_match_arrays(backend: Any) -> None:
+    arrays = params_on(backend).arrays()
+    narrower = GPTConfig(vocab_size=7, n_layer=1, n_embd=4, n_head=2, block_size=5)
+    with pytest.raises(ValueError, match=r"Params.wte has shape \(7, 8\), but the config needs"):
+        Params(narrower, **arrays)
+    deeper = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=5)
+    with pytest.raises(ValueError, match=r"Params.attn_wq has shape \(1, 8, 8\)"):
+        Params(deeper, **arrays)
+    with pytest.raises(TypeError, match=r"Params\.config must be a GPTConfig"):
+        Params(CONFIG.to_dict(), **arrays)  # type: ignore[arg-type]
+
+
+def test_params_mixed_dtypes_and_integer_weights(backend: Any) -> None:
+    p64 = params_on(backend)
+    p32 = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float32")
+    with pytest.raises(TypeError, match="Params fields must share one dtype"):
+        Params(CONFIG, **{**p64.arrays(), "wte": p32.wte})
+    as_int = {k: backend.asarray(np.zeros(a.shape), dtype="int64") for k, a in p64.arrays().items()}
+    with pytest.raises(TypeError, match="Params must be real floating"):
+        Params(CONFIG, **as_int)
+
+
+def test_params_mixed_namespaces() -> None:
+    strict = pytest.importorskip("array_api_strict")
+    arrays = init_params(CONFIG).arrays()
+    arrays["lm_head"] = strict.asarray(arrays["lm_head"])
+    with pytest.raises(TypeError, match="Params fields must be arrays of one namespace"):
+        Params(CONFIG, **arrays)
+
+
+def test_params_mixed_devices() -> None:
+    pytest.importorskip("array_api_strict")
+    p = init_params(CONFIG, backend="array_api_strict", device="device1")
+    other = init_params(CONFIG, backend="array_api_strict")
+    with pytest.raises(ValueError, match="Params fields must share one device"):
+        Params(CONFIG, **{**p.arrays(), "wpe": other.wpe})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"backend": "tensorflow"}, "unknown backend 'tensorflow'"),
+        ({"dtype": "float16"}, "unsupported dtype 'float16'"),
+    ],
+)
+def test_init_params_bad_backend_or_dtype(kwargs: dict[str, str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        init_params(CONFIG, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=match):
+        init_params(CONFIG).to(**kwargs)
+
+
+def test_init_params_needs_a_config() -> None:
+    with pytest.raises(TypeError, match="config must be a GPTConfig"):
+        init_params({"vocab_size": 27})  # type: ignore[arg-type]
+
+
+def test_every_field_is_checked(backend: Any) -> None:
+    """A wrong shape in any one field is caught (not only in the first)."""
+    p = params_on(backend)
+    for name in FIELDS:
+        a = getattr(p, name)
+        smaller = a[..., :-1] if a.shape[-1] > 1 else a[:0]
+        with pytest.raises(ValueError, match=rf"Params.{name} has shape"):
+            Params(CONFIG, **{**p.arrays(), name: smaller})
