@@ -190,6 +190,11 @@ def to_numpy(x: Any) -> np.ndarray:
 
 def is_lazy(x: Any) -> bool:
     """True for arrays whose values are not known without a compute (Dask, traced JAX)."""
+    if array_api_compat.is_jax_array(x):
+        # array-api-compat calls every JAX array lazy; only tracers (under jit) are
+        import jax
+
+        return isinstance(x, jax.core.Tracer)
     return bool(array_api_compat.is_lazy_array(x))
 
 

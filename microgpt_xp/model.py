@@ -104,6 +104,11 @@ def _check_tokens(
             lambda blk: bool(((blk >= 0) & (blk < vocab)).all()) if blk.size else True,
             f"token ids must lie in [0, {vocab}) (padding included, on lazy arrays)",
         )
+        lengths = _xp.lazy_value_check(
+            lengths,
+            lambda blk: bool(((blk >= min_length) & (blk <= t)).all()) if blk.size else True,
+            f"lengths must lie in [{min_length}, {t}] for tokens of shape {(b, t)} (on lazy arrays)",
+        )
     return tokens, lengths
 
 

@@ -168,7 +168,7 @@ def _chunks_of(source: Source, chunk_size: int) -> tuple[Any, Any, list[int]]:
     if _is_corpus(source):
         # Named, not tokenized: hashing an arbitrary corpus object may pickle it whole.
         tag = uuid.uuid4().hex
-        corpus = dask.delayed(source, name=f"microgpt-corpus-{tag}")
+        corpus = dask.delayed(source, name=f"microgpt-corpus-{tag}", traverse=False)
         payload: list[tuple[int, int, Any]] = [(s, e, None) for s, e in bounds]
         name = f"microgpt-chunks-{tag}"
     else:
@@ -210,7 +210,7 @@ def _weights_node(host: Params, weights: Weights, client: Any) -> Any:
     """The weights as one dependency of every chunk task."""
     dask, _ = _dask()
     if weights == "graph":
-        return dask.delayed(host, pure=True)
+        return dask.delayed(host, pure=True, traverse=False)
     if weights == "scatter":
         if client is None:
             from distributed import get_client
@@ -223,6 +223,17 @@ def _weights_node(host: Params, weights: Weights, client: Any) -> Any:
                 ) from exc
         return client.scatter(host, broadcast=True, hash=True)
     raise ValueError(f"weights must be 'graph' or 'scatter', got {weights!r}")
+
+
+def _imports_settled() -> None:
+    """Wait for any import of ``dask.array`` that another thread of this process has begun.
+
+    A fresh worker imports ``dask.array`` on its own threads (to unpickle the reduction
+    tasks) while the first chunk runs; ``array_api_compat``'s ``is_dask_array`` (reached
+    through :func:`microgpt_xp._xp.backend_of`) looks the module up in ``sys.modules`` and
+    fails on a half-imported one. An ``import`` statement blocks until that import is done.
+    """
+    import dask.array  # noqa: F401
 
 
 def _on_backend(host: Params, backend: str, device: Any) -> Params:
@@ -247,6 +258,7 @@ def _score_block(
 ) -> np.ndarray:
     """One chunk's task: ``(size, 3)`` float64 ``[loss, loss * predictions, predictions]``
     per document (the columns whose sums give both means)."""
+    _imports_settled()
     start, _, docs = _chunk_docs(spec, corpus)
     cfg = host.config
     tokens, lengths = _encode(tokenizer, docs, cfg.block_size, start)
@@ -481,6 +493,7 @@ def _generate_block(
     device: Any,
 ) -> np.ndarray:
     """One chunk's samples ``(size, block_size)`` int64, as ``sample_tokens`` makes them."""
+    _imports_settled()
     start, stop, _ = spec[0]
     params = _on_backend(host, backend, device)
     xp, dev = params.xp, params.device

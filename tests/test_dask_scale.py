@@ -532,6 +532,7 @@ def test_example_runs_small_and_reports_throughput(tmp_path: Path) -> None:
     assert len(report["names"]) > 0
 
 
+@pytest.mark.slow  # six fresh processes, two clusters: ~15 s idle, ~40 s on a busy machine
 def test_benchmark_runs_small(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     cmd = [
