@@ -158,6 +158,10 @@ def asarray(
 
 def backend_of(x: Any) -> str:
     """The backend name of an array (``"numpy"``, ``"dask"``, ...)."""
+    if isinstance(x, np.ndarray):
+        # first: a freshly started Dask worker may still be importing dask.array, and
+        # is_dask_array would then fail on the half-imported module
+        return "numpy"
     checks = (
         ("dask", array_api_compat.is_dask_array),
         ("cupy", array_api_compat.is_cupy_array),
