@@ -7,7 +7,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import platform
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +62,7 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
     assert "microgpt_xp.bench" in result["command"] and "--json" in result["command"]
     m = result["machine"]
     assert m["cpus"] >= 1 and m["square_matmul_gflops"] > 0
+    assert m["malloc_tuned"] is False  # only with --tune-malloc
     if HAS_TORCH:
         assert m["torch_threads"] >= 1
     impls = {"ours[numpy]", "scalar", "matmul"} | ({"torch"} if HAS_TORCH else set())
@@ -93,6 +97,7 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
         r["total_s"] >= 0 for r in bd["rows"] if r["component"] != "other"
     )
     assert sum(r["total_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-6)
+    assert bd["minor_faults_per_step"] >= 0
     assert bd["upcasts"] == [], bd["dtypes"]  # float32 stays float32 in every layer
     if HAS_MPL:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -147,6 +152,8 @@ def test_scalar_peer_train_step_is_adam_on_the_loss() -> None:
     nz = np.abs(gs) > 1e-6
     np.testing.assert_allclose(moved[nz], -0.01 * np.sign(gs[nz]), rtol=1e-3)
     assert model.score(doc) < loss0  # one step on a document lowers its loss
+    model.reset()
+    assert model.score(doc) == loss0
 
 
 def test_scalar_peer_samples_the_requested_number_of_tokens() -> None:
@@ -178,6 +185,10 @@ def test_torch_peer_is_the_same_model(attention: str) -> None:
         qkv = np.concatenate([want.attn_wq[i], want.attn_wk[i], want.attn_wv[i]])
         np.testing.assert_allclose(wqkv.grad.numpy(), qkv, rtol=1e-9, atol=1e-13)
         np.testing.assert_allclose(fc2.grad.numpy(), want.mlp_fc2[i], rtol=1e-9, atol=1e-13)
+    before = peer.score(torch.from_numpy(tokens)).numpy()
+    peer.opt.step()
+    assert not np.allclose(peer.score(torch.from_numpy(tokens)).numpy(), before)
+    peer.reset()
     nll = peer.score(torch.from_numpy(tokens)).numpy()
     from microgpt_xp import score
 
@@ -253,6 +264,16 @@ def test_summary_statistics() -> None:
     assert (s["n"], s["median"], s["min"], s["max"]) == (5, 3.0, 1.0, 5.0)
     assert s["q1"] <= s["median"] <= s["q3"]
     assert math.isnan(T.summary([])["median"])
+
+
+def test_tune_malloc_runs_in_a_child_process() -> None:
+    # mallopt changes the whole process, so try it in a child, not in the test runner
+    code = "from microgpt_xp.bench.timing import tune_malloc; print(tune_malloc())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() in ("True", "False")
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert out.stdout.strip() == "True"
+    assert T.minor_faults() >= 0
 
 
 def test_blas_threads_round_trip() -> None:

@@ -41,7 +41,8 @@ def format_report(result: dict[str, Any]) -> str:
         f"machine: {m['cpu']} ({m['cpus']} CPUs), Python {m['python']}, NumPy {m['numpy']}, "
         f"torch {m.get('torch') or 'not installed'}",
         f"threads: BLAS {m['blas_threads']}, torch {m.get('torch_threads')}; "
-        f"float32 1024x1024 matmul {m['square_matmul_gflops']:.1f} GFLOP/s",
+        f"float32 1024x1024 matmul {m['square_matmul_gflops']:.1f} GFLOP/s; "
+        f"malloc tuned: {'yes' if m.get('malloc_tuned') else 'no'}",
         "",
     ]
     rows = []
@@ -108,7 +109,8 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(
             f"breakdown of our training step, {b['config']} B={b['batch']} T={b['seq_len']} "
             f"{b['dtype']} {b['backend']}: {b['step_s'] * 1e3:.2f} ms/step "
-            f"({b['steps_kept']} steps kept, {b['steps_dropped']} dropped)"
+            f"({b['steps_kept']} steps kept, {b['steps_dropped']} dropped; "
+            f"{b['minor_faults_per_step']:.0f} minor page faults a step)"
         )
         rows = [
             [

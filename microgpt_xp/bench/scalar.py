@@ -122,10 +122,16 @@ class ScalarGPT:
             k: [[Value(float(x)) for x in row] for row in rows] for k, rows in state_dict.items()
         }
         self.flat: list[Value] = [v for rows in self.state.values() for row in rows for v in row]
+        self._initial = [v.data for v in self.flat]
         self.m = [0.0] * len(self.flat)
         self.v = [0.0] * len(self.flat)
         self.lr, self.beta1, self.beta2, self.eps = lr, 0.85, 0.99, 1e-8
         self.t = 0
+
+    def reset(self) -> None:
+        """Back to the initial weights (the optimizer state is kept)."""
+        for v, x in zip(self.flat, self._initial, strict=True):
+            v.data = x
 
     def _token(
         self, token: int, pos: int, keys: list[list[list[Value]]], values: list[list[list[Value]]]

@@ -120,6 +120,36 @@ def set_blas_threads(n: int) -> bool:
     return True
 
 
+# -- the C allocator ----------------------------------------------------------------------------
+def tune_malloc(threshold: int = 1 << 30) -> bool:
+    """Keep freed memory in the process (glibc ``mallopt``: ``M_MMAP_THRESHOLD`` and
+    ``M_TRIM_THRESHOLD`` raised to ``threshold`` bytes), so that the large temporaries
+    of every step are not unmapped and then page-faulted back in (hundreds of minor
+    faults a step). Process-wide: it applies to our code and to the peers alike.
+    Returns whether it could be done (False off glibc)."""
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, threshold)) and bool(mallopt(m_trim_threshold, threshold))
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far (0 where ``resource`` is missing)."""
+    try:
+        import resource
+    except ImportError:
+        return 0
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+
 # -- statistics ------------------------------------------------------------------------------
 def summary(values: Sequence[float]) -> dict[str, float]:
     """``median``, ``min``, ``max``, quartiles ``q1``/``q3`` and the number ``n`` of values."""

@@ -68,8 +68,15 @@ class TorchGPT:
             )
         self.params = [self.wte, self.wpe, self.lm_head] + [w for ws in self.layers for w in ws]
         self.opt = torch.optim.Adam(self.params, lr=lr, betas=(0.85, 0.99), eps=1e-8)
+        self._initial = [p.detach().clone() for p in self.params]
         t = config.block_size
         self.mask = torch.ones(t, t, dtype=torch.bool).tril()
+
+    def reset(self) -> None:
+        """Back to the initial weights (the optimizer state is kept)."""
+        with torch.no_grad():
+            for p, p0 in zip(self.params, self._initial, strict=True):
+                p.copy_(p0)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         t = q.shape[-2]

@@ -23,7 +23,7 @@ from ..model import KVCache, decode_step, loss_and_grads, score
 from ..optim import Adam
 from ..params import FIELDS, Params, init_params, materialize
 from ..sample import choose
-from .timing import Timed, cpu_sample, other_cpu_share
+from .timing import Timed, cpu_sample, minor_faults, other_cpu_share
 
 #: Named model shapes (the spec's model and a wider, deeper one).
 CONFIGS: dict[str, GPTConfig] = {
@@ -40,6 +40,24 @@ SCALAR_MAX_WORK = 300_000
 
 #: Sampling temperature of the decode workload (the spec's 0.5).
 TEMPERATURE = 0.5
+
+#: Training workloads go back to their initial weights every this many steps, so that
+#: thousands of timed steps on one fixed batch cannot drive the weights to overflow,
+#: underflow or subnormal numbers (which would change the speed); ours and every peer alike.
+RESET_EVERY = 100
+
+
+def _every(n: int, step: Callable[[], Any], reset: Callable[[], None]) -> Callable[[], Any]:
+    """``step``, with ``reset()`` run before every ``n``-th call."""
+    count = [0]
+
+    def call() -> Any:
+        count[0] += 1
+        if count[0] % n == 0:
+            reset()
+        return step()
+
+    return call
 
 
 def parse_config(text: str) -> tuple[str, GPTConfig]:
@@ -134,7 +152,10 @@ def ours(case: Case) -> Timed:
             state["params"] = new
             return _sync(loss)
 
-        return Timed(name, train_step, case.tokens)
+        def reset() -> None:
+            state["params"] = params
+
+        return Timed(name, _every(RESET_EVERY, train_step, reset), case.tokens)
     if case.workload == "score":
         return Timed(name, lambda: _sync(score(params, tok, lens)), case.tokens)
     if case.workload == "decode":
@@ -197,7 +218,8 @@ def make_peer(peer: str, case: Case) -> Timed:
         model = ScalarGPT(host.to_state_dict(), cfg)
         doc = [int(i) for i in case.host_tokens()[0]]
         if case.workload == "train":
-            return Timed(peer, lambda: model.train_step(doc), case.seq_len)
+            step = _every(RESET_EVERY, lambda: model.train_step(doc), model.reset)
+            return Timed(peer, step, case.seq_len)
         if case.workload == "score":
             return Timed(peer, lambda: model.score(doc), case.seq_len)
         import random
@@ -218,7 +240,8 @@ def make_peer(peer: str, case: Case) -> Timed:
         )
         tok = torch.from_numpy(case.host_tokens())
         if case.workload == "train":
-            return Timed(peer, lambda: model_t.train_step(tok), case.tokens)
+            step = _every(RESET_EVERY, lambda: model_t.train_step(tok), model_t.reset)
+            return Timed(peer, step, case.tokens)
         if case.workload == "score":
             return Timed(peer, lambda: float(model_t.score(tok)[0]), case.tokens)
         u = torch.from_numpy(case.host_uniforms().astype(case.dtype))
@@ -405,6 +428,7 @@ def breakdown(
             dtypes[label] |= _dtypes(out)
 
         before = cpu_sample()
+        faults = minor_faults()
         start = time.perf_counter()
         with timed_layers(case.config, record):
             loss, grads = loss_and_grads(params, tok, lens)
@@ -412,11 +436,13 @@ def breakdown(
         params = adam.step(params, grads)
         _sync(loss)
         end = time.perf_counter()
+        faults = minor_faults() - faults
         share = other_cpu_share(before, cpu_sample())
         if i < warmup:
             continue
         acc["adam.step"] = end - t_adam
         acc["total"] = end - start
+        acc["faults"] = faults
         per_step.append(dict(acc))
         shares.append(share)
     kept = [s for s, sh in zip(per_step, shares, strict=True) if sh is None or sh <= max_other]
@@ -424,6 +450,7 @@ def breakdown(
     keys = sorted({k for s in use for k in s})
     med = {k: float(np.median([s.get(k, 0.0) for s in use])) for k in keys}
     total = med.pop("total")
+    faults_per_step = med.pop("faults")
     # "other" is the rest of the step, so that the rows add up to the step's time
     med["other.glue"] = total - sum(med.values())
     rows = []
@@ -446,6 +473,7 @@ def breakdown(
         )
     return {
         "step_s": total,
+        "minor_faults_per_step": faults_per_step,
         "steps_kept": len(kept),
         "steps_dropped": len(per_step) - len(kept),
         "rows": rows,

@@ -1,0 +1,93 @@
+"""Render a ``microgpt-xp bench --json`` result as the Markdown tables of docs/performance.md.
+
+python benchmarks/to_markdown.py benchmarks/results.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _si(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _r(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:,.0f}x" if x >= 100 else f"{x:.2f}x"
+
+
+def render(result: dict) -> str:
+    m = result["machine"]
+    out = [
+        f"`{result['command']}` ({result['created']}): {m['cpu']}, {m['cpus']} CPUs, "
+        f"NumPy {m['numpy']}, torch {m.get('torch')}, BLAS threads {m['blas_threads']}, "
+        f"torch threads {m.get('torch_threads')}, malloc tuned: {m.get('malloc_tuned')}, "
+        f"float32 1024x1024 matmul {m['square_matmul_gflops']:.0f} GFLOP/s.",
+        "",
+        "| workload | config | B x T | dtype | ours / peer | ratio (median) | min-max | rounds kept/dropped | target |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in result["comparisons"]:
+        t = c.get("target")
+        verdict = (
+            "" if t is None else f">= {_r(t)} {'**met**' if c['meets_target'] else '**missed**'}"
+        )
+        unf = "" if c["filtered"] else " (unfiltered)"
+        out.append(
+            f"| {c['workload']} | {c['config']} | {c['batch']}x{c['seq_len']} | {c['dtype']} | "
+            f"{c['ours']} / {c['peer']} | {_r(c['ratio']['median'])} | {_r(c['ratio']['min'])}-"
+            f"{_r(c['ratio']['max'])} | {c['rounds_kept']}/{c['rounds_dropped']}{unf} | {verdict} |"
+        )
+    out += [
+        "",
+        "| workload | config | B x T | impl | tokens/s (median) | min-max |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result["results"]:
+        s = r["tokens_per_s"]
+        out.append(
+            f"| {r['workload']} | {r['config']} | {r['batch']}x{r['seq_len']} | {r['impl']} | "
+            f"{_si(s['median'])} | {_si(s['min'])}-{_si(s['max'])} |"
+        )
+    for c in result["comparisons"]:
+        if c["peer"] == "matmul":
+            out.append("")
+            out.append(
+                f"{c['workload']} {c['config']} B={c['batch']}: model matmuls "
+                f"{c['model_flops_per_call'] / 1e9:.3f} GFLOP a call; ours "
+                f"{c['ours_gflops']['median']:.1f} GFLOP/s, the same matmuls alone "
+                f"{c['matmul_gflops']['median']:.1f} GFLOP/s."
+            )
+    for b in result["breakdown"]:
+        if "rows" not in b:
+            continue
+        out += [
+            "",
+            f"Breakdown, {b['config']} B={b['batch']} T={b['seq_len']} {b['dtype']}: "
+            f"{b['step_s'] * 1e3:.2f} ms a step ({b['steps_kept']} steps kept, "
+            f"{b['steps_dropped']} dropped; {b['minor_faults_per_step']:.0f} minor page faults a step)",
+            "",
+            "| component | forward ms | backward ms | total ms | share |",
+            "|---|---|---|---|---|",
+        ]
+        for r in b["rows"]:
+            out.append(
+                f"| {r['component']} | {r['forward_s'] * 1e3:.3f} | {r['backward_s'] * 1e3:.3f} | "
+                f"{r['total_s'] * 1e3:.3f} | {100 * r['share']:.1f}% |"
+            )
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            print(render(json.load(f)))
+            print()
