@@ -127,6 +127,16 @@ def _qkv_weight(params: Params, layer: int) -> Array:
     )
 
 
+def _mlp_forward(params: Params, layer: int, x: Array) -> tuple[Array, tuple[Any, ...]]:
+    """The MLP sub-block with its residual: ``x + fc2(relu(fc1(rmsnorm(x))))`` for
+    ``x (N, C)``; returns the new ``x`` and the caches of its four blocks."""
+    h, c_norm = L.rmsnorm_forward(x)
+    u, c_fc1 = L.linear_forward(h, params.mlp_fc1[layer, ...])
+    u, c_relu = L.relu_forward(u)
+    m, c_fc2 = L.linear_forward(u, params.mlp_fc2[layer, ...])
+    return x + m, (c_norm, c_fc1, c_relu, c_fc2)
+
+
 def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
     """Logits ``(B*T, V)`` of valid ``tokens (B, T)`` and the caches for the backward pass."""
     cfg = params.config
@@ -140,11 +150,7 @@ def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
         a, c3 = L.causal_attention_forward(qkv, b, t, cfg.n_head)
         o, c4 = L.linear_forward(a, params.attn_wo[layer, ...])
         x = x + o
-        h, c5 = L.rmsnorm_forward(x)
-        u, c6 = L.linear_forward(h, params.mlp_fc1[layer, ...])
-        u, c7 = L.relu_forward(u)
-        m, c8 = L.linear_forward(u, params.mlp_fc2[layer, ...])
-        x = x + m
+        x, (c5, c6, c7, c8) = _mlp_forward(params, layer, x)
         caches.append((c1, c2, c3, c4, c5, c6, c7, c8))
     logits, c_head = L.linear_forward(x, params.lm_head)
     caches.append(c_head)
@@ -368,10 +374,6 @@ def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array
         y, _ = L.attend_forward(q, k, v, None)
         o, _ = L.linear_forward(L.merge_heads(y), params.attn_wo[layer, ...])
         x = x + o
-        h, _ = L.rmsnorm_forward(x)
-        u, _ = L.linear_forward(h, params.mlp_fc1[layer, ...])
-        u, _ = L.relu_forward(u)
-        m, _ = L.linear_forward(u, params.mlp_fc2[layer, ...])
-        x = x + m
+        x, _ = _mlp_forward(params, layer, x)
     logits, _ = L.linear_forward(x, params.lm_head)
     return logits, KVCache(tuple(keys), tuple(values), pos + 1)

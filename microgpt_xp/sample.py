@@ -57,42 +57,58 @@ def sample_tokens(
     cfg = params.config
     if not 0 <= bos < cfg.vocab_size:
         raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
-    xp, backend, dev = params.xp, params.backend, params.device
-    dtype = str(params.dtype).split(".")[-1]
     uniforms = np.random.default_rng(seed).random((num_samples, cfg.block_size))
-    inv_t = 1.0 / temperature
     batch_size = num_samples if batch_size is None else batch_size
-    out = []
-    for start in range(0, num_samples, batch_size):
-        u_host = uniforms[start : start + batch_size]
-        b = u_host.shape[0]
-        u = _xp.asarray(
-            u_host,
-            backend,
-            device=dev,
-            dtype=dtype,
-            chunks=None if chunks is None else (chunks, -1),
+    out = [
+        decode_batch(
+            params, bos, uniforms[start : start + batch_size], 1.0 / temperature, chunks=chunks
         )
-        token = _xp.asarray(
-            np.full(b, bos, dtype=np.int64),
-            backend,
-            device=dev,
-            chunks=None if chunks is None else (chunks,),
-        )
-        done = xp.zeros((b,), dtype=xp.bool, device=dev)
-        cache, rows = KVCache(), []
-        for pos in range(cfg.block_size):
-            logits, cache = decode_step(params, token, cache)
-            token = choose(softmax(logits * inv_t), u[:, pos])
-            done = done | (token == bos)
-            rows.append(xp.where(done, xp.full_like(token, bos), token))
-            if not _xp.is_lazy(done) and bool(xp.all(done)):
-                break
-        ids = _xp.to_numpy(xp.stack(rows, axis=1))
-        full = np.full((b, cfg.block_size), bos, dtype=np.int64)
-        full[:, : ids.shape[1]] = ids
-        out.append(full)
+        for start in range(0, num_samples, batch_size)
+    ]
     return np.concatenate(out, axis=0)
+
+
+def decode_batch(
+    params: Params,
+    bos: int,
+    uniforms: np.ndarray,
+    inv_temperature: float,
+    *,
+    chunks: int | None = None,
+) -> np.ndarray:
+    """Generate one batch from BOS through the KV cache with host ``uniforms (b,
+    block_size)`` (one per sample and position; row ``i`` drives sample ``i``); returns
+    ``(b, block_size)`` int64 ids on the host, each row BOS from its first BOS on.
+
+    The uniforms are moved to the params' device (on Dask, ``chunks`` rows per chunk);
+    on eager backends the loop stops once every row has sampled BOS.
+    """
+    xp, backend, dev = params.xp, params.backend, params.device
+    t = params.config.block_size
+    b = uniforms.shape[0]
+    dtype = str(params.dtype).split(".")[-1]
+    u = _xp.asarray(
+        uniforms, backend, device=dev, dtype=dtype, chunks=None if chunks is None else (chunks, -1)
+    )
+    token = _xp.asarray(
+        np.full(b, bos, dtype=np.int64),
+        backend,
+        device=dev,
+        chunks=None if chunks is None else (chunks,),
+    )
+    done = xp.zeros((b,), dtype=xp.bool, device=dev)
+    cache, rows = KVCache(), []
+    for pos in range(t):
+        logits, cache = decode_step(params, token, cache)
+        token = choose(softmax(logits * inv_temperature), u[:, pos])
+        done = done | (token == bos)
+        rows.append(xp.where(done, xp.full_like(token, bos), token))
+        if not _xp.is_lazy(done) and bool(xp.all(done)):
+            break
+    ids = _xp.to_numpy(xp.stack(rows, axis=1))
+    full = np.full((b, t), bos, dtype=np.int64)
+    full[:, : ids.shape[1]] = ids
+    return full
 
 
 def sample(

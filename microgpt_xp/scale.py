@@ -39,10 +39,9 @@ import numpy as np
 from . import _xp
 from .cluster import computing
 from .data import DataError, Tokenizer, encode_docs
-from .layers import softmax
-from .model import KVCache, decode_step, score
+from .model import score
 from .params import Params
-from .sample import choose
+from .sample import decode_batch
 from .train import to_batch
 
 Method = Literal["task", "graph"]
@@ -496,25 +495,8 @@ def _generate_block(
     _imports_settled()
     start, stop, _ = spec[0]
     params = _on_backend(host, backend, device)
-    xp, dev = params.xp, params.device
-    t = host.config.block_size
-    dtype = str(params.dtype).split(".")[-1]
-    u = _xp.asarray(row_uniforms(seed, start, stop, t), backend, device=device, dtype=dtype)
-    b = stop - start
-    token = _xp.asarray(np.full(b, bos, dtype=np.int64), backend, device=device)
-    done = xp.zeros((b,), dtype=xp.bool, device=dev)
-    cache, rows = KVCache(), []
-    for pos in range(t):
-        logits, cache = decode_step(params, token, cache)
-        token = choose(softmax(logits * inv_t), u[:, pos])
-        done = done | (token == bos)
-        rows.append(xp.where(done, xp.full_like(token, bos), token))
-        if bool(xp.all(done)):
-            break
-    ids = _xp.to_numpy(xp.stack(rows, axis=1))
-    full = np.full((b, t), bos, dtype=np.int64)
-    full[:, : ids.shape[1]] = ids
-    return full
+    uniforms = row_uniforms(seed, start, stop, host.config.block_size)
+    return decode_batch(params, bos, uniforms, inv_t)
 
 
 def generate(

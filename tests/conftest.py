@@ -7,19 +7,48 @@ non-default device ``device1`` so that a forgotten ``device=`` fails loudly.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import reference
 
-from microgpt_xp import _xp
+from microgpt_xp import GPTConfig, _xp
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES_TXT = ROOT.parent / "shared" / "data" / "names.txt"
+
+#: The original's state-dict keys and shapes (spec §4) for V = 27, C = 16, T = 16, one layer.
+SPEC_SHAPES = {
+    "wte": (27, 16),
+    "wpe": (16, 16),
+    "lm_head": (27, 16),
+    "layer0.attn_wq": (16, 16),
+    "layer0.attn_wk": (16, 16),
+    "layer0.attn_wv": (16, 16),
+    "layer0.attn_wo": (16, 16),
+    "layer0.mlp_fc1": (64, 16),
+    "layer0.mlp_fc2": (16, 64),
+}
+
+
+@functools.cache
+def ref_state(config: GPTConfig, seed: int) -> dict[str, list[list[float]]]:
+    """A reference state dict (Gaussian, std 0.08, Python ``random``) for ``config``."""
+    return reference.init_state_dict(
+        config.vocab_size,
+        config.n_layer,
+        config.n_embd,
+        config.block_size,
+        rng=random.Random(seed),
+    )
+
 
 _MODULES = {
     "numpy": "numpy",

@@ -15,22 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import _cupy_usable, selected_backends
+from conftest import SPEC_SHAPES, _cupy_usable, selected_backends
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-#: The original's state-dict keys and shapes (spec §4) for V = 27, C = 16, T = 16, one layer.
-SPEC_SHAPES = {
-    "wte": (27, 16),
-    "wpe": (16, 16),
-    "lm_head": (27, 16),
-    "layer0.attn_wq": (16, 16),
-    "layer0.attn_wk": (16, 16),
-    "layer0.attn_wv": (16, 16),
-    "layer0.attn_wo": (16, 16),
-    "layer0.mlp_fc1": (64, 16),
-    "layer0.mlp_fc2": (16, 64),
-}
 
 
 def run_example(

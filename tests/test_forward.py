@@ -9,13 +9,13 @@ session checks its own namespace.
 from __future__ import annotations
 
 import functools
-import random
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import reference
+from conftest import SPEC_SHAPES, ref_state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,18 +43,6 @@ def assert_rel_close(actual: Any, expected: Any, rtol: float, what: str = "") ->
     scale = float(np.max(np.abs(expected))) if expected.size else 0.0
     err = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
     assert err <= rtol * scale, f"{what}: max abs error {err:.3e} > {rtol:g} * {scale:.3e}"
-
-
-@functools.cache
-def ref_state(config: GPTConfig, seed: int) -> dict[str, list[list[float]]]:
-    """A reference state dict (Gaussian, std 0.08, Python ``random``) for ``config``."""
-    return reference.init_state_dict(
-        config.vocab_size,
-        config.n_layer,
-        config.n_embd,
-        config.block_size,
-        rng=random.Random(seed),
-    )
 
 
 @functools.cache
@@ -274,17 +262,7 @@ def test_spec_model_layout() -> None:
     """The spec's model: 4192 weights in the original's keys, order and shapes (§4)."""
     config = GPTConfig(vocab_size=27)
     sd = init_params(config, seed=0, dtype="float64").to_state_dict()
-    expected = {
-        "wte": (27, 16),
-        "wpe": (16, 16),
-        "lm_head": (27, 16),
-        "layer0.attn_wq": (16, 16),
-        "layer0.attn_wk": (16, 16),
-        "layer0.attn_wv": (16, 16),
-        "layer0.attn_wo": (16, 16),
-        "layer0.mlp_fc1": (64, 16),
-        "layer0.mlp_fc2": (16, 64),
-    }
+    expected = SPEC_SHAPES
     assert list(sd) == list(expected)
     assert {k: v.shape for k, v in sd.items()} == expected
     assert sum(v.size for v in sd.values()) == config.num_params == 4192

@@ -10,13 +10,13 @@ when single gradient entries are tiny. Everything runs in float64 on the ``backe
 from __future__ import annotations
 
 import functools
-import random
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import reference
+from conftest import ref_state
 
 from microgpt_xp import GPTConfig, Params, loss_and_grads, score
 from microgpt_xp import layers as L
@@ -243,18 +243,6 @@ def test_cross_entropy_block(backend: Any) -> None:
 
 
 # -- the whole model -------------------------------------------------------------------------------
-@functools.cache
-def ref_state(config: GPTConfig, seed: int) -> dict[str, list[list[float]]]:
-    """A reference state dict (Gaussian, std 0.08, Python ``random``) for ``config``."""
-    return reference.init_state_dict(
-        config.vocab_size,
-        config.n_layer,
-        config.n_embd,
-        config.block_size,
-        rng=random.Random(seed),
-    )
-
-
 @functools.cache
 def ref_loss_and_grads(
     config: GPTConfig, seed: int, doc: tuple[int, ...]
