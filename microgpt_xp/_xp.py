@@ -10,6 +10,7 @@ back, and answers the few questions that cannot be asked through the standard
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -53,8 +54,9 @@ def namespace(backend: str) -> Any:
     install) when the backend's package is missing.
     """
     check_backend(backend)
+    if backend == "numpy":
+        return _numpy_namespace()
     module = {
-        "numpy": "array_api_compat.numpy",
         "dask": "array_api_compat.dask.array",
         "cupy": "array_api_compat.cupy",
         "array_api_strict": "array_api_strict",
@@ -72,6 +74,16 @@ def namespace(backend: str) -> Any:
         raise ImportError(
             f"backend {backend!r} is not installed: pip install '{_INSTALL_HINT[backend]}' ({exc})"
         ) from exc
+
+
+def _numpy_namespace() -> Any:
+    """NumPy itself from 2.1 on (it implements the standard; array-api-compat's wrappers
+    would add a Python call to every operation, a tenth of a small model's training
+    step), else ``array_api_compat.numpy``."""
+    major, minor = (int(part) for part in np.__version__.split(".")[:2])
+    if (major, minor) >= (2, 1):
+        return np
+    return importlib.import_module("array_api_compat.numpy")
 
 
 def resolve_device(backend: str, device: Any = None) -> Any:
@@ -235,6 +247,20 @@ def materialize(arrays: list[Any]) -> list[Any]:
 _NAMESPACES: dict[type, Any] = {}
 
 
+def is_integral(xp: Any, dtype: Any) -> bool:
+    """``xp.isdtype(dtype, "integral")``, cached per namespace and dtype (the model asks
+    it of every input, and array-api-compat's answer costs microseconds)."""
+    try:
+        return _is_integral_cached(xp, dtype)
+    except TypeError:  # an unhashable dtype
+        return bool(xp.isdtype(dtype, "integral"))
+
+
+@functools.lru_cache(maxsize=64)
+def _is_integral_cached(xp: Any, dtype: Any) -> bool:
+    return bool(xp.isdtype(dtype, "integral"))
+
+
 def array_namespace(*arrays: Any) -> Any:
     """``array_api_compat.array_namespace`` with a per-type cache.
 
@@ -249,5 +275,9 @@ def array_namespace(*arrays: Any) -> Any:
             return array_api_compat.array_namespace(*arrays)
     ns = _NAMESPACES.get(kind)
     if ns is None:
-        ns = _NAMESPACES[kind] = array_api_compat.array_namespace(arrays[0])
+        if kind is np.ndarray:
+            ns = _numpy_namespace()
+        else:
+            ns = array_api_compat.array_namespace(arrays[0])
+        _NAMESPACES[kind] = ns
     return ns

@@ -60,7 +60,7 @@ def _check_tokens(
     if not hasattr(tokens, "shape") or not hasattr(tokens, "dtype"):
         raise TypeError(f"tokens must be an array, got {type(tokens).__name__}")
     xp = _check_same_place(params, {"tokens": tokens})
-    if not xp.isdtype(tokens.dtype, "integral"):
+    if not _xp.is_integral(xp, tokens.dtype):
         raise TypeError(f"tokens must have an integer dtype, got {tokens.dtype}")
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be 2-d (batch, time), got shape {tuple(tokens.shape)}")
@@ -73,7 +73,7 @@ def _check_tokens(
         lengths = xp.full((b,), t, dtype=tokens.dtype, device=device(tokens))
     else:
         _check_same_place(params, {"lengths": lengths})
-        if not xp.isdtype(lengths.dtype, "integral"):
+        if not _xp.is_integral(xp, lengths.dtype):
             raise TypeError(f"lengths must have an integer dtype, got {lengths.dtype}")
         if tuple(lengths.shape) != (b,):
             raise ValueError(
@@ -90,7 +90,13 @@ def _check_tokens(
             f"lengths must lie in [{min_length}, {t}] for tokens of shape {(b, t)}, "
             f"got min {len_host.min()} max {len_host.max()}"
         )
-    if tok_host is not None and len_host is not None and tok_host.size:
+    if (
+        tok_host is not None
+        and len_host is not None
+        and tok_host.size
+        and (tok_host.min() < 0 or tok_host.max() >= vocab)
+    ):
+        # out-of-range ids are allowed in the padding: look for one at a real position
         real = np.arange(t)[None, :] < len_host[:, None]
         bad = real & ((tok_host < 0) | (tok_host >= vocab))
         if bad.any():
@@ -189,8 +195,16 @@ def _backward(params: Params, dlogits: Array, caches: list[Any]) -> Params:
         rest = xp.zeros((cfg.block_size - t, c), dtype=dwpe_rows.dtype, device=device(dwpe_rows))
         dwpe = xp.concat([dwpe_rows, rest], axis=0)
     grads = {"wte": dwte, "wpe": dwpe, "lm_head": dlm_head}
-    grads.update({name: xp.stack(gs, axis=0) for name, gs in per_layer.items()})
+    grads.update({name: _stack_layers(gs) for name, gs in per_layer.items()})
     return Params.trusted(cfg, grads)
+
+
+def _stack_layers(per_layer: list[Array]) -> Array:
+    """``L`` arrays ``(…)`` -> ``(L, …)`` (a view, not a copy, for a single layer)."""
+    xp = array_namespace(per_layer[0])
+    if len(per_layer) == 1:
+        return xp.expand_dims(per_layer[0], axis=0)
+    return xp.stack(per_layer, axis=0)
 
 
 def _safe_tokens(tokens: Array, lengths: Array) -> Array:
@@ -250,8 +264,8 @@ def _nll(
     inputs, targets, n, valid = _prediction_inputs(params, tokens, lengths)
     b, t = inputs.shape
     logits, caches = _forward_cached(params, inputs)
-    losses, c_ce = L.cross_entropy_forward(logits, xp.reshape(targets, (b * t,)))
-    return xp.reshape(losses, (b, t)) * valid, n, valid, caches, c_ce
+    losses, c_ce = L.cross_entropy_forward(xp.reshape(logits, (b, t, -1)), targets)
+    return losses * valid, n, valid, caches, c_ce
 
 
 def _row_weights(n: Array, valid: Array, reduction: Reduction) -> tuple[Array, Any]:
@@ -295,8 +309,8 @@ def loss_and_grads(
         loss = xp.mean(xp.sum(losses, axis=1) * factor)
     else:
         loss = xp.sum(losses) * factor
-    dlogits = L.cross_entropy_backward(xp.reshape(weights, (-1,)), c_ce)
-    return loss, _backward(params, dlogits, caches)
+    dlogits = L.cross_entropy_backward(weights, c_ce)
+    return loss, _backward(params, xp.reshape(dlogits, (-1, dlogits.shape[-1])), caches)
 
 
 def score(params: Params, tokens: Array, lengths: Array) -> Array:
@@ -313,9 +327,10 @@ def score(params: Params, tokens: Array, lengths: Array) -> Array:
 class KVCache:
     """Keys and values of the positions decoded so far, for a batch.
 
-    ``keys[l]`` and ``values[l]`` are ``(B, H, pos, D)`` arrays of layer ``l`` (empty tuples
-    before the first step); ``pos`` is the number of positions already decoded, which is
-    also the position of the next token.
+    ``keys[l]`` and ``values[l]`` are ``(pos, B, C)`` arrays of layer ``l``, positions
+    first (empty tuples before the first step), each step appending one ``(1, B, C)``
+    row; ``pos`` is the number of positions already decoded, which is also the position of
+    the next token.
     """
 
     keys: tuple[Array, ...] = ()
@@ -352,28 +367,41 @@ def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array
         raise ValueError(
             f"token_ids must be 1-d (batch,), got {getattr(token_ids, 'shape', token_ids)}"
         )
-    xp = params.xp
-    tokens, _ = _check_tokens(
+    if cache.pos and tuple(cache.keys[0].shape[1:2]) != tuple(token_ids.shape):
+        raise ValueError(
+            f"token_ids hold {token_ids.shape[0]} rows but the cache {cache.keys[0].shape[1]}"
+        )
+    # on Dask the value check rides along with the returned (lazy) ids
+    checked, _ = _check_tokens(
         params, token_ids[:, None], None, max_len=cfg.block_size, min_length=1
     )
-    b = tokens.shape[0]
+    x, new_cache = decode_hidden(params, checked[:, 0], cache)
+    logits, _ = L.linear_forward(x, params.lm_head)
+    return logits, new_cache
+
+
+def decode_hidden(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array, KVCache]:
+    """:func:`decode_step` up to the last hidden state ``(B, C)`` (``logits = x @
+    lm_head.T``), without the input checks: for ids the model itself sampled, and for
+    samplers that want the logits laid out ``(V, B)`` (``lm_head @ x.T``)."""
+    cfg = params.config
+    xp = params.xp
     pos = cache.pos
-    x, _ = L.embedding_forward(tokens, params.wte, params.wpe[pos : pos + 1, :])
+    x, _ = L.embedding_forward(token_ids[:, None], params.wte, params.wpe[pos : pos + 1, :])
     x, _ = L.rmsnorm_forward(x)
+    c = cfg.n_embd
     keys, values = [], []
     for layer in range(cfg.n_layer):
         h, _ = L.rmsnorm_forward(x)
         qkv, _ = L.linear_forward(h, _qkv_weight(params, layer))
-        c = cfg.n_embd
-        q, k, v = (L.split_heads(qkv[:, i * c : (i + 1) * c], b, 1, cfg.n_head) for i in range(3))
+        k, v = qkv[None, :, c : 2 * c], qkv[None, :, 2 * c :]
         if pos:
-            k = xp.concat([cache.keys[layer], k], axis=2)
-            v = xp.concat([cache.values[layer], v], axis=2)
+            k = xp.concat([cache.keys[layer], k], axis=0)
+            v = xp.concat([cache.values[layer], v], axis=0)
         keys.append(k)
         values.append(v)
-        y, _ = L.attend_forward(q, k, v, None)
-        o, _ = L.linear_forward(L.merge_heads(y), params.attn_wo[layer, ...])
+        y = L.decode_attention(qkv[:, :c], k, v, cfg.n_head)
+        o, _ = L.linear_forward(y, params.attn_wo[layer, ...])
         x = x + o
         x, _ = _mlp_forward(params, layer, x)
-    logits, _ = L.linear_forward(x, params.lm_head)
-    return logits, KVCache(tuple(keys), tuple(values), pos + 1)
+    return x, KVCache(tuple(keys), tuple(values), pos + 1)

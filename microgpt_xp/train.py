@@ -137,17 +137,17 @@ def train(
             *take_batch(tokens, lengths, idx), backend, device=device, chunk_size=chunk_size
         )
         loss, grads = loss_and_grads(params, tok, lens, reduction=reduction)
-        prev_m, prev_v, prev_t = adam.m, adam.v, adam.t
+        prev_moments, prev_t = adam.moments, adam.t
         new_params = adam.step(params, grads)
-        loss, new_params, new_m, new_v = materialize(loss, new_params, adam.m, adam.v)
+        loss, new_params, new_m, new_v = materialize(loss, new_params, *adam.moments)
         loss_value = float(_xp.to_numpy(loss))
         if not math.isfinite(loss_value):
-            adam.m, adam.v, adam.t = prev_m, prev_v, prev_t
+            adam.moments, adam.t = prev_moments, prev_t
             kept = f"; the last good checkpoint {str(checkpoint)!r} is kept" if checkpoint else ""
             raise TrainingError(
                 f"the loss is {loss_value} at step {step + 1}; training stopped{kept}"
             )
-        params, adam.m, adam.v = new_params, new_m, new_v
+        params, adam.moments = new_params, (new_m, new_v)
         result.losses.append(loss_value)
         result.params, result.step = params, step + 1
         if callback is not None:

@@ -19,10 +19,10 @@ import numpy as np
 from .. import _xp
 from .. import layers as L
 from ..config import GPTConfig
-from ..model import KVCache, decode_step, loss_and_grads, score
+from ..model import loss_and_grads, score
 from ..optim import Adam
 from ..params import FIELDS, Params, init_params, materialize
-from ..sample import choose
+from ..sample import decode_batch
 from .timing import Timed, cpu_sample, minor_faults, other_cpu_share
 
 #: Named model shapes (the spec's model and a wider, deeper one).
@@ -133,8 +133,8 @@ def _sync(x: Any) -> float:
 def ours(case: Case) -> Timed:
     """Our code on ``case.backend``: a training step as :func:`microgpt_xp.train.train`
     runs it (``loss_and_grads``, ``Adam.step``, materialize, the loss to the host),
-    ``score`` of the batch, or ``decode_step`` + softmax + ``choose`` for ``T`` positions
-    (the inner loop of :func:`microgpt_xp.sample.sample_tokens`, without the early stop)."""
+    ``score`` of the batch, or :func:`microgpt_xp.sample.decode_batch` for ``T`` positions
+    (what :func:`microgpt_xp.sample.sample_tokens` runs, without the early stop)."""
     params = case.params()
     backend = case.backend
     host = case.host_tokens()
@@ -148,7 +148,8 @@ def ours(case: Case) -> Timed:
         def train_step() -> float:
             loss, grads = loss_and_grads(state["params"], tok, lens)
             new = adam.step(state["params"], grads)
-            loss, new, adam.m, adam.v = materialize(loss, new, adam.m, adam.v)
+            loss, new, *moments = materialize(loss, new, *adam.moments)
+            adam.moments = (moments[0], moments[1])
             state["params"] = new
             return _sync(loss)
 
@@ -159,18 +160,12 @@ def ours(case: Case) -> Timed:
     if case.workload == "score":
         return Timed(name, lambda: _sync(score(params, tok, lens)), case.tokens)
     if case.workload == "decode":
-        xp = params.xp
-        u = _xp.asarray(case.host_uniforms(), backend, dtype=case.dtype)
+        uniforms = case.host_uniforms()
         bos = case.config.vocab_size - 1
-        start = _xp.asarray(np.full(case.batch, bos, dtype=np.int64), backend)
-        inv_t = 1.0 / TEMPERATURE
 
         def decode() -> float:
-            token, cache = start, KVCache()
-            for pos in range(case.seq_len):
-                logits, cache = decode_step(params, token, cache)
-                token = choose(L.softmax(logits * inv_t), u[:, pos])
-            return _sync(xp.astype(token, xp.float64))
+            ids = decode_batch(params, bos, uniforms, 1.0 / TEMPERATURE, early_stop=False)
+            return float(ids[0, -1])
 
         return Timed(name, decode, case.tokens)
     raise ValueError(f"unknown workload {case.workload!r}")
