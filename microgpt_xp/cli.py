@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
+from ._alloc import tune_malloc
 from ._xp import BACKENDS, DTYPES
 
 if TYPE_CHECKING:
@@ -818,6 +819,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # routed before parsing so that only 'bench' imports microgpt_xp.bench
             return _run_bench(arguments[1:])
         args = build_parser().parse_args(arguments)
+        # the command owns its process: keep step temporaries mapped between steps
+        tune_malloc()
         handler: Callable[[argparse.Namespace], int] = args.handler
         return int(handler(args))
     except SystemExit as exc:  # --help, --version and argparse's usage errors

@@ -192,8 +192,11 @@ def _backward(params: Params, dlogits: Array, caches: list[Any]) -> Params:
     t = dwpe_rows.shape[0]
     dwpe = dwpe_rows
     if t < cfg.block_size:
-        rest = xp.zeros((cfg.block_size - t, c), dtype=dwpe_rows.dtype, device=device(dwpe_rows))
-        dwpe = xp.concat([dwpe_rows, rest], axis=0)
+        # zero rows for the unused positions, as a one-hot product rather than a concat:
+        # on Dask a concat would leave wpe's gradient (and so wpe) in two chunks, and the
+        # position slices of later steps would then split every activation along T
+        positions = xp.arange(t, device=device(dwpe_rows))
+        dwpe = xp.matrix_transpose(L.one_hot(positions, cfg.block_size, dwpe_rows.dtype)) @ dwpe_rows
     grads = {"wte": dwte, "wpe": dwpe, "lm_head": dlm_head}
     grads.update({name: _stack_layers(gs) for name, gs in per_layer.items()})
     return Params.trusted(cfg, grads)

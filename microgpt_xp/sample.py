@@ -114,12 +114,13 @@ def decode_batch(
     )
     done = xp.zeros((b,), dtype=xp.bool, device=dev)
     cache, rows = KVCache(), []
+    # logits / temperature = (lm_head / temperature) @ x.T, laid out (V, B), so that the
+    # softmax and the draw reduce over the leading axis
+    head = params.lm_head * inv_temperature
     for pos in range(t):
         # the ids are the model's own draws (checked once, at the start, by bos)
         x, cache = decode_hidden(params, token, cache)
-        # logits laid out (V, B): the softmax and the draw reduce over the leading axis
-        logits_t = params.lm_head @ xp.matrix_transpose(x)
-        token = choose_columns(softmax(logits_t * inv_temperature, axis=0), u[:, pos])
+        token = choose_columns(softmax(head @ xp.matrix_transpose(x), axis=0), u[:, pos])
         done = done | (token == bos)
         rows.append(xp.where(done, xp.full_like(token, bos), token))
         if early_stop and not _xp.is_lazy(done) and bool(xp.all(done)):

@@ -4,6 +4,7 @@ interleaving, the FLOP count)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -18,7 +19,7 @@ import pytest
 import reference
 
 from microgpt_xp import GPTConfig, init_params, loss_and_grads
-from microgpt_xp.bench import main
+from microgpt_xp.bench import configure_parser, main
 from microgpt_xp.bench import timing as T
 from microgpt_xp.bench import workloads as W
 from microgpt_xp.bench.scalar import ScalarGPT, grads_of
@@ -26,6 +27,13 @@ from microgpt_xp.bench.scalar import ScalarGPT, grads_of
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 TINY = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=5)
+
+
+def test_malloc_tuning_is_on_by_default() -> None:
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    assert parser.parse_args([]).tune_malloc is True
+    assert parser.parse_args(["--no-tune-malloc"]).tune_malloc is False
 
 
 def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -50,6 +58,7 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
         peers,
         "--json",
         str(out),
+        "--no-tune-malloc",  # leave the test process's allocator as it is
     ]
     if HAS_MPL:
         argv += ["--plot", str(png)]
@@ -62,7 +71,7 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
     assert "microgpt_xp.bench" in result["command"] and "--json" in result["command"]
     m = result["machine"]
     assert m["cpus"] >= 1 and m["square_matmul_gflops"] > 0
-    assert m["malloc_tuned"] is False  # only with --tune-malloc
+    assert m["malloc_tuned"] is False  # --no-tune-malloc
     if HAS_TORCH:
         assert m["torch_threads"] >= 1
     impls = {"ours[numpy]", "scalar", "matmul"} | ({"torch"} if HAS_TORCH else set())

@@ -178,9 +178,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tune-malloc",
-        action="store_true",
-        help="raise glibc's mmap/trim thresholds for the whole process (ours and peers) "
-        "so that step temporaries are reused instead of page-faulted in again",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="raise glibc's mmap/trim thresholds for the whole process (ours and peers), "
+        "as the microgpt-xp command does, so that step temporaries are reused instead of "
+        "page-faulted in again (default: on)",
     )
     parser.add_argument(
         "--no-breakdown",

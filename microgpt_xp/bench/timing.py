@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._alloc import tune_malloc as tune_malloc
+
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -121,26 +123,6 @@ def set_blas_threads(n: int) -> bool:
 
 
 # -- the C allocator ----------------------------------------------------------------------------
-def tune_malloc(threshold: int = 1 << 30) -> bool:
-    """Keep freed memory in the process (glibc ``mallopt``: ``M_MMAP_THRESHOLD`` and
-    ``M_TRIM_THRESHOLD`` raised to ``threshold`` bytes), so that the large temporaries
-    of every step are not unmapped and then page-faulted back in (hundreds of minor
-    faults a step). Process-wide: it applies to our code and to the peers alike.
-    Returns whether it could be done (False off glibc)."""
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(mallopt(m_mmap_threshold, threshold)) and bool(mallopt(m_trim_threshold, threshold))
-
-
 def minor_faults() -> int:
     """Minor page faults of this process so far (0 where ``resource`` is missing)."""
     try:
