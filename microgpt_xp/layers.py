@@ -26,10 +26,13 @@ RMSNORM_EPS = 1e-5
 Array = Any
 
 
-def one_hot(ids: Array, num_classes: int, dtype: Any) -> Array:
-    """``(…,)`` integer ids -> ``(…, num_classes)`` one-hot rows of ``dtype``, on ids' device."""
+def one_hot(ids: Array, num_classes: int, dtype: Any, *, axis: int = -1) -> Array:
+    """``(…,)`` integer ids -> ``(…, num_classes)`` one-hot rows of ``dtype``, on ids' device;
+    with ``axis=0``, 1-d ``ids (N,)`` -> ``(num_classes, N)`` one-hot columns."""
     xp = array_namespace(ids)
     classes = xp.arange(num_classes, dtype=ids.dtype, device=device(ids))
+    if axis == 0:
+        return xp.astype(classes[:, None] == ids[None, :], dtype)
     return xp.astype(ids[..., None] == classes, dtype)
 
 
@@ -134,6 +137,21 @@ def linear_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
     mt = xp.matrix_transpose
     dw = mt(dy) @ x if dy.shape[-1] >= x.shape[-1] else mt(mt(x) @ dy)
     return dy @ w, dw
+
+
+def linear_t_forward(x: Array, w: Array) -> tuple[Array, Any]:
+    """The transposed linear layer ``y_t = w @ x.T`` for ``x (N, n_in)``, ``w (n_out,
+    n_in)``: returns ``y_t (n_out, N)``, one column per row of ``x`` (the layout of the
+    logits for the loss, whose softmax then reduces over the leading axis)."""
+    xp = array_namespace(x, w)
+    return w @ xp.matrix_transpose(x), (x, w)
+
+
+def linear_t_backward(dy_t: Array, cache: Any) -> tuple[Array, Array]:
+    """``dy_t (n_out, N)`` -> ``(dx (N, n_in), dw (n_out, n_in))``."""
+    xp = array_namespace(dy_t)
+    x, w = cache
+    return xp.matrix_transpose(dy_t) @ w, dy_t @ x
 
 
 # -- rmsnorm --------------------------------------------------------------------------
@@ -252,7 +270,9 @@ def causal_attention_backward(dy: Array, cache: Any) -> Array:
     q = cache[0]
     b, h, t, _ = q.shape
     dq, dk, dv = attend_backward(split_heads(dy, b, t, h), cache)
-    return xp.concat([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
+    # (B, 3, H, T, D) -> (B, T, 3, H, D): one relayout copy instead of three and a concat
+    stacked = xp.permute_dims(xp.stack([dq, dk, dv], axis=1), (0, 3, 1, 2, 4))
+    return xp.reshape(stacked, (b * t, 3 * h * dq.shape[-1]))
 
 
 def head_indicator(n_embd: int, n_head: int, like: Array) -> Array:
@@ -285,21 +305,22 @@ def decode_attention(q: Array, keys: Array, values: Array, n_head: int) -> Array
 
 
 # -- cross-entropy ----------------------------------------------------------------------
-def cross_entropy_forward(logits: Array, targets: Array) -> tuple[Array, Any]:
+def cross_entropy_forward(logits_t: Array, targets: Array) -> tuple[Array, Any]:
     """Per-position ``−log softmax(logits)[target]``, taking the log of the probability
     as the original does.
 
-    ``logits (B, T, V)``, ``targets (B, T)`` integer ids -> ``losses (B, T)`` (any number
-    of leading axes; with the batch axis first the softmax reductions run fastest).
+    ``logits_t (V, N)`` (one column per position, see :func:`linear_t_forward`),
+    ``targets (N,)`` integer ids -> ``losses (N,)``. In this layout the softmax's max and
+    sum and the pick of the target run over the leading axis, a vectorized pass per id.
     """
-    xp = array_namespace(logits, targets)
-    p = softmax(logits)
-    onehot = one_hot(targets, logits.shape[-1], logits.dtype)
-    return -xp.log(sum_last(p * onehot)[..., 0]), (p, onehot)
+    xp = array_namespace(logits_t, targets)
+    p = softmax(logits_t, axis=0)
+    onehot = one_hot(targets, logits_t.shape[0], logits_t.dtype, axis=0)
+    return -xp.log(xp.sum(p * onehot, axis=0)), (p, onehot)
 
 
 def cross_entropy_backward(dlosses: Array, cache: Any) -> Array:
-    """``dlosses (B, T)`` (the weight of each position in the total loss) ->
-    ``dlogits (B, T, V) = (p − onehot(target)) * dlosses``."""
+    """``dlosses (N,)`` (the weight of each position in the total loss) ->
+    ``dlogits_t (V, N) = (p − onehot(target)) * dlosses``."""
     p, onehot = cache
-    return (p - onehot) * dlosses[..., None]
+    return (p - onehot) * dlosses[None, :]

@@ -144,7 +144,8 @@ def _mlp_forward(params: Params, layer: int, x: Array) -> tuple[Array, tuple[Any
 
 
 def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
-    """Logits ``(B*T, V)`` of valid ``tokens (B, T)`` and the caches for the backward pass."""
+    """The last hidden state ``(B*T, C)`` of valid ``tokens (B, T)`` (the input of
+    ``lm_head``) and the caches of the blocks for :func:`_backward`."""
     cfg = params.config
     b, t = tokens.shape
     e, c_emb = L.embedding_forward(tokens, params.wte, params.wpe[:t, :])
@@ -158,17 +159,15 @@ def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
         x = x + o
         x, (c5, c6, c7, c8) = _mlp_forward(params, layer, x)
         caches.append((c1, c2, c3, c4, c5, c6, c7, c8))
-    logits, c_head = L.linear_forward(x, params.lm_head)
-    caches.append(c_head)
-    return logits, caches
+    return x, caches
 
 
-def _backward(params: Params, dlogits: Array, caches: list[Any]) -> Params:
-    """Gradients of all weights from ``dlogits (B*T, V)``, walking the caches in reverse."""
+def _backward(params: Params, dx: Array, caches: list[Any]) -> dict[str, Array]:
+    """Gradients of every weight but ``lm_head`` from ``dx (B*T, C)``, the gradient of the
+    last hidden state, walking the caches in reverse."""
     xp = params.xp
     cfg = params.config
     c = cfg.n_embd
-    dx, dlm_head = L.linear_backward(dlogits, caches[-1])
     per_layer: dict[str, list[Array]] = {name: [] for name in LAYER_FIELDS}
     for layer in reversed(range(cfg.n_layer)):
         c1, c2, c3, c4, c5, c6, c7, c8 = caches[2 + layer]
@@ -197,9 +196,9 @@ def _backward(params: Params, dlogits: Array, caches: list[Any]) -> Params:
         # position slices of later steps would then split every activation along T
         positions = xp.arange(t, device=device(dwpe_rows))
         dwpe = xp.matrix_transpose(L.one_hot(positions, cfg.block_size, dwpe_rows.dtype)) @ dwpe_rows
-    grads = {"wte": dwte, "wpe": dwpe, "lm_head": dlm_head}
+    grads = {"wte": dwte, "wpe": dwpe}
     grads.update({name: _stack_layers(gs) for name, gs in per_layer.items()})
-    return Params.trusted(cfg, grads)
+    return grads
 
 
 def _stack_layers(per_layer: list[Array]) -> Array:
@@ -237,7 +236,8 @@ def forward(params: Params, tokens: Array, lengths: Array | None = None) -> Arra
     cfg = params.config
     tokens, lengths = _check_tokens(params, tokens, lengths, max_len=cfg.block_size, min_length=1)
     b, t = tokens.shape
-    logits, _ = _forward_cached(params, _safe_tokens(tokens, lengths))
+    x, _ = _forward_cached(params, _safe_tokens(tokens, lengths))
+    logits, _ = L.linear_forward(x, params.lm_head)
     return params.xp.reshape(logits, (b, t, cfg.vocab_size))
 
 
@@ -266,9 +266,10 @@ def _nll(
     xp = params.xp
     inputs, targets, n, valid = _prediction_inputs(params, tokens, lengths)
     b, t = inputs.shape
-    logits, caches = _forward_cached(params, inputs)
-    losses, c_ce = L.cross_entropy_forward(xp.reshape(logits, (b, t, -1)), targets)
-    return losses * valid, n, valid, caches, c_ce
+    x, caches = _forward_cached(params, inputs)
+    logits_t, c_head = L.linear_t_forward(x, params.lm_head)
+    losses, c_ce = L.cross_entropy_forward(logits_t, xp.reshape(targets, (b * t,)))
+    return xp.reshape(losses, (b, t)) * valid, n, valid, [*caches, c_head], c_ce
 
 
 def _row_weights(n: Array, valid: Array, reduction: Reduction) -> tuple[Array, Any]:
@@ -312,8 +313,10 @@ def loss_and_grads(
         loss = xp.mean(xp.sum(losses, axis=1) * factor)
     else:
         loss = xp.sum(losses) * factor
-    dlogits = L.cross_entropy_backward(weights, c_ce)
-    return loss, _backward(params, xp.reshape(dlogits, (-1, dlogits.shape[-1])), caches)
+    dlogits_t = L.cross_entropy_backward(xp.reshape(weights, (-1,)), c_ce)
+    dx, dlm_head = L.linear_t_backward(dlogits_t, caches[-1])
+    grads = _backward(params, dx, caches[:-1])
+    return loss, Params.trusted(params.config, {**grads, "lm_head": dlm_head})
 
 
 def score(params: Params, tokens: Array, lengths: Array) -> Array:

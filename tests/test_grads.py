@@ -227,13 +227,14 @@ def test_cross_entropy_block(backend: Any) -> None:
     tgt = backend.asarray(targets, dtype="int64")
 
     def run(x: np.ndarray) -> tuple[Any, Any]:
-        return L.cross_entropy_forward(backend.asarray(x, "float64"), tgt)
+        # the layer takes the logits one column per position
+        return L.cross_entropy_forward(backend.asarray(x.T, "float64"), tgt)
 
     losses, cache = run(logits)
     shifted = logits - logits.max(axis=-1, keepdims=True)
     expected = np.log(np.exp(shifted).sum(axis=-1)) - shifted[np.arange(n), targets]
     assert_rel_close(backend.to_numpy(losses), expected, 1e-14, "losses")
-    dlogits = backend.to_numpy(L.cross_entropy_backward(backend.asarray(dlosses, "float64"), cache))
+    dlogits = backend.to_numpy(L.cross_entropy_backward(backend.asarray(dlosses, "float64"), cache)).T
     check_directional(
         lambda d: float(np.sum(backend.to_numpy(run(d["logits"])[0]) * dlosses)),
         {"logits": logits},

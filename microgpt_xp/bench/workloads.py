@@ -316,6 +316,8 @@ _TIMED_LAYERS = (
     "rmsnorm_backward",
     "linear_forward",
     "linear_backward",
+    "linear_t_forward",
+    "linear_t_backward",
     "causal_attention_forward",
     "causal_attention_backward",
     "relu_forward",
@@ -367,13 +369,14 @@ def timed_layers(cfg: GPTConfig, record: Callable[[str, str, float, Any], None])
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         base, _, direction = name.rpartition("_")
         comp = {"causal_attention": "attention", "cross_entropy": "loss"}.get(base, base)
+        linear = base in ("linear", "linear_t")
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             out = fn(*args, **kwargs)
             elapsed = time.perf_counter() - start
             label = comp
-            if base == "linear":
+            if linear:
                 w = args[1] if direction == "forward" else args[1][1]
                 label = _linear_label(tuple(w.shape), cfg)
             record(label, direction, elapsed, out)
