@@ -16,6 +16,7 @@ import timeit
 import array_api_compat.numpy as xpc
 import numpy as np
 
+from microgpt_xp import layers as L
 from microgpt_xp._xp import array_namespace
 
 RESULTS: list[dict] = []
@@ -75,6 +76,15 @@ def main() -> None:
     t(g, "max(logits, -1) (1024,27)", lambda: np.max(lg, axis=-1, keepdims=True))
     t(g, "sum(logits, -1)", lambda: np.sum(lg, axis=-1, keepdims=True))
     t(g, "logits @ ones(27,1)", lambda: lg @ np.ones((27, 1), f32))
+    t(g, "layers.max_last(scores): max over a relaid copy", lambda: L.max_last(s))
+    t(g, "layers.sum_last(x) (two ones columns, 2-d)", lambda: L.sum_last(x))
+    lgt = np.ascontiguousarray(lg.T)
+    t(g, "max(logits_t, 0) (27,1024): the (V, N) layout", lambda: np.max(lgt, axis=0))
+    m = np.max(s, axis=-1, keepdims=True)
+    g = "broadcasting (default)"
+    t(g, "scores - max (a (...,1) operand)", lambda: s - m)
+    t(g, "scores + bias (a (16,16) operand)", lambda: s + s[0, 0])
+    t(g, "scores + scores (same shape)", lambda: s + s)
 
     for name, (b, tt, c, h) in {"default": (64, 16, 16, 4), "medium": (32, 64, 128, 4)}.items():
         d, n = c // h, b * tt
@@ -134,9 +144,32 @@ def main() -> None:
     kv, kn = rand(1024, 4, 15, 4), rand(1024, 4, 1, 4)
     probs = np.abs(lg)
     g = "decode step (1024 sequences)"
-    t(g, "KV concat at pos 15 (one layer, k or v)", lambda: np.concatenate([kv, kn], axis=2))
+    t(g, "KV concat at pos 15, (B,H,pos,D) layout", lambda: np.concatenate([kv, kn], axis=2))
+    kp, knp = rand(15, 1024, 16), rand(1, 1024, 16)
+    t(g, "KV concat at pos 15, (pos,B,C) layout", lambda: np.concatenate([kp, knp], axis=0))
+    qd = rand(1024, 4, 1, 4)
+    t(g, "scores: 4,096 (1,4)@(4,16) matmuls", lambda: qd @ np.swapaxes(kv, -1, -2))
+    kp16, q2 = rand(16, 1024, 16), rand(1024, 16)
+    t(g, "layers.decode_attention at pos 16 (whole)", lambda: L.decode_attention(q2, kp16, kp16, 4))
+    sc = rand(1024, 4, 1, 16)
+    t(g, "max over 16 keys, (B,H,1,P) layout", lambda: np.max(sc, axis=-1, keepdims=True))
+    sp = rand(16, 1024, 4)
+    t(g, "max over 16 keys, (P,B,H) layout", lambda: np.max(sp, axis=0))
     t(g, "cumulative_sum(probs, -1) (choose)", lambda: np.cumsum(probs, axis=-1))
     t(g, "probs @ triu(ones(27,27)) (same sums)", lambda: probs @ np.triu(np.ones((27, 27), f32)))
+
+    # a row's sum must not depend on the batch it comes in (Dask chunks, batch sizes)
+    big = rand(1000, 16)
+    for cols in (1, 2):
+        ones = np.ones((16, cols), f32)
+        full = (big @ ones)[:, 0]
+        differ = sum(
+            int(((big[i : i + n] @ ones)[:, 0] != full[i : i + n]).sum())
+            for n in (1, 7, 64, 333)
+            for i in range(0, 1000, n)
+        )
+        print(f"{'batch invariance':28s} {f'(1000,16) @ ones(16,{cols}): rows that change':52s} {differ:9d}")
+        RESULTS.append({"group": "batch invariance", "op": f"ones(16,{cols})", "rows_changed": differ})
 
     x32 = rand(4, 4)
     dt = {

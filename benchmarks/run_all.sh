@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce the figures of docs/performance.md (a few minutes on 2 quiet cores).
 #
-#   bash benchmarks/run_all.sh             # the package as it is (malloc tuned, the default)
+#   bash benchmarks/run_all.sh             # BLAS/torch threads as they are, and 1 thread each
 #   bash benchmarks/run_all.sh --untuned   # also a run with --no-tune-malloc
 #
 # Writes benchmarks/results*.{json,txt,png}. Run it on a quiet machine: rounds in which
@@ -18,6 +18,8 @@ run() {  # run NAME [bench options...]
 }
 
 run results --check-targets || echo "(a target was missed: see the table above)"
+run results-1thread --threads 1 --check-targets || echo "(a target was missed: see above)"
+"$PY" benchmarks/micro_ops.py --json benchmarks/micro_ops.json | tee benchmarks/micro_ops.txt
 if [[ "${1:-}" == "--untuned" ]]; then
     run results-untuned --no-tune-malloc
 fi
