@@ -297,11 +297,9 @@ def decode_attention(q: Array, keys: Array, values: Array, n_head: int) -> Array
     xp = array_namespace(q, keys, values)
     c = q.shape[-1]
     ind = head_indicator(c, n_head, q)
-    ind_t = xp.astype(xp.matrix_transpose(ind), q.dtype)
     scores = (keys * (q * float(c // n_head) ** -0.5)) @ ind  # (P, B, H)
-    e = xp.exp(scores - xp.max(scores, axis=0))
-    att = e * xp.sum(e, axis=0) ** -1
-    return xp.sum((att @ ind_t) * values, axis=0)
+    att = softmax(scores, axis=0)
+    return xp.sum((att @ xp.matrix_transpose(ind)) * values, axis=0)
 
 
 # -- cross-entropy ----------------------------------------------------------------------

@@ -195,7 +195,7 @@ def _backward(params: Params, dx: Array, caches: list[Any]) -> dict[str, Array]:
         # on Dask a concat would leave wpe's gradient (and so wpe) in two chunks, and the
         # position slices of later steps would then split every activation along T
         positions = xp.arange(t, device=device(dwpe_rows))
-        dwpe = xp.matrix_transpose(L.one_hot(positions, cfg.block_size, dwpe_rows.dtype)) @ dwpe_rows
+        dwpe = L.one_hot(positions, cfg.block_size, dwpe_rows.dtype, axis=0) @ dwpe_rows
     grads = {"wte": dwte, "wpe": dwpe}
     grads.update({name: _stack_layers(gs) for name, gs in per_layer.items()})
     return grads

@@ -148,8 +148,8 @@ def ours(case: Case) -> Timed:
         def train_step() -> float:
             loss, grads = loss_and_grads(state["params"], tok, lens)
             new = adam.step(state["params"], grads)
-            loss, new, *moments = materialize(loss, new, *adam.moments)
-            adam.moments = (moments[0], moments[1])
+            loss, new, m, v = materialize(loss, new, *adam.moments)
+            adam.moments = (m, v)
             state["params"] = new
             return _sync(loss)
 
