@@ -166,6 +166,14 @@ def rmsnorm_forward(x: Array) -> tuple[Array, Any]:
     return x * s, (x, s)
 
 
+def rmsnorm_columns(x_t: Array) -> Array:
+    """:func:`rmsnorm_forward` of each column of ``x_t (C, B)`` (decoding's layout, one
+    column per sequence) -> ``(C, B)``; the mean square is a sum over the leading axis."""
+    xp = array_namespace(x_t)
+    ms = xp.sum(x_t * x_t, axis=0, keepdims=True) * (1.0 / x_t.shape[0])
+    return x_t * (ms + RMSNORM_EPS) ** -0.5
+
+
 def rmsnorm_backward(dy: Array, cache: Any) -> Array:
     """``dy (N, C)`` -> ``dx (N, C)``: ``dx = s·(dy − (s²/C)·Σ(dy·x)·x)``."""
     x, s = cache
@@ -275,31 +283,26 @@ def causal_attention_backward(dy: Array, cache: Any) -> Array:
     return xp.reshape(stacked, (b * t, 3 * h * dq.shape[-1]))
 
 
-def head_indicator(n_embd: int, n_head: int, like: Array) -> Array:
-    """``(C, H)`` 1.0 where channel ``c`` belongs to head ``h`` (``c // D == h``), else 0.0;
-    on ``like``'s device with its dtype. ``x @ it`` sums each head's channels."""
-    xp = array_namespace(like)
-    channel_head = xp.arange(n_embd, device=device(like)) // (n_embd // n_head)
-    heads = xp.arange(n_head, device=device(like))
-    return xp.astype(channel_head[:, None] == heads[None, :], like.dtype)
+def decode_attention(q_t: Array, keys: Array, values: Array, n_head: int) -> Array:
+    """One query per sequence over the cached positions, in decoding's column layout:
+    ``q_t (C, B)``, ``keys, values (P, C, B)`` (positions first) -> ``(C, B)``, the heads'
+    outputs stacked in head order.
 
-
-def decode_attention(q: Array, keys: Array, values: Array, n_head: int) -> Array:
-    """One query per row over the cached positions: ``q (B, C)``, ``keys, values (P, B,
-    C)`` (positions first) -> ``(B, C)``, the heads' outputs side by side.
-
-    The same attention as :func:`attend_forward` with ``Tq = 1``, laid out for decoding:
-    a head's scores are the channel products summed by :func:`head_indicator`, and the
-    softmax runs over the leading position axis, so every step is a plain elementwise
-    pass or a matmul over the whole batch (no per-row matrix products, no reductions over
-    a short last axis). The cache grows by appending one ``(1, B, C)`` row per step.
+    The same attention as :func:`attend_forward` with ``Tq = 1``. With the batch along
+    the last axis, a head's ``D`` channels are ``D`` contiguous planes of ``B`` values, so
+    the scores are one product and a sum over the head-channel axis, the softmax runs
+    over the leading position axis and the output is one product and a sum over
+    positions: every step is a vectorized pass over the whole batch, summing in the
+    original's order (channel by channel, position by position).
     """
-    xp = array_namespace(q, keys, values)
-    c = q.shape[-1]
-    ind = head_indicator(c, n_head, q)
-    scores = (keys * (q * float(c // n_head) ** -0.5)) @ ind  # (P, B, H)
+    xp = array_namespace(q_t, keys, values)
+    c, b = q_t.shape
+    p, d = keys.shape[0], c // n_head
+    qs = q_t * float(d) ** -0.5
+    scores = xp.sum(xp.reshape(keys * qs, (p, n_head, d, b)), axis=2)  # (P, H, B)
     att = softmax(scores, axis=0)
-    return xp.sum((att @ xp.matrix_transpose(ind)) * values, axis=0)
+    y = xp.sum(att[:, :, None, :] * xp.reshape(values, (p, n_head, d, b)), axis=0)
+    return xp.reshape(y, (c, b))
 
 
 # -- cross-entropy ----------------------------------------------------------------------

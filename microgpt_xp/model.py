@@ -333,10 +333,10 @@ def score(params: Params, tokens: Array, lengths: Array) -> Array:
 class KVCache:
     """Keys and values of the positions decoded so far, for a batch.
 
-    ``keys[l]`` and ``values[l]`` are ``(pos, B, C)`` arrays of layer ``l``, positions
-    first (empty tuples before the first step), each step appending one ``(1, B, C)``
-    row; ``pos`` is the number of positions already decoded, which is also the position of
-    the next token.
+    ``keys[l]`` and ``values[l]`` are ``(pos, C, B)`` arrays of layer ``l``: positions
+    first, then channels, with one column per sequence of the batch (empty tuples before
+    the first step); each step appends one ``(1, C, B)`` slice. ``pos`` is the number of
+    positions already decoded, which is also the position of the next token.
     """
 
     keys: tuple[Array, ...] = ()
@@ -373,41 +373,44 @@ def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array
         raise ValueError(
             f"token_ids must be 1-d (batch,), got {getattr(token_ids, 'shape', token_ids)}"
         )
-    if cache.pos and tuple(cache.keys[0].shape[1:2]) != tuple(token_ids.shape):
+    if cache.pos and tuple(cache.keys[0].shape[2:]) != tuple(token_ids.shape):
         raise ValueError(
-            f"token_ids hold {token_ids.shape[0]} rows but the cache {cache.keys[0].shape[1]}"
+            f"token_ids hold {token_ids.shape[0]} rows but the cache {cache.keys[0].shape[2]}"
         )
     # on Dask the value check rides along with the returned (lazy) ids
     checked, _ = _check_tokens(
         params, token_ids[:, None], None, max_len=cfg.block_size, min_length=1
     )
-    x, new_cache = decode_hidden(params, checked[:, 0], cache)
-    logits, _ = L.linear_forward(x, params.lm_head)
-    return logits, new_cache
+    x_t, new_cache = decode_hidden(params, checked[:, 0], cache)
+    return params.xp.matrix_transpose(params.lm_head @ x_t), new_cache
 
 
 def decode_hidden(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array, KVCache]:
-    """:func:`decode_step` up to the last hidden state ``(B, C)`` (``logits = x @
-    lm_head.T``), without the input checks: for ids the model itself sampled, and for
-    samplers that want the logits laid out ``(V, B)`` (``lm_head @ x.T``)."""
+    """:func:`decode_step` up to the last hidden state, without the input checks (for ids
+    the model itself sampled): returns ``(x_t (C, B), new_cache)``, one column per
+    sequence, so that ``lm_head @ x_t`` gives the logits laid out ``(V, B)``.
+
+    The whole step runs in this column layout: the linear layers are ``w @ x_t``, the
+    norms and the attention's softmax reduce over leading axes (see
+    :func:`~microgpt_xp.layers.decode_attention`), and the ``q``, ``k`` and ``v`` of a step
+    are contiguous row blocks of one ``(3C, B)`` product.
+    """
     cfg = params.config
     xp = params.xp
-    pos = cache.pos
-    x, _ = L.embedding_forward(token_ids[:, None], params.wte, params.wpe[pos : pos + 1, :])
-    x, _ = L.rmsnorm_forward(x)
-    c = cfg.n_embd
+    pos, c = cache.pos, cfg.n_embd
+    wte_t = xp.matrix_transpose(params.wte)
+    x = L.rmsnorm_columns(xp.take(wte_t, token_ids, axis=1) + params.wpe[pos, :][:, None])
     keys, values = [], []
     for layer in range(cfg.n_layer):
-        h, _ = L.rmsnorm_forward(x)
-        qkv, _ = L.linear_forward(h, _qkv_weight(params, layer))
-        k, v = qkv[None, :, c : 2 * c], qkv[None, :, 2 * c :]
+        qkv = _qkv_weight(params, layer) @ L.rmsnorm_columns(x)
+        k, v = qkv[None, c : 2 * c, :], qkv[None, 2 * c :, :]
         if pos:
             k = xp.concat([cache.keys[layer], k], axis=0)
             v = xp.concat([cache.values[layer], v], axis=0)
         keys.append(k)
         values.append(v)
-        y = L.decode_attention(qkv[:, :c], k, v, cfg.n_head)
-        o, _ = L.linear_forward(y, params.attn_wo[layer, ...])
-        x = x + o
-        x, _ = _mlp_forward(params, layer, x)
+        y = L.decode_attention(qkv[:c, :], k, v, cfg.n_head)
+        x = x + params.attn_wo[layer, ...] @ y
+        h = L.relu_forward(params.mlp_fc1[layer, ...] @ L.rmsnorm_columns(x))[0]
+        x = x + params.mlp_fc2[layer, ...] @ h
     return x, KVCache(tuple(keys), tuple(values), pos + 1)

@@ -119,8 +119,8 @@ def decode_batch(
     head = params.lm_head * inv_temperature
     for pos in range(t):
         # the ids are the model's own draws (checked once, at the start, by bos)
-        x, cache = decode_hidden(params, token, cache)
-        token = choose_columns(softmax(head @ xp.matrix_transpose(x), axis=0), u[:, pos])
+        x_t, cache = decode_hidden(params, token, cache)
+        token = choose_columns(softmax(head @ x_t, axis=0), u[:, pos])
         done = done | (token == bos)
         rows.append(xp.where(done, xp.full_like(token, bos), token))
         if early_stop and not _xp.is_lazy(done) and bool(xp.all(done)):

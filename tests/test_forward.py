@@ -175,7 +175,7 @@ def test_decode_step_matches_forward(backend: Any, config_name: str, dtype: str)
         assert cache.pos == pos + 1
         assert len(cache.keys) == len(cache.values) == config.n_layer
         for k, v in zip(cache.keys, cache.values, strict=True):
-            assert tuple(k.shape) == tuple(v.shape) == (pos + 1, b, h * d)
+            assert tuple(k.shape) == tuple(v.shape) == (pos + 1, h * d, b)
         step_host = backend.to_numpy(step_logits)
         assert step_host.shape == (b, config.vocab_size)
         real = pos < lengths
