@@ -11,7 +11,6 @@ from array_api_compat import device
 from . import _xp
 from ._xp import array_namespace
 from .data import Tokenizer
-from .layers import softmax
 from .model import KVCache, decode_hidden
 from .params import Params
 
@@ -34,11 +33,21 @@ def choose_columns(probs_t: Any, u: Any) -> Any:
     ``cumulative_sum`` over this axis costs five times more), and the counts run over the
     leading axis, a vectorized pass per id.
     """
-    xp = array_namespace(probs_t, u)
-    ids = xp.arange(probs_t.shape[0], device=device(probs_t))
-    lower = xp.astype(ids[:, None] >= ids[None, :], probs_t.dtype)
-    c = lower @ probs_t
+    return _draw(probs_t, u, _lower_ones(probs_t))
+
+
+def _lower_ones(like: Any) -> Any:
+    """``(V, V)`` ones on and below the diagonal, for running sums over the leading axis of
+    ``like (V, B)`` (its dtype and device)."""
+    xp = array_namespace(like)
+    ids = xp.arange(like.shape[0], device=device(like))
+    return xp.astype(ids[:, None] >= ids[None, :], like.dtype)
+
+
+def _draw(weights_t: Any, u: Any, lower: Any) -> Any:
+    c = lower @ weights_t
     hits = c[:-1, :] <= (u * c[-1, :])[None, :]
+    xp = array_namespace(hits)
     return xp.sum(xp.astype(hits, xp.int64), axis=0)
 
 
@@ -117,10 +126,13 @@ def decode_batch(
     # logits / temperature = (lm_head / temperature) @ x.T, laid out (V, B), so that the
     # softmax and the draw reduce over the leading axis
     head = params.lm_head * inv_temperature
+    lower = _lower_ones(head)
     for pos in range(t):
         # the ids are the model's own draws (checked once, at the start, by bos)
         x_t, cache = decode_hidden(params, token, cache)
-        token = choose_columns(softmax(head @ x_t, axis=0), u[:, pos])
+        z = head @ x_t
+        # the draw is scale-free, so it takes softmax's exponentials unnormalised
+        token = _draw(xp.exp(z - xp.max(z, axis=0, keepdims=True)), u[:, pos], lower)
         done = done | (token == bos)
         rows.append(xp.where(done, xp.full_like(token, bos), token))
         if early_stop and not _xp.is_lazy(done) and bool(xp.all(done)):
