@@ -54,6 +54,8 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
         "1",
         "--min-time",
         "0.001",
+        "--gap",
+        "0.01",
         "--peers",
         peers,
         "--json",
@@ -116,6 +118,8 @@ def test_bad_arguments_exit_with_status_2(capsys: pytest.CaptureFixture) -> None
     assert main(["--workload", "nope", "--repeats", "1"]) == 2
     assert "unknown workload" in capsys.readouterr().err
     assert main(["--peers", "numpy2", "--repeats", "1"]) == 2
+    assert main(["--gap", "-1", "--repeats", "1"]) == 2
+    assert "--gap must be" in capsys.readouterr().err
 
 
 def test_parse_config() -> None:
@@ -257,6 +261,20 @@ def test_interleave_drops_disturbed_rounds_and_alternates_order(
     assert rounds.kept == [True, False, True, False, True]
     assert rounds.dropped == 2 and rounds.filtered and len(rounds.kept_seconds()) == 3
     assert calls == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+
+
+def test_interleave_idles_for_the_gap_before_each_measurement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[str] = []
+    monkeypatch.setattr(T.time, "sleep", lambda s: events.append(f"sleep {s}"))
+    monkeypatch.setattr(T, "other_cpu_share", lambda a, b: 0.0)
+    timed = [T.Timed(n, lambda n=n: events.append(n), 1) for n in ("a", "b")]
+    T.interleave(timed, repeats=2, gap=0.25)
+    assert events == ["sleep 0.25", "a", "sleep 0.25", "b", "sleep 0.25", "b", "sleep 0.25", "a"]
+    events.clear()
+    T.interleave(timed, repeats=1)  # no gap by default
+    assert events == ["a", "b"]
 
 
 def test_interleave_reports_unfiltered_when_every_round_is_disturbed(

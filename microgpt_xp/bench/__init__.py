@@ -156,6 +156,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="seconds one measurement lasts at least (default 0.2; --quick 0.05)",
     )
     parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.3,
+        help="idle seconds before each measurement, so that the thread pools of the "
+        "implementation measured before have gone to sleep (default 0.3; 0 = none)",
+    )
+    parser.add_argument(
         "--case-timeout",
         type=float,
         default=None,
@@ -271,6 +278,8 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
         if p not in PEERS:
             raise ValueError(f"unknown peer {p!r}; choose from {', '.join(PEERS)} or none")
     configs = _configs(args.config)
+    if not args.gap >= 0:
+        raise ValueError(f"--gap must be a number of seconds >= 0, got {args.gap}")
 
     machine: dict[str, Any] = {
         "cpu": _cpu_name(),
@@ -328,6 +337,7 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
             max_other=args.max_other,
             max_rounds=args.max_rounds,
             deadline=time.perf_counter() + case_timeout,
+            gap=args.gap,
         )
         kept = rounds.kept_seconds()
         for t in timed:
@@ -405,6 +415,7 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
             "repeats": repeats,
             "warmup": warmup,
             "min_time_s": min_time,
+            "gap_s": args.gap,
             "max_rounds": args.max_rounds or 3 * repeats,
             "case_timeout_s": case_timeout,
             "max_other_cpu_share": args.max_other,

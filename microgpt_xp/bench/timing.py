@@ -217,13 +217,20 @@ def interleave(
     max_other: float = 0.05,
     max_rounds: int | None = None,
     deadline: float | None = None,
+    gap: float = 0.0,
 ) -> Rounds:
     """Run rounds until ``repeats`` of them are clean or ``max_rounds`` (default
     ``3 * repeats``) have run, or ``time.perf_counter()`` passes ``deadline``.
 
     Each round measures every callable once, in forward order on even rounds and reverse
-    order on odd ones. A round is clean when other processes used at most ``max_other``
-    of the machine's CPU capacity during it (always clean where ``/proc`` is missing).
+    order on odd ones, after ``gap`` idle seconds each. A round is clean when other
+    processes used at most ``max_other`` of the machine's CPU capacity during it (always
+    clean where ``/proc`` is missing).
+
+    The gap matters when the callables use different thread pools in one process: after a
+    call, OpenBLAS's workers spin for about 0.1 s and so can PyTorch's, and a measurement
+    that starts right after another library's would share the CPUs with those spinning
+    threads (which ``/proc/self`` counts as this process, not as a disturbance).
     """
     max_rounds = 3 * repeats if max_rounds is None else max(max_rounds, repeats)
     out = Rounds([t.name for t in timed])
@@ -233,7 +240,11 @@ def interleave(
             break
         order = list(timed) if r % 2 == 0 else list(reversed(timed))
         before = cpu_sample()
-        seconds = {t.name: _time(t) for t in order}
+        seconds = {}
+        for t in order:
+            if gap > 0:
+                time.sleep(gap)
+            seconds[t.name] = _time(t)
         share = other_cpu_share(before, cpu_sample())
         ok = share is None or share <= max_other
         out.seconds.append(seconds)
