@@ -30,7 +30,7 @@ def choose_columns(probs_t: Any, u: Any) -> Any:
     """:func:`choose` for probabilities laid out ``(V, B)``, one column per draw.
 
     The running sums are one matmul with a lower-triangular matrix of ones (NumPy's
-    ``cumulative_sum`` over this axis costs five times more), and the counts run over the
+    ``cumulative_sum`` over this axis costs several times more), and the counts run over the
     leading axis, a vectorized pass per id.
     """
     return _draw(probs_t, u, _lower_ones(probs_t))
@@ -45,6 +45,8 @@ def _lower_ones(like: Any) -> Any:
 
 
 def _draw(weights_t: Any, u: Any, lower: Any) -> Any:
+    """:func:`choose_columns` with the ``(V, V)`` :func:`_lower_ones` given; ``weights_t
+    (V, B)`` need not be normalised. Returns ``(B,)`` int64 ids."""
     c = lower @ weights_t
     hits = c[:-1, :] <= (u * c[-1, :])[None, :]
     xp = array_namespace(hits)
@@ -123,7 +125,7 @@ def decode_batch(
     )
     done = xp.zeros((b,), dtype=xp.bool, device=dev)
     cache, rows = KVCache(), []
-    # logits / temperature = (lm_head / temperature) @ x.T, laid out (V, B), so that the
+    # logits / temperature = (lm_head / temperature) @ x_t, laid out (V, B), so that the
     # softmax and the draw reduce over the leading axis
     head = params.lm_head * inv_temperature
     lower = _lower_ones(head)
