@@ -4,11 +4,15 @@ without touching the repository).
 
     python benchmarks/ab_variants.py A_DIR B_DIR [--workload train] [--config default]
         [--batch 64] [--repeats 9] [--min-time 0.2] [--tune-malloc]
+        [--a-workers N|auto] [--b-workers N|auto] [--gap 0.3]
 
 ``A_DIR`` and ``B_DIR`` each hold a ``microgpt_xp`` package (e.g. the repository root and a
 scratch copy with an edited ``layers.py``). Each is imported under its own name, so both
 run in the same process on the same data. Prints seconds per call of each and the
 median of the per-round speedups ``time(A) / time(B)`` over the undisturbed rounds.
+``--a-workers``/``--b-workers`` pass ``workers=`` (an int, or ``auto`` for ``None``) to
+that side's ``loss_and_grads``, ``score`` and ``decode_batch``: A and B may then be the
+same directory, to measure the threads alone.
 """
 
 from __future__ import annotations
@@ -44,8 +48,12 @@ def load(src: Path, alias: str, scratch: Path):
     }
 
 
-def timed(name: str, mods: dict, workload: str, config: str, batch: int) -> Timed:
-    """One training step / score / decode of the package ``mods`` as a ``Timed``."""
+def timed(
+    name: str, mods: dict, workload: str, config: str, batch: int, workers: str | None = None
+) -> Timed:
+    """One training step / score / decode of the package ``mods`` as a ``Timed``
+    (``workers``: ``None`` passes none, ``"auto"`` passes ``workers=None``, else the int)."""
+    kw = {} if workers is None else {"workers": None if workers == "auto" else int(workers)}
     pkg, model, optim, sample, layers = (
         mods[k] for k in ("", "model", "optim", "sample", "layers")
     )
@@ -62,13 +70,13 @@ def timed(name: str, mods: dict, workload: str, config: str, batch: int) -> Time
             state["n"] += 1
             if state["n"] % 100 == 0:  # back to the initial weights, as the bench does
                 state["p"] = params
-            loss, grads = model.loss_and_grads(state["p"], tok, lens)
+            loss, grads = model.loss_and_grads(state["p"], tok, lens, **kw)
             state["p"] = adam.step(state["p"], grads)
             return float(loss)
 
         return Timed(name, step, batch * t)
     if workload == "score":
-        return Timed(name, lambda: float(model.score(params, tok, lens)[0]), batch * t)
+        return Timed(name, lambda: float(model.score(params, tok, lens, **kw)[0]), batch * t)
     u = np.random.default_rng([0, 2]).random((batch, t)).astype("float32")
     start = np.full(batch, cfg.vocab_size - 1, dtype=np.int64)
 
@@ -76,7 +84,7 @@ def timed(name: str, mods: dict, workload: str, config: str, batch: int) -> Time
         bos = cfg.vocab_size - 1
         return Timed(
             name,
-            lambda: int(sample.decode_batch(params, bos, u, 2.0, early_stop=False)[0, -1]),
+            lambda: int(sample.decode_batch(params, bos, u, 2.0, early_stop=False, **kw)[0, -1]),
             batch * t,
         )
 
@@ -94,25 +102,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("a", type=Path)
     ap.add_argument("b", type=Path)
-    ap.add_argument("--workload", default="train", choices=["train", "score", "decode", "decode_step"])
+    ap.add_argument(
+        "--workload", default="train", choices=["train", "score", "decode", "decode_step"]
+    )
     ap.add_argument("--config", default="default", choices=sorted(CONFIGS))
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--min-time", type=float, default=0.2)
     ap.add_argument("--max-other", type=float, default=0.05)
+    ap.add_argument(
+        "--gap", type=float, default=0.3, help="idle seconds before each measurement (as bench)"
+    )
     ap.add_argument("--tune-malloc", action="store_true")
+    ap.add_argument("--a-workers", default=None, help="workers= for A (an int or auto)")
+    ap.add_argument("--b-workers", default=None, help="workers= for B (an int or auto)")
     args = ap.parse_args()
     if args.tune_malloc:
         tune_malloc()
     with tempfile.TemporaryDirectory() as tmp:
         ts = [
-            timed(n, load(d, f"mgx_{n}", Path(tmp)), args.workload, args.config, args.batch)
-            for n, d in (("a", args.a), ("b", args.b))
+            timed(n, load(d, f"mgx_{n}", Path(tmp)), args.workload, args.config, args.batch, w)
+            for n, d, w in (("a", args.a, args.a_workers), ("b", args.b, args.b_workers))
         ]
         for t in ts:
             calibrate(t, 3, args.min_time)
         rounds = interleave(
-            ts, args.repeats, max_other=args.max_other, deadline=time.perf_counter() + 300
+            ts,
+            args.repeats,
+            max_other=args.max_other,
+            deadline=time.perf_counter() + 300,
+            gap=args.gap,
         )
     kept = rounds.kept_seconds()
     print(

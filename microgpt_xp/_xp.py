@@ -135,6 +135,38 @@ def resolve_device(backend: str, device: Any = None) -> Any:
     return device
 
 
+def torch_device_like(backend: str, device: Any = None) -> str:
+    """The PyTorch device string of the hardware that ``backend``/``device`` computes on:
+    ``"cuda:N"`` for CuPy GPU ``N`` (and JAX's ``gpu:N``), the device itself for torch,
+    ``"cpu"`` for the host backends. Used to put a PyTorch peer next to our arrays."""
+    dev = resolve_device(backend, device)
+    if backend == "cupy":
+        return f"cuda:{dev.id}"
+    if backend == "torch":
+        return str(dev)
+    if backend == "jax" and dev.platform == "gpu":
+        return f"cuda:{dev.id}"
+    return "cpu"
+
+
+def device_name(backend: str, device: Any = None) -> str:
+    """A readable name of the processor behind ``backend``/``device``: the GPU's name
+    for CuPy and CUDA devices of torch, else ``"cpu"`` (or the device's own string)."""
+    dev = resolve_device(backend, device)
+    if backend == "cupy":
+        import cupy
+
+        name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
+        return str(name.decode() if isinstance(name, bytes) else name)
+    if backend == "torch" and dev.type == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(dev))
+    if backend == "jax":
+        return str(getattr(dev, "device_kind", dev))
+    return "cpu" if backend in ("numpy", "dask") else str(dev)
+
+
 def asarray(
     host: Any, backend: str, *, device: Any = None, dtype: str | None = None, chunks: Any = None
 ) -> Any:
@@ -202,6 +234,14 @@ def to_numpy(x: Any) -> np.ndarray:
 
         return np.asarray(x.to_device(array_api_strict.Device("CPU_DEVICE")))
     return np.asarray(x)
+
+
+def runs_on_host_threads(x: Any) -> bool:
+    """True for arrays whose operations run in the calling thread on this host's CPU and
+    release the GIL while they compute (NumPy), so that threads over shards of a batch
+    run in parallel. Other backends bring their own parallelism (torch's intra-op
+    threads, GPUs, Dask's scheduler) or none that threads could use."""
+    return isinstance(x, np.ndarray)
 
 
 def is_lazy(x: Any) -> bool:

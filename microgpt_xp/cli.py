@@ -100,6 +100,22 @@ def _add_backend_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_workers_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workers",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="numpy: threads that share each batch (1: none). None: chosen by the batch's "
+        "size and the CPU cores",
+    )
+
+
+def _check_workers(args: argparse.Namespace) -> None:
+    if args.workers is not None and args.backend != "numpy":
+        raise UsageError("--workers applies only with --backend numpy")
+
+
 def _add_scheduler_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scheduler",
@@ -181,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="dask: documents per chunk of the batch axis. None: one chunk",
     )
+    _add_workers_option(t)
     _add_scheduler_option(t)
     t.add_argument(
         "--plot",
@@ -240,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="samples generated at once (the names do not depend on it). None: all",
     )
+    _add_workers_option(s)
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.add_argument(
         "--microgpt-exact",
@@ -272,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_EVAL_CHUNK,
         help="documents scored at once; on dask, documents per chunk of the batch axis",
     )
+    _add_workers_option(e)
     _add_scheduler_option(e)
     e.add_argument("--json", action="store_true", help="print JSON instead of text")
     e.set_defaults(handler=_cmd_eval)
@@ -469,6 +488,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise UsageError("--resume and --checkpoint-every need --checkpoint PATH")
     if args.chunk_size is not None and args.backend != "dask":
         raise UsageError("--chunk-size applies only with --backend dask")
+    _check_workers(args)
     _check_scheduler(args)
     _check_plot(args.plot)
     _check_device(args.backend, args.device)
@@ -515,6 +535,7 @@ def _train(args: argparse.Namespace) -> int:
             seed=args.seed,
             tokenizer=tokenizer,
             chunk_size=args.chunk_size,
+            workers=args.workers,
             checkpoint=args.checkpoint,
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
@@ -529,6 +550,7 @@ def _train(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             seed=args.seed,
             chunks=args.chunk_size,
+            workers=args.workers,
         )
         if args.num_samples
         else []
@@ -583,6 +605,7 @@ def _train_exact(args: argparse.Namespace) -> int:
         "--resume": args.resume,
         "--checkpoint-every": args.checkpoint_every != 0,
         "--chunk-size": args.chunk_size is not None,
+        "--workers": args.workers is not None,
         "--scheduler": args.scheduler is not None,
     }
     given = [flag for flag, used in not_applicable.items() if used]
@@ -649,6 +672,7 @@ def _train_exact(args: argparse.Namespace) -> int:
 
 # -- sample -------------------------------------------------------------------------------
 def _cmd_sample(args: argparse.Namespace) -> int:
+    _check_workers(args)
     _check_device(args.backend, args.device)
     from .checkpoint import load
 
@@ -666,6 +690,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             seed=args.seed,
             batch_size=args.batch_size,
+            workers=args.workers,
         )
     if args.json:
         _print_json(
@@ -690,9 +715,9 @@ def _sample_exact(args: argparse.Namespace, ck: Checkpoint, tokenizer: Tokenizer
     from .checkpoint import CheckpointError
     from .exact import sample_exact
 
-    if args.seed != DEFAULT_SEED or args.batch_size is not None:
+    if args.seed != DEFAULT_SEED or args.batch_size is not None or args.workers is not None:
         raise UsageError(
-            "--seed and --batch-size cannot be used with --microgpt-exact "
+            "--seed, --batch-size and --workers cannot be used with --microgpt-exact "
             "(it continues the saved random state, one name at a time)"
         )
     exact = ck.meta.get("microgpt_exact") if isinstance(ck.meta, dict) else None
@@ -715,6 +740,7 @@ def _sample_exact(args: argparse.Namespace, ck: Checkpoint, tokenizer: Tokenizer
 
 # -- eval ---------------------------------------------------------------------------------
 def _cmd_eval(args: argparse.Namespace) -> int:
+    _check_workers(args)
     _check_scheduler(args)
     _check_device(args.backend, args.device)
     import numpy as np
@@ -742,7 +768,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 tok, lens = to_batch(
                     *take_batch(tokens, lengths, idx), args.backend, device=args.device
                 )
-                parts.append(_xp.to_numpy(score(ck.params, tok, lens)))
+                parts.append(_xp.to_numpy(score(ck.params, tok, lens, workers=args.workers)))
             per_doc = np.concatenate(parts)
     mean_loss = float(np.mean(per_doc, dtype=np.float64))
     if args.json:

@@ -13,10 +13,10 @@ from typing import Any, Literal
 import numpy as np
 from array_api_compat import device
 
-from . import _xp
+from . import _threads, _xp
 from . import layers as L
 from ._xp import array_namespace
-from .params import LAYER_FIELDS, Params
+from .params import FIELDS, LAYER_FIELDS, Params
 
 Array = Any
 Reduction = Literal["mean", "token_mean"]
@@ -284,7 +284,12 @@ def _row_weights(n: Array, valid: Array, reduction: Reduction) -> tuple[Array, A
 
 
 def loss_and_grads(
-    params: Params, tokens: Array, lengths: Array, *, reduction: Reduction = "mean"
+    params: Params,
+    tokens: Array,
+    lengths: Array,
+    *,
+    reduction: Reduction = "mean",
+    workers: int | None = 1,
 ) -> tuple[Array, Params]:
     """The training loss of a batch of documents and its gradient (hand-written backward).
 
@@ -298,6 +303,14 @@ def loss_and_grads(
             batch loss the mean of the rows' losses — exactly microgpt's loss when
             ``B = 1``. ``"token_mean"``: the mean over all predicted tokens of the batch,
             so long documents weigh more.
+        workers: threads to split a NumPy batch over, by rows (``1``, the default: no
+            threads; ``None``: chosen by the batch's size and the usable CPU cores, see
+            :func:`microgpt_xp._threads.plan`, which also holds a batch too small to
+            share to one BLAS thread). Each thread computes its rows' loss and
+            gradients, which are then averaged with the reduction's weights: the same
+            values up to rounding, and the same bits for the same number of threads.
+            Other namespaces run as one batch (Dask chunks and GPUs have their own
+            parallelism).
 
     Returns:
         ``(loss, grads)``: ``loss`` a 0-d array of the params' namespace, ``grads`` a
@@ -306,6 +319,11 @@ def loss_and_grads(
     """
     if reduction not in ("mean", "token_mean"):
         raise ValueError(f"reduction must be 'mean' or 'token_mean', got {reduction!r}")
+    _threads.check_workers(workers)
+    if workers != 1 and _xp.runs_on_host_threads(tokens):
+        row_tokens = min(tokens.shape[1] - 1, params.config.block_size)
+        plan = _threads.plan(params.config, tokens.shape[0], row_tokens, workers)
+        return _threaded_loss_and_grads(params, tokens, lengths, reduction, plan)
     xp = params.xp
     losses, n, valid, caches, c_ce = _nll(params, tokens, lengths)
     weights, factor = _row_weights(n, valid, reduction)
@@ -319,11 +337,64 @@ def loss_and_grads(
     return loss, Params.trusted(params.config, {**grads, "lm_head": dlm_head})
 
 
-def score(params: Params, tokens: Array, lengths: Array) -> Array:
+def _threaded_loss_and_grads(
+    params: Params, tokens: Array, lengths: Array, reduction: Reduction, plan: _threads.Plan
+) -> tuple[Array, Params]:
+    """:func:`loss_and_grads` run as ``plan`` says: its row ranges on their own threads,
+    combined. The batch loss is the weighted sum of the shards' losses (weights: each
+    shard's share of the rows for ``"mean"``, of the predicted tokens for
+    ``"token_mean"``), and so are the gradients."""
+    cfg = params.config
+    # the whole batch is checked here, so that an error names its row in the batch
+    tokens, lengths = _check_tokens(
+        params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
+    )
+    parts = _threads.run(
+        plan,
+        lambda start, stop: loss_and_grads(
+            params, tokens[start:stop, ...], lengths[start:stop], reduction=reduction
+        ),
+        tokens.shape[0],
+    )
+    if len(parts) == 1:
+        return parts[0]
+    bounds = _threads.shard_bounds(tokens.shape[0], len(parts))
+    if reduction == "mean":
+        weights = [(stop - start) / tokens.shape[0] for start, stop in bounds]
+    else:
+        n = np.minimum(_xp.to_numpy(lengths) - 1, cfg.block_size)
+        weights = [float(n[start:stop].sum() / n.sum()) for start, stop in bounds]
+
+    def combine(values: list[Array]) -> Array:
+        total = weights[0] * values[0]
+        for w, value in zip(weights[1:], values[1:], strict=True):
+            total = total + w * value
+        return total
+
+    loss = combine([loss for loss, _ in parts])
+    grads = {name: combine([getattr(g, name) for _, g in parts]) for name in FIELDS}
+    return loss, Params.trusted(cfg, grads)
+
+
+def score(params: Params, tokens: Array, lengths: Array, *, workers: int | None = 1) -> Array:
     """Each document's mean negative log-likelihood per predicted token (the spec's loss
     of that document), with the same ``tokens (B, L)`` / ``lengths (B,)`` conventions as
-    :func:`loss_and_grads`. Returns ``(B,)`` in the params' dtype; lazy on Dask."""
+    :func:`loss_and_grads`, ``workers`` included (a row's score does not depend on the
+    threads). Returns ``(B,)`` in the params' dtype; lazy on Dask."""
+    _threads.check_workers(workers)
     xp = params.xp
+    if workers != 1 and _xp.runs_on_host_threads(tokens):
+        cfg = params.config
+        tokens, lengths = _check_tokens(
+            params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
+        )
+        row_tokens = min(tokens.shape[1] - 1, cfg.block_size)
+        parts = _threads.run(
+            _threads.plan(cfg, tokens.shape[0], row_tokens, workers),
+            lambda start, stop: score(params, tokens[start:stop, ...], lengths[start:stop]),
+            tokens.shape[0],
+        )
+        return parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
     losses, n, _, _, _ = _nll(params, tokens, lengths)
     return xp.sum(losses, axis=1) * (1.0 / xp.astype(n, losses.dtype))
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import device
 
-from . import _xp
+from . import _threads, _xp
 from ._xp import array_namespace
 from .data import Tokenizer
 from .model import KVCache, decode_hidden
@@ -62,6 +62,7 @@ def sample_tokens(
     seed: int = 0,
     batch_size: int | None = None,
     chunks: int | None = None,
+    workers: int | None = None,
 ) -> np.ndarray:
     """Generate ``num_samples`` sequences from BOS; returns ``(N, block_size)`` int64 ids
     on the host, each row cut at its first BOS (which stays, followed by more BOS).
@@ -69,7 +70,8 @@ def sample_tokens(
     One uniform per (sample, position) is drawn up front on the host from
     ``numpy.random.default_rng(seed)`` and moved to the params' device, so the result
     for a seed does not depend on ``batch_size`` (samples generated at once) or on Dask
-    ``chunks`` (rows per chunk of the batch axis).
+    ``chunks`` (rows per chunk of the batch axis), nor on ``workers`` (threads that share
+    a NumPy batch, see :func:`decode_batch`; ``None``: chosen by size and CPU cores).
     """
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"the number of samples must be a positive int, got {num_samples!r}")
@@ -79,6 +81,7 @@ def sample_tokens(
         raise ValueError(f"temperature must be a positive number, got {temperature!r}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch size must be positive, got {batch_size!r}")
+    _threads.check_workers(workers)
     cfg = params.config
     if not 0 <= bos < cfg.vocab_size:
         raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
@@ -86,7 +89,12 @@ def sample_tokens(
     batch_size = num_samples if batch_size is None else batch_size
     out = [
         decode_batch(
-            params, bos, uniforms[start : start + batch_size], 1.0 / temperature, chunks=chunks
+            params,
+            bos,
+            uniforms[start : start + batch_size],
+            1.0 / temperature,
+            chunks=chunks,
+            workers=workers,
         )
         for start in range(0, num_samples, batch_size)
     ]
@@ -101,6 +109,7 @@ def decode_batch(
     *,
     chunks: int | None = None,
     early_stop: bool = True,
+    workers: int | None = 1,
 ) -> np.ndarray:
     """Generate one batch from BOS through the KV cache with host ``uniforms (b,
     block_size)`` (one per sample and position; row ``i`` drives sample ``i``); returns
@@ -109,10 +118,25 @@ def decode_batch(
     The uniforms are moved to the params' device (on Dask, ``chunks`` rows per chunk);
     on eager backends the loop stops once every row has sampled BOS (unless
     ``early_stop=False``, which always runs ``block_size`` positions, as a benchmark does).
+
+    On NumPy, ``workers`` threads (``None``: chosen by the batch's size and the CPU cores,
+    :func:`microgpt_xp._threads.plan`) each decode a contiguous shard of the rows; the
+    ids do not depend on it. The default ``1`` uses no threads.
     """
     xp, backend, dev = params.xp, params.backend, params.device
     t = params.config.block_size
     b = uniforms.shape[0]
+    _threads.check_workers(workers)
+    if workers != 1 and chunks is None and _xp.runs_on_host_threads(params.wte):
+        # a decoding step handles one position of each row: b positions a call
+        parts = _threads.run(
+            _threads.plan(params.config, b, 1, workers),
+            lambda start, stop: decode_batch(
+                params, bos, uniforms[start:stop], inv_temperature, early_stop=early_stop
+            ),
+            b,
+        )
+        return np.concatenate(parts, axis=0)
     dtype = str(params.dtype).split(".")[-1]
     u = _xp.asarray(
         uniforms, backend, device=dev, dtype=dtype, chunks=None if chunks is None else (chunks, -1)
@@ -154,13 +178,15 @@ def sample(
     seed: int = 0,
     batch_size: int | None = None,
     chunks: int | None = None,
+    workers: int | None = None,
 ) -> list[str]:
     """Generate ``num_samples`` documents (names) with the KV cache at ``temperature``.
 
     Each starts from BOS at position 0 and stops at the first sampled BOS or after
     ``block_size`` tokens. Draws are made on the host (see :func:`sample_tokens`), so a
-    seed gives the same names whatever the batch size or chunking. Runs on the params'
-    namespace and device.
+    seed gives the same names whatever the batch size, chunking or ``workers`` (threads
+    sharing a NumPy batch; ``None``: chosen by size). Runs on the params' namespace and
+    device.
     """
     if tokenizer.vocab_size != params.config.vocab_size:
         raise ValueError(
@@ -174,5 +200,6 @@ def sample(
         seed=seed,
         batch_size=batch_size,
         chunks=chunks,
+        workers=workers,
     )
     return [tokenizer.decode(row) for row in ids]

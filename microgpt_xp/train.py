@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _xp
+from . import _threads, _xp
 from . import checkpoint as ckpt
 from .config import GPTConfig
 from .data import Tokenizer, batch_indices, default_docs, encode_docs, take_batch
@@ -64,6 +64,7 @@ def train(
     params: Params | None = None,
     reduction: Reduction = "mean",
     chunk_size: int | None = None,
+    workers: int | None = None,
     checkpoint: str | Path | None = None,
     checkpoint_every: int = 0,
     resume: bool = False,
@@ -84,6 +85,10 @@ def train(
         params: start from these weights instead of fresh ones.
         reduction: the batch loss, see :func:`~microgpt_xp.loss_and_grads`.
         chunk_size: on Dask, documents per chunk of the batch axis.
+        workers: on NumPy, threads that share a step's batch (``None``: chosen by the
+            batch's size and the CPU cores; ``1``: none). See
+            :func:`~microgpt_xp.loss_and_grads`; the run is the same for the same number of
+            threads, and equal to a single-threaded one up to rounding.
         checkpoint: a path; saved every ``checkpoint_every`` steps (if > 0) and at the end.
         resume: continue from ``checkpoint`` when that file exists; the losses then equal
             those of an uninterrupted run.
@@ -100,6 +105,7 @@ def train(
         raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk size must be positive, got {chunk_size!r}")
+    _threads.check_workers(workers)
     if resume and checkpoint is None:
         raise ValueError("resume=True needs a checkpoint path")
     docs = default_docs() if docs is None else list(docs)
@@ -136,7 +142,7 @@ def train(
         tok, lens = to_batch(
             *take_batch(tokens, lengths, idx), backend, device=device, chunk_size=chunk_size
         )
-        loss, grads = loss_and_grads(params, tok, lens, reduction=reduction)
+        loss, grads = loss_and_grads(params, tok, lens, reduction=reduction, workers=workers)
         prev_moments, prev_t = adam.moments, adam.t
         new_params = adam.step(params, grads)
         loss, new_params, new_m, new_v = materialize(loss, new_params, *adam.moments)

@@ -110,6 +110,8 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
     assert sum(r["total_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-6)
     assert bd["minor_faults_per_step"] >= 0
     assert bd["upcasts"] == [], bd["dtypes"]  # float32 stays float32 in every layer
+    assert m["usable_cpus"] >= 1 and m["devices"]["numpy"] == {"ours": "cpu", "torch_peer": "cpu"}
+    assert all(r["shards"] == 1 for r in result["results"])  # far too small to share
     if HAS_MPL:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -120,6 +122,39 @@ def test_bad_arguments_exit_with_status_2(capsys: pytest.CaptureFixture) -> None
     assert main(["--peers", "numpy2", "--repeats", "1"]) == 2
     assert main(["--gap", "-1", "--repeats", "1"]) == 2
     assert "--gap must be" in capsys.readouterr().err
+    assert main(["--workers", "0", "--repeats", "1"]) == 2
+    assert "workers" in capsys.readouterr().err
+
+
+def test_workers_option_shares_our_batch(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--config", "L1,C8,H2,T4", "--batch-size", "4", "--decode-batch-size", "4"]
+    argv += ["--repeats", "1", "--max-rounds", "1", "--warmup", "0", "--min-time", "0.001"]
+    argv += ["--gap", "0", "--peers", "none", "--no-breakdown", "--no-tune-malloc"]
+    assert main([*argv, "--workers", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert {r["workload"] for r in rows} == {"train", "score", "decode"}
+    assert all(r["shards"] == 2 and r["blas_threads"] >= 1 for r in rows)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+def test_peers_and_breakdown_on_another_backend_and_device() -> None:
+    """The pieces the GPU run uses, on torch's CPU: the torch peer on a chosen device, the
+    matmul yardstick on our backend, and the breakdown that waits for each layer."""
+    from microgpt_xp import _xp
+
+    assert _xp.torch_device_like("numpy") == "cpu" and _xp.device_name("numpy") == "cpu"
+    assert _xp.torch_device_like("torch", "cpu") == "cpu"
+    assert _xp.device_name("torch", "cpu") == "cpu"
+    case = W.Case("train", "tiny", TINY, 3, "float32", "torch", device="cpu", peer_device="cpu")
+    assert case.torch_device() == "cpu"
+    assert isinstance(W.ours(case).fn(), float)
+    peer = W.make_peer("torch", case)
+    assert math.isfinite(peer.fn())
+    assert isinstance(W.make_peer("matmul", case).fn(), float)
+    bd = W.breakdown(case, steps=2, warmup=1)
+    assert sum(r["total_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-6)
+    assert bd["rows"][W.COMPONENTS.index("attention")]["total_s"] > 0
 
 
 def test_parse_config() -> None:

@@ -114,6 +114,24 @@ def test_train_json_matches_the_library(
     assert summary["samples"] == sample(expected.params, expected.tokenizer, 3, seed=5)
 
 
+def test_workers_option_reaches_training_sampling_and_eval(
+    capsys: pytest.CaptureFixture[str], data_file: Path, checkpoint: Path
+) -> None:
+    argv = ["train", "--data", data_file, "--steps", 3, "--batch-size", 4, "--workers", 2]
+    rc, out, _ = run(capsys, *argv, "--dtype", "float64", "--num-samples", 2, "--json")
+    assert rc == 0
+    expected = train(NAMES, steps=3, batch_size=4, dtype="float64", workers=2)
+    assert json.loads(out)["final_loss"] == expected.losses[-1]
+    rc, out, _ = run(capsys, "sample", "--checkpoint", checkpoint, "--workers", 3, "--json")
+    saved = load(checkpoint)
+    assert json.loads(out)["samples"] == sample(saved.params, saved.tokenizer, 20, seed=0)
+    rc, one, _ = run(capsys, "eval", "--checkpoint", checkpoint, "--data", data_file)
+    rc, three, _ = run(
+        capsys, "eval", "--checkpoint", checkpoint, "--data", data_file, "--workers", 3
+    )
+    assert rc == 0 and one == three
+
+
 def test_progress_bar_shows_the_loss_on_a_terminal(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, data_file: Path
 ) -> None:
@@ -362,6 +380,15 @@ needs_distributed = pytest.mark.skipif(not HAS_DISTRIBUTED, reason="needs dask.d
         (["train", "--checkpoint-every", "3"], 2, "--checkpoint"),
         (["train", "--newlines"], 2, "--microgpt-exact"),
         (["train", "--chunk-size", "2"], 2, "--backend dask"),
+        (["train", "--workers", "0"], 2, "--workers"),
+        (["train", "--workers", "2", "--backend", "torch"], 2, "--backend numpy"),
+        (["train", "--microgpt-exact", "--workers", "2"], 2, "--workers"),
+        (["sample", "--checkpoint", "{ckpt}", "--workers", "2", "--backend", "jax"], 2,
+         "--backend numpy"),
+        (["sample", "--checkpoint", "{ckpt}", "--workers", "2", "--microgpt-exact"], 2,
+         "--workers"),
+        (["eval", "--checkpoint", "{ckpt}", "--workers", "2", "--backend", "dask"], 2,
+         "--backend numpy"),
         (["train", "--microgpt-exact", "--batch-size", "4"], 2, "--batch-size"),
         (["train", "--scheduler", "tcp://127.0.0.1:8786"], 2, "--backend dask"),
         (["train", "--device", "gpu7"], 1, "gpu7"),

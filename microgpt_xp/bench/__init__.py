@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, _xp
+from .. import __version__, _threads, _xp
 from .report import format_report, plot
 from .timing import (
     blas_threads,
@@ -99,6 +99,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = parser.description or __doc__.split("\n\n")[0]
     parser.add_argument(
         "--backend", default="numpy", help="our backends, comma-separated (default numpy)"
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="device of our arrays, e.g. 0 or cuda:0 (cupy), cuda (torch); "
+        "default: the backend's default device",
+    )
+    parser.add_argument(
+        "--peer-device",
+        default=None,
+        help="torch device of the PyTorch peers, e.g. cpu or cuda:0 "
+        "(default: the same hardware as ours)",
     )
     parser.add_argument(
         "--dtype", default="float32", help="float32 and/or float64, comma-separated"
@@ -180,8 +192,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="set NumPy's BLAS threads and torch's threads to N (default: "
+        help="set NumPy's BLAS threads and torch's threads to N, and with N = 1 run ours "
+        "on one thread too (default: "
         "leave BLAS as it is and give torch the same number)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="threads that share our NumPy batch (1: none; default: chosen by size, as "
+        "train and sample do, or 1 with --threads 1)",
     )
     parser.add_argument(
         "--tune-malloc",
@@ -223,6 +243,16 @@ def _configs(text: str) -> list[tuple[str, Any]]:
         else:
             groups[-1] += "," + part
     return [parse_config(g) for g in groups if g != ";"]
+
+
+def _plan(case: Case) -> dict[str, Any]:
+    """How our code runs the case's batch: threads (shards) and BLAS threads (as
+    ``loss_and_grads``/``decode_batch`` plan it on NumPy; one shard elsewhere)."""
+    if case.backend != "numpy":
+        return {"shards": 1, "blas_threads": None}
+    row_tokens = 1 if case.workload == "decode" else case.seq_len  # as decode_batch plans
+    plan = _threads.plan(case.config, case.batch, row_tokens, case.workers)
+    return {"shards": plan.shards, "blas_threads": plan.blas_threads}
 
 
 def _cpu_name() -> str:
@@ -278,18 +308,32 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
         if p not in PEERS:
             raise ValueError(f"unknown peer {p!r}; choose from {', '.join(PEERS)} or none")
     configs = _configs(args.config)
+    _threads.check_workers(args.workers)
+    workers = args.workers
+    if workers is None and args.threads == 1:
+        workers = 1  # one thread each: ours too
     if not args.gap >= 0:
         raise ValueError(f"--gap must be a number of seconds >= 0, got {args.gap}")
 
     machine: dict[str, Any] = {
         "cpu": _cpu_name(),
         "cpus": os.cpu_count(),
+        "usable_cpus": _threads.usable_cpus(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "platform": platform.platform(),
         "microgpt_xp": __version__,
     }
     machine.update(_setup_threads(args.threads))
+    device = getattr(args, "device", None)
+    peer_device = getattr(args, "peer_device", None)
+    machine["devices"] = {
+        b: {
+            "ours": _xp.device_name(b, device),
+            "torch_peer": peer_device or _xp.torch_device_like(b, device),
+        }
+        for b in backends
+    }
     machine["malloc_tuned"] = tune_malloc() if args.tune_malloc else False
     machine["square_matmul_gflops"] = square_matmul_gflops()
 
@@ -303,7 +347,20 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
             for batch in batches:
                 for dtype in dtypes:
                     for backend in backends:
-                        cases.append(Case(workload, cname, cfg, batch, dtype, backend, args.seed))
+                        cases.append(
+                            Case(
+                                workload,
+                                cname,
+                                cfg,
+                                batch,
+                                dtype,
+                                backend,
+                                args.seed,
+                                device,
+                                peer_device,
+                                workers,
+                            )
+                        )
 
     results: list[dict[str, Any]] = []
     comparisons: list[dict[str, Any]] = []
@@ -311,6 +368,7 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
     for case in cases:
         base = {
             "workload": case.workload,
+            **_plan(case),
             "config": case.config_name,
             "config_spec": config_label(case.config),
             "batch": case.batch,
@@ -421,6 +479,7 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
             "max_other_cpu_share": args.max_other,
             "quick": quick,
             "seed": args.seed,
+            "workers": workers,
             "peers": peers,
             "note": "every document is full length (T = block_size tokens); "
             "the scalar peer does one document per call in Python floats (float64)",

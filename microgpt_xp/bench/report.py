@@ -43,8 +43,12 @@ def format_report(result: dict[str, Any]) -> str:
         f"threads: BLAS {m['blas_threads']}, torch {m.get('torch_threads')}; "
         f"float32 1024x1024 matmul {m['square_matmul_gflops']:.1f} GFLOP/s; "
         f"malloc tuned: {'yes' if m.get('malloc_tuned') else 'no'}",
-        "",
     ]
+    for backend, dev in (m.get("devices") or {}).items():
+        lines.append(
+            f"devices: ours[{backend}] on {dev['ours']}, torch peer on {dev['torch_peer']}"
+        )
+    lines.append("")
     rows = []
     for r in result["results"]:
         tps = r["tokens_per_s"]
@@ -54,7 +58,12 @@ def format_report(result: dict[str, Any]) -> str:
                 r["config"],
                 f"{r['batch']}x{r['seq_len']}",
                 r["dtype"],
-                r["impl"],
+                r["impl"]
+                + (
+                    f" x{r['shards']}"
+                    if r["impl"].startswith("ours") and r.get("shards", 1) > 1
+                    else ""
+                ),
                 _si(tps["median"]),
                 f"{_si(tps['min'])}-{_si(tps['max'])}",
                 f"{r['rounds_kept']}/{r['rounds_kept'] + r['rounds_dropped']}",
@@ -63,6 +72,8 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(
         _table(["workload", "config", "BxT", "dtype", "impl", "tokens/s", "min-max", "kept"], rows)
     )
+    if any(r.get("shards", 1) > 1 for r in result["results"]):
+        lines.append("(ours xN: our batch split by rows over N threads)")
     lines.append("")
     rows = []
     for c in result["comparisons"]:

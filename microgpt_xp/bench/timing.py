@@ -11,8 +11,6 @@ dropped (and counted), because on a shared machine such rounds can be 10x off.
 
 from __future__ import annotations
 
-import ctypes
-import glob
 import math
 import os
 import statistics
@@ -71,55 +69,22 @@ def other_cpu_share(before: CpuSample | None, after: CpuSample | None) -> float 
 
 
 # -- BLAS threads --------------------------------------------------------------------------
-def _openblas() -> Any:
-    """The OpenBLAS library NumPy has loaded (through ctypes), or ``None``."""
-    try:
-        import numpy as np
-
-        libs = glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "*openblas*"))
-        libs += glob.glob(os.path.join(os.path.dirname(np.__file__), ".libs", "*openblas*"))
-        for path in libs:
-            lib = ctypes.CDLL(path)
-            for prefix in ("scipy_openblas_", "openblas_"):
-                for suffix in ("64_", ""):
-                    get = getattr(lib, f"{prefix}get_num_threads{suffix}", None)
-                    put = getattr(lib, f"{prefix}set_num_threads{suffix}", None)
-                    if get is not None and put is not None:
-                        return get, put
-    except OSError:
-        return None
-    return None
-
-
 def blas_threads() -> int | None:
-    """Number of threads of NumPy's BLAS (threadpoolctl when installed, else OpenBLAS
-    through ctypes); ``None`` when it cannot be told."""
-    try:
-        from threadpoolctl import threadpool_info  # type: ignore[import-not-found,unused-ignore]
+    """Number of threads of NumPy's BLAS (through threadpoolctl); ``None`` when no BLAS
+    library is found."""
+    from threadpoolctl import threadpool_info
 
-        counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
-        if counts:
-            return int(counts[0])
-    except ImportError:
-        pass
-    fns = _openblas()
-    return None if fns is None else int(fns[0]())
+    counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
+    return int(counts[0]) if counts else None
 
 
 def set_blas_threads(n: int) -> bool:
-    """Set NumPy's BLAS threads to ``n``; returns whether it could be done."""
-    try:
-        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found,unused-ignore]
+    """Set NumPy's BLAS threads to ``n`` (for the rest of the process); returns whether a
+    BLAS library was found to set."""
+    from threadpoolctl import threadpool_info, threadpool_limits
 
-        threadpool_limits(limits=n, user_api="blas")
-        return True
-    except ImportError:
-        pass
-    fns = _openblas()
-    if fns is None:
-        return False
-    fns[1](int(n))
-    return True
+    threadpool_limits(limits=n, user_api="blas")
+    return any(i.get("user_api") == "blas" for i in threadpool_info())
 
 
 # -- the C allocator ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The same GPT in PyTorch eager on the CPU: the benchmark's strong peer.
+"""The same GPT in PyTorch eager (on the CPU, or a CUDA GPU): the benchmark's strong peer.
 
 Written as a PyTorch user would write it (nanoGPT style): one leaf tensor per weight,
 a fused ``q|k|v`` projection, ``F.linear``, a registered causal mask, ``F.cross_entropy``
@@ -31,7 +31,8 @@ class TorchGPT:
     ``Params`` field names (``wte (V, C)``, ``attn_wq (L, C, C)``, …), so that the peer starts
     from the same numbers as the array model. ``attention`` is ``"manual"`` (matmul,
     masked softmax, matmul: the same work as ours) or ``"sdpa"``
-    (``F.scaled_dot_product_attention(is_causal=True)``)."""
+    (``F.scaled_dot_product_attention(is_causal=True)``). ``device`` is a torch device
+    (``"cpu"``, ``"cuda:0"``); inputs given to the methods are moved there."""
 
     def __init__(
         self,
@@ -41,14 +42,16 @@ class TorchGPT:
         *,
         lr: float = 0.01,
         attention: str = "manual",
+        device: str = "cpu",
     ) -> None:
         if attention not in ("manual", "sdpa"):
             raise ValueError(f"attention must be 'manual' or 'sdpa', got {attention!r}")
         self.config, self.attention = config, attention
+        self.device = torch.device(device)
         tdtype = getattr(torch, dtype)
 
         def leaf(a: np.ndarray) -> torch.Tensor:
-            return torch.tensor(np.asarray(a), dtype=tdtype).requires_grad_()
+            return torch.tensor(np.asarray(a), dtype=tdtype, device=self.device).requires_grad_()
 
         self.wte, self.wpe, self.lm_head = (
             leaf(host["wte"]),
@@ -70,7 +73,7 @@ class TorchGPT:
         self.opt = torch.optim.Adam(self.params, lr=lr, betas=(0.85, 0.99), eps=1e-8)
         self._initial = [p.detach().clone() for p in self.params]
         t = config.block_size
-        self.mask = torch.ones(t, t, dtype=torch.bool).tril()
+        self.mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
 
     def reset(self) -> None:
         """Back to the initial weights (the optimizer state is kept)."""
@@ -91,6 +94,7 @@ class TorchGPT:
     def logits(self, idx: torch.Tensor) -> torch.Tensor:
         """``idx (B, T)`` int64 -> logits ``(B, T, V)``."""
         cfg = self.config
+        idx = idx.to(self.device)
         b, t = idx.shape
         c, h = cfg.n_embd, cfg.n_head
         x = _rmsnorm(self.wte[idx] + self.wpe[:t])
@@ -104,6 +108,7 @@ class TorchGPT:
 
     def loss(self, tokens: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of full-length documents ``tokens (B, T+1)``."""
+        tokens = tokens.to(self.device)
         logits = self.logits(tokens[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
@@ -117,6 +122,7 @@ class TorchGPT:
 
     def score(self, tokens: torch.Tensor) -> torch.Tensor:
         """Per-document mean NLL ``(B,)`` of ``tokens (B, T+1)``, without autograd."""
+        tokens = tokens.to(self.device)
         with torch.no_grad():
             logits = self.logits(tokens[:, :-1])
             nll = F.cross_entropy(
@@ -129,10 +135,11 @@ class TorchGPT:
         that grows by concatenation; the draw is the inverse CDF of ``u (B, steps)`` as in
         :func:`microgpt_xp.sample.choose`. Returns the ``(B, steps)`` int64 ids."""
         cfg = self.config
+        u = u.to(self.device)
         b, steps = u.shape
         c, h = cfg.n_embd, cfg.n_head
         with torch.inference_mode():
-            token = torch.full((b,), bos, dtype=torch.int64)
+            token = torch.full((b,), bos, dtype=torch.int64, device=self.device)
             keys: list[Any] = [None] * cfg.n_layer
             values: list[Any] = [None] * cfg.n_layer
             out = []

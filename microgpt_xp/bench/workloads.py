@@ -91,6 +91,11 @@ class Case:
 
     ``batch`` is documents per training/scoring step, or sequences decoded at once.
     Every document is full length: ``T = block_size`` predicted (or sampled) tokens.
+    ``device`` is our arrays' device (``None``: the backend's default) and
+    ``peer_device`` the torch device of the PyTorch peers (``None``: the same hardware as
+    ours, :func:`microgpt_xp._xp.torch_device_like`). ``workers`` is passed to our
+    ``loss_and_grads`` and ``decode_batch`` (``None``: chosen by size, as ``train`` and
+    ``sample`` do).
     """
 
     workload: str
@@ -100,6 +105,9 @@ class Case:
     dtype: str
     backend: str
     seed: int = 0
+    device: Any = None
+    peer_device: str | None = None
+    workers: int | None = None
 
     @property
     def seq_len(self) -> int:
@@ -121,13 +129,28 @@ class Case:
         return np.random.default_rng([self.seed, 2]).random((self.batch, self.seq_len))
 
     def params(self) -> Params:
-        """Initial weights of this case on its backend and dtype."""
-        return init_params(self.config, seed=self.seed, backend=self.backend, dtype=self.dtype)
+        """Initial weights of this case on its backend, device and dtype."""
+        return init_params(
+            self.config, seed=self.seed, backend=self.backend, device=self.device, dtype=self.dtype
+        )
+
+    def asarray(self, host: np.ndarray) -> Any:
+        """``host`` on this case's backend and device."""
+        return _xp.asarray(host, self.backend, device=self.device)
+
+    def torch_device(self) -> str:
+        """The torch device of the PyTorch peers."""
+        if self.peer_device is not None:
+            return self.peer_device
+        return _xp.torch_device_like(self.backend, self.device)
 
 
 # -- ours -------------------------------------------------------------------------------------
 def _sync(x: Any) -> float:
-    return float(_xp.to_numpy(x).ravel()[0])
+    """The first element of ``x`` as a float: copying it to the host waits for the work
+    queued before it on an asynchronous device (CuPy, CUDA torch)."""
+    xp = _xp.array_namespace(x)
+    return float(_xp.to_numpy(xp.reshape(x, (-1,))[:1])[0])
 
 
 def ours(case: Case) -> Timed:
@@ -138,15 +161,15 @@ def ours(case: Case) -> Timed:
     params = case.params()
     backend = case.backend
     host = case.host_tokens()
-    tok = _xp.asarray(host, backend)
-    lens = _xp.asarray(np.full(case.batch, case.seq_len + 1, dtype=np.int64), backend)
+    tok = case.asarray(host)
+    lens = case.asarray(np.full(case.batch, case.seq_len + 1, dtype=np.int64))
     name = f"ours[{backend}]"
     if case.workload == "train":
         adam = Adam(params, num_steps=2**62)
         state = {"params": params}
 
         def train_step() -> float:
-            loss, grads = loss_and_grads(state["params"], tok, lens)
+            loss, grads = loss_and_grads(state["params"], tok, lens, workers=case.workers)
             new = adam.step(state["params"], grads)
             loss, new, m, v = materialize(loss, new, *adam.moments)
             adam.moments = (m, v)
@@ -158,13 +181,17 @@ def ours(case: Case) -> Timed:
 
         return Timed(name, _every(RESET_EVERY, train_step, reset), case.tokens)
     if case.workload == "score":
-        return Timed(name, lambda: _sync(score(params, tok, lens)), case.tokens)
+        return Timed(
+            name, lambda: _sync(score(params, tok, lens, workers=case.workers)), case.tokens
+        )
     if case.workload == "decode":
         uniforms = case.host_uniforms()
         bos = case.config.vocab_size - 1
 
         def decode() -> float:
-            ids = decode_batch(params, bos, uniforms, 1.0 / TEMPERATURE, early_stop=False)
+            ids = decode_batch(
+                params, bos, uniforms, 1.0 / TEMPERATURE, early_stop=False, workers=case.workers
+            )
             return float(ids[0, -1])
 
         return Timed(name, decode, case.tokens)
@@ -203,7 +230,8 @@ def make_peer(peer: str, case: Case) -> Timed:
 
     ``scalar`` does one document per call (``T`` tokens; its numbers are Python floats,
     i.e. float64, whatever the case's dtype); ``torch``/``torch_sdpa`` the whole batch in
-    the case's dtype; ``matmul`` the step's matrix products alone (NumPy).
+    the case's dtype on :meth:`Case.torch_device`; ``matmul`` the step's matrix products
+    alone, on our backend and device (NumPy for Dask, whose chunks compute there).
     """
     cfg = case.config
     if peer == "scalar":
@@ -232,22 +260,30 @@ def make_peer(peer: str, case: Case) -> Timed:
             cfg,
             case.dtype,
             attention="sdpa" if peer == "torch_sdpa" else "manual",
+            device=case.torch_device(),
         )
-        tok = torch.from_numpy(case.host_tokens())
+        tok = torch.from_numpy(case.host_tokens()).to(model_t.device)
         if case.workload == "train":
             step = _every(RESET_EVERY, lambda: model_t.train_step(tok), model_t.reset)
             return Timed(peer, step, case.tokens)
         if case.workload == "score":
             return Timed(peer, lambda: float(model_t.score(tok)[0]), case.tokens)
-        u = torch.from_numpy(case.host_uniforms().astype(case.dtype))
+        u = torch.from_numpy(case.host_uniforms().astype(case.dtype)).to(model_t.device)
         bos = cfg.vocab_size - 1
         return Timed(peer, lambda: int(model_t.decode(u, bos, TEMPERATURE)[0, -1]), case.tokens)
     if peer == "matmul":
-        pairs = matmul_operands(case)
+        host_pairs = matmul_operands(case)
+        if _xp.is_lazy(case.params().wte):
+            pairs, matmul = host_pairs, np.matmul
+        else:
+            pairs = [(case.asarray(a), case.asarray(b)) for a, b in host_pairs]
+            matmul = _xp.array_namespace(pairs[0][0]).matmul
 
-        def products() -> None:
+        def products() -> float:
+            out = None
             for a, b in pairs:
-                np.matmul(a, b)
+                out = matmul(a, b)
+            return _sync(out)  # on an asynchronous device: all of them are done
 
         return Timed(peer, products, case.tokens)
     raise ValueError(f"unknown peer {peer!r}")
@@ -358,12 +394,27 @@ def _linear_label(w_shape: tuple[int, ...], cfg: GPTConfig) -> str:
     return found[0] if len(found) == 1 else "linear"
 
 
+def _first_array(out: Any) -> Any:
+    """The first array in a layer's output (an array or nested tuples), else ``None``."""
+    if isinstance(out, tuple):
+        for o in out:
+            found = _first_array(o)
+            if found is not None:
+                return found
+        return None
+    return out if hasattr(out, "shape") else None
+
+
 @contextlib.contextmanager
-def timed_layers(cfg: GPTConfig, record: Callable[[str, str, float, Any], None]) -> Iterator[None]:
+def timed_layers(
+    cfg: GPTConfig, record: Callable[[str, str, float, Any], None], sync: bool = False
+) -> Iterator[None]:
     """Wrap the forward/backward functions of :mod:`microgpt_xp.layers` that
     ``model.py`` calls, so that each call reports ``record(component, "forward" |
     "backward", seconds, output)``; restores them on exit. Linear layers are told apart by
-    the shape of their weight. Measurement only: nothing else changes."""
+    the shape of their weight. With ``sync`` each call waits for its output (an element
+    copied to the host), so that an asynchronous device's work is charged to the layer
+    that queued it. Measurement only: nothing else changes."""
     saved = {name: getattr(L, name) for name in _TIMED_LAYERS}
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -374,6 +425,10 @@ def timed_layers(cfg: GPTConfig, record: Callable[[str, str, float, Any], None])
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             out = fn(*args, **kwargs)
+            if sync:
+                first = _first_array(out)
+                if first is not None:
+                    _sync(first)
             elapsed = time.perf_counter() - start
             label = comp
             if linear:
@@ -412,8 +467,8 @@ def breakdown(
     if _xp.is_lazy(case.params().wte):
         return {"skipped": f"breakdown needs an eager backend, not {case.backend}"}
     params = case.params()
-    tok = _xp.asarray(case.host_tokens(), case.backend)
-    lens = _xp.asarray(np.full(case.batch, case.seq_len + 1, dtype=np.int64), case.backend)
+    tok = case.asarray(case.host_tokens())
+    lens = case.asarray(np.full(case.batch, case.seq_len + 1, dtype=np.int64))
     adam = Adam(params, num_steps=2**62)
     per_step: list[dict[str, float]] = []
     shares: list[float | None] = []
@@ -428,7 +483,7 @@ def breakdown(
         before = cpu_sample()
         faults = minor_faults()
         start = time.perf_counter()
-        with timed_layers(case.config, record):
+        with timed_layers(case.config, record, sync=not isinstance(params.wte, np.ndarray)):
             loss, grads = loss_and_grads(params, tok, lens)
         t_adam = time.perf_counter()
         params = adam.step(params, grads)
