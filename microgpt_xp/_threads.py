@@ -113,6 +113,13 @@ def _blas_controller() -> Any:
     return ThreadpoolController().select(user_api="blas")
 
 
+def blas_limit(threads: int | None) -> contextlib.AbstractContextManager[Any]:
+    """A context in which NumPy's BLAS uses ``threads`` threads (``None``: as it is)."""
+    if threads is None:
+        return contextlib.nullcontext()
+    return _blas_controller().limit(limits=threads)  # type: ignore[no-any-return]
+
+
 def run(plan: Plan, fn: Callable[[int, int], R], rows: int) -> list[R]:
     """``[fn(start, stop) for each shard]`` of ``rows`` rows as ``plan`` says: one thread
     per shard (none for a single shard), with the BLAS limited meanwhile.
@@ -120,12 +127,7 @@ def run(plan: Plan, fn: Callable[[int, int], R], rows: int) -> list[R]:
     An exception in a shard is raised here, after every shard has finished.
     """
     bounds = shard_bounds(rows, plan.shards)
-    limit = (
-        contextlib.nullcontext()
-        if plan.blas_threads is None
-        else _blas_controller().limit(limits=plan.blas_threads)
-    )
-    with limit:
+    with blas_limit(plan.blas_threads):
         if len(bounds) == 1:
             return [fn(*bounds[0])]
         futures = [_executor().submit(fn, start, stop) for start, stop in bounds]

@@ -447,7 +447,11 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
                 continue
             say(f"breakdown {case.config_name} B={case.batch} {case.dtype} {case.backend}")
             bd = breakdown(
-                case, steps=3 if quick else 7, warmup=1 if quick else 2, max_other=args.max_other
+                case,
+                steps=3 if quick else 7,
+                warmup=1 if quick else 2,
+                max_other=args.max_other,
+                blas_threads=_plan(case)["blas_threads"],
             )
             breakdowns.append(
                 {

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _xp
+from .. import _threads, _xp
 from .. import layers as L
 from ..config import GPTConfig
 from ..model import loss_and_grads, score
@@ -456,14 +456,19 @@ def _dtypes(out: Any) -> set[str]:
 
 
 def breakdown(
-    case: Case, steps: int = 5, warmup: int = 2, max_other: float = 0.05
+    case: Case,
+    steps: int = 5,
+    warmup: int = 2,
+    max_other: float = 0.05,
+    blas_threads: int | None = None,
 ) -> dict[str, Any]:
     """Where the time of our training step goes on ``case`` (a ``train`` case of an eager
     backend): seconds per step of each component's forward and backward (median over the
     clean steps), Adam, and ``other``, the rest of the step's median time (the glue in
     ``model.py``: input checks, residual adds, the q|k|v weight concat, gradient slicing
-    and stacking, the loss reduction). Also lists every dtype
-    a layer returned, to catch silent upcasts."""
+    and stacking, the loss reduction, and the timers' own cost). The step runs on one
+    thread, with the BLAS held to ``blas_threads`` (``None``: as it is). Also lists
+    every dtype a layer returned (in an untimed first step), to catch silent upcasts."""
     if _xp.is_lazy(case.params().wte):
         return {"skipped": f"breakdown needs an eager backend, not {case.backend}"}
     params = case.params()
@@ -473,17 +478,23 @@ def breakdown(
     per_step: list[dict[str, float]] = []
     shares: list[float | None] = []
     dtypes: dict[str, set[str]] = defaultdict(set)
+    sync = not isinstance(params.wte, np.ndarray)
+
+    def record_dtypes(label: str, direction: str, sec: float, out: Any) -> None:
+        dtypes[label] |= _dtypes(out)
+
+    with timed_layers(case.config, record_dtypes, sync=sync):
+        loss_and_grads(params, tok, lens)
     for i in range(warmup + steps):
         acc: dict[str, float] = defaultdict(float)
 
         def record(label: str, direction: str, sec: float, out: Any, acc: dict = acc) -> None:
             acc[f"{label}.{direction}"] += sec
-            dtypes[label] |= _dtypes(out)
 
         before = cpu_sample()
         faults = minor_faults()
         start = time.perf_counter()
-        with timed_layers(case.config, record, sync=not isinstance(params.wte, np.ndarray)):
+        with timed_layers(case.config, record, sync=sync), _threads.blas_limit(blas_threads):
             loss, grads = loss_and_grads(params, tok, lens)
         t_adam = time.perf_counter()
         params = adam.step(params, grads)
