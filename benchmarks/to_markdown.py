@@ -30,7 +30,13 @@ def render(result: dict) -> str:
         f"`{result['command']}` ({result['created']}): {m['cpu']}, {m['cpus']} CPUs, "
         f"NumPy {m['numpy']}, torch {m.get('torch')}, BLAS threads {m['blas_threads']}, "
         f"torch threads {m.get('torch_threads')}, malloc tuned: {m.get('malloc_tuned')}, "
-        f"float32 1024x1024 matmul {m['square_matmul_gflops']:.0f} GFLOP/s.",
+        f"float32 1024x1024 matmul {m['square_matmul_gflops']:.0f} GFLOP/s"
+        + "".join(
+            f"; ours[{b}] on {d['ours']}, the torch peer on {d['torch_peer']}"
+            for b, d in (m.get("devices") or {}).items()
+            if d["ours"] != "cpu"
+        )
+        + ".",
         "",
         "| workload | config | B x T | dtype | ours / peer | ratio (median) | min-max | rounds kept/dropped | target |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -53,8 +59,10 @@ def render(result: dict) -> str:
     ]
     for r in result["results"]:
         s = r["tokens_per_s"]
+        threads = r.get("shards", 1) if r["impl"].startswith("ours") else 1
+        impl = r["impl"] + (f" ({threads} threads)" if threads > 1 else "")
         out.append(
-            f"| {r['workload']} | {r['config']} | {r['batch']}x{r['seq_len']} | {r['impl']} | "
+            f"| {r['workload']} | {r['config']} | {r['batch']}x{r['seq_len']} | {impl} | "
             f"{_si(s['median'])} | {_si(s['min'])}-{_si(s['max'])} |"
         )
     for c in result["comparisons"]:

@@ -73,17 +73,14 @@ def plan(config: GPTConfig, rows: int, row_tokens: int, workers: int | None) -> 
     per row for a decoding step).
 
     ``workers=None`` gives the batch one core per :data:`MIN_SHARD_WORK` of its work (at
-    least one, at most the usable cores), one shard per core and one BLAS thread per
-    shard: a batch too small to share also keeps the BLAS to one thread, since waking
-    more costs small products more than it gives. An int asks for that many threads (at
-    most one per row), sharing the usable cores between their BLAS; ``1`` changes
-    nothing.
+    least one, at most the usable cores) and one shard per core. An int asks for that
+    many threads (at most one per row). The shards share the usable cores between their
+    BLAS; a single shard leaves the BLAS as it is.
     """
     check_workers(workers)
     if workers is None:
-        cores = max(1, min(usable_cpus(), work(config, rows * row_tokens) // MIN_SHARD_WORK))
-        shards = max(1, min(cores, rows))
-        return Plan(shards, max(1, cores // shards))
+        by_size = work(config, rows * row_tokens) // MIN_SHARD_WORK
+        workers = max(1, min(usable_cpus(), by_size))
     shards = max(1, min(workers, rows))
     return Plan(shards, None if shards == 1 else max(1, usable_cpus() // shards))
 

@@ -305,8 +305,7 @@ def loss_and_grads(
             so long documents weigh more.
         workers: threads to split a NumPy batch over, by rows (``1``, the default: no
             threads; ``None``: chosen by the batch's size and the usable CPU cores, see
-            :func:`microgpt_xp._threads.plan`, which also holds a batch too small to
-            share to one BLAS thread). Each thread computes its rows' loss and
+            :func:`microgpt_xp._threads.plan`). Each thread computes its rows' loss and
             gradients, which are then averaged with the reduction's weights: the same
             values up to rounding, and the same bits for the same number of threads.
             Other namespaces run as one batch (Dask chunks and GPUs have their own
