@@ -5,12 +5,12 @@
 # Run from the repository root on a machine with an NVIDIA GPU, CuPy and PyTorch (CUDA).
 # Where array-api-compat, array-api-strict or mimesis are missing and nothing can be
 # installed from the network, put their wheels in .whl/ first. Results go to $OUT
-# (default benchmarks/gpu/).
+# (default benchmarks/gpu/latest; the recorded runs are benchmarks/gpu/run1 and run2).
 #
 #   bash benchmarks/gpu_run.sh
 set -u
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-benchmarks/gpu}
+OUT=${OUT:-benchmarks/gpu/latest}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
