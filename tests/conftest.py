@@ -136,11 +136,19 @@ def names_txt() -> Path:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In the non-NumPy nox sessions run only the tests that take the ``backend`` fixture;
     the others (CLI, data, checkpoints, …) do not depend on the namespace and run once,
-    in the NumPy session."""
+    in the NumPy session. The torch session also runs the tests marked ``needs_torch``
+    (the benchmark's PyTorch peer), which the NumPy session skips without torch."""
     if os.environ.get("MICROGPT_XP_BACKEND_ONLY") != "1":
         return
-    keep = [i for i in items if "backend" in getattr(i, "fixturenames", ())]
-    drop = [i for i in items if "backend" not in getattr(i, "fixturenames", ())]
+    torch_too = "torch" in selected_backends()
+
+    def wanted(item: pytest.Item) -> bool:
+        if "backend" in getattr(item, "fixturenames", ()):
+            return True
+        return torch_too and item.get_closest_marker("needs_torch") is not None
+
+    keep = [i for i in items if wanted(i)]
+    drop = [i for i in items if not wanted(i)]
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,6 +28,12 @@ from microgpt_xp.bench.scalar import ScalarGPT, grads_of
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 TINY = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=5)
+
+
+def needs_torch(test: Any) -> Any:
+    """Skip without PyTorch; marked so that the torch nox session runs it too."""
+    skip = pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+    return pytest.mark.needs_torch(skip(test))
 
 
 def test_malloc_tuning_is_on_by_default() -> None:
@@ -137,7 +144,7 @@ def test_workers_option_shares_our_batch(tmp_path: Path) -> None:
     assert all(r["shards"] == 2 and r["blas_threads"] >= 1 for r in rows)
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+@needs_torch
 def test_peers_and_breakdown_on_another_backend_and_device() -> None:
     """The pieces the GPU run uses, on torch's CPU: the torch peer on a chosen device, the
     matmul yardstick on our backend, and the breakdown that waits for each layer."""
@@ -211,7 +218,7 @@ def test_scalar_peer_samples_the_requested_number_of_tokens() -> None:
     assert a == b and len(a) == TINY.block_size and all(0 <= t < 7 for t in a)
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+@needs_torch
 @pytest.mark.parametrize("attention", ["manual", "sdpa"])
 def test_torch_peer_is_the_same_model(attention: str) -> None:
     import torch
@@ -243,7 +250,7 @@ def test_torch_peer_is_the_same_model(attention: str) -> None:
     np.testing.assert_allclose(nll, score(params, tokens, np.full(3, 6)), rtol=1e-12)
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+@needs_torch
 def test_torch_peer_decodes_what_sample_tokens_samples() -> None:
     import torch
 
