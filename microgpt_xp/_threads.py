@@ -91,6 +91,17 @@ def shard_bounds(rows: int, shards: int) -> list[tuple[int, int]]:
     return [(i * rows // shards, (i + 1) * rows // shards) for i in range(shards)]
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's worker threads do not exist there, so a new pool
+    is made on first use (the old one would queue work that no thread runs)."""
+    global _pool, _lock
+    _pool, _lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _executor() -> ThreadPoolExecutor:
     global _pool
     with _lock:

@@ -3,6 +3,8 @@ result beyond rounding (none at all for the same number of threads, or for sampl
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
 from typing import Any
 
@@ -200,3 +202,22 @@ def test_other_namespaces_ignore_workers(backend: Any) -> None:
     loss, grads = loss_and_grads(params, tok, lens, workers=2)
     np.testing.assert_allclose(backend.to_numpy(loss), backend.to_numpy(want_loss), rtol=1e-13)
     np.testing.assert_allclose(backend.to_numpy(grads.wte), backend.to_numpy(want.wte), rtol=1e-12)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_threads_work_in_a_forked_child() -> None:
+    params = init_params(CFG, dtype="float64")
+    tokens, lengths = _batch(4)
+    want, _ = loss_and_grads(params, tokens, lengths, workers=2)
+    # start every thread of the pool (each waits for all), so that none is idle to spare
+    size = _threads._executor()._max_workers
+    everyone = threading.Barrier(size, timeout=10)
+    _threads.run(_threads.Plan(size, None), lambda a, b: everyone.wait(), size)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_child_loss, (params, tokens, lengths)).get(timeout=20)
+    assert got == float(want)
+
+
+def _child_loss(params: Any, tokens: np.ndarray, lengths: np.ndarray) -> float:
+    return float(loss_and_grads(params, tokens, lengths, workers=2)[0])
