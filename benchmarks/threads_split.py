@@ -86,8 +86,10 @@ def main() -> None:
             for name, plan in PLANS.items():
                 time.sleep(0.2)  # let the other plan's BLAS threads go to sleep
                 got[name].append(_median_ms(lambda p=plan, f=fn, n=b: _threads.run(p, f, n), calls))
-        row_tokens = 1 if workload == "decode" else t
-        plan = _threads.plan(cfg, b, row_tokens, None)
+        if workload == "decode":
+            plan = _threads.decode_plan(cfg, b, None)
+        else:
+            plan = _threads.sequence_plan(cfg, b, t + 1, None)
         label = f"{workload} L{n_layer} C{c} T{t} B{b}"
         cells = "".join(f"{np.median(v):24.2f}" for v in got.values())
         print(f"{label:32s}{cells}   {plan.shards} x BLAS {plan.blas_threads}", flush=True)

@@ -6,7 +6,7 @@ each computed by its own thread, therefore puts the elementwise work on every co
 well. Each thread's BLAS is held to its share of the cores meanwhile, so that the
 threads' matrix products do not oversubscribe them. Splitting pays only when each
 shard's work is large against the per-call cost of NumPy (a few microseconds, taken
-with the GIL held): :func:`plan_shards` asks for a minimum of work per shard.
+with the GIL held): :func:`plan` asks for a minimum of work per shard.
 """
 
 from __future__ import annotations
@@ -83,6 +83,22 @@ def plan(config: GPTConfig, rows: int, row_tokens: int, workers: int | None) -> 
         workers = max(1, min(usable_cpus(), by_size))
     shards = max(1, min(workers, rows))
     return Plan(shards, None if shards == 1 else max(1, usable_cpus() // shards))
+
+
+def sequence_plan(config: GPTConfig, rows: int, length: int, workers: int | None) -> Plan:
+    """The :class:`Plan` for ``rows`` documents of ``length`` tokens each (training or
+    scoring: ``min(length - 1, block_size)`` predicted positions a row)."""
+    return plan(config, rows, min(length - 1, config.block_size), workers)
+
+
+def decode_plan(config: GPTConfig, rows: int, workers: int | None) -> Plan:
+    """The :class:`Plan` for decoding ``rows`` sequences: a step handles one position of
+    each row, so each call's work is that of ``rows`` positions."""
+    return plan(config, rows, 1, workers)
+
+
+#: The plan that changes nothing: one shard in the calling thread, BLAS as it is.
+UNCHANGED = Plan(1, None)
 
 
 def shard_bounds(rows: int, shards: int) -> list[tuple[int, int]]:

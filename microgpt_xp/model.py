@@ -7,6 +7,7 @@ runs on whatever namespace and device the inputs live on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -318,10 +319,8 @@ def loss_and_grads(
     """
     if reduction not in ("mean", "token_mean"):
         raise ValueError(f"reduction must be 'mean' or 'token_mean', got {reduction!r}")
-    _threads.check_workers(workers)
-    if workers != 1 and _xp.runs_on_host_threads(tokens):
-        row_tokens = min(tokens.shape[1] - 1, params.config.block_size)
-        plan = _threads.plan(params.config, tokens.shape[0], row_tokens, workers)
+    plan = _host_plan(params, tokens, workers)
+    if plan != _threads.UNCHANGED:
         return _threaded_loss_and_grads(params, tokens, lengths, reduction, plan)
     xp = params.xp
     losses, n, valid, caches, c_ce = _nll(params, tokens, lengths)
@@ -336,6 +335,34 @@ def loss_and_grads(
     return loss, Params.trusted(params.config, {**grads, "lm_head": dlm_head})
 
 
+def _host_plan(params: Params, tokens: Array, workers: int | None) -> _threads.Plan:
+    """How a batch of ``tokens`` runs with ``workers`` (see :func:`loss_and_grads`):
+    :data:`~microgpt_xp._threads.UNCHANGED` unless the arrays are NumPy's and the plan
+    shares the batch over threads. Malformed tokens get the unchanged plan too, so
+    that the plain path's checks report them."""
+    _threads.check_workers(workers)
+    if workers == 1 or not _xp.runs_on_host_threads(tokens) or tokens.ndim != 2:
+        return _threads.UNCHANGED
+    return _threads.sequence_plan(params.config, tokens.shape[0], tokens.shape[1], workers)
+
+
+def _on_row_shards(
+    params: Params,
+    tokens: Array,
+    lengths: Array,
+    plan: _threads.Plan,
+    fn: Callable[[Array, Array, int, int], Any],
+) -> list[Any]:
+    """``fn(tokens, lengths, start, stop)`` of each row range of ``plan``, on its own
+    thread, after checking the whole batch here (so that an error names its row in the
+    batch, not in a shard); ``tokens`` and ``lengths`` are the checked arrays."""
+    cfg = params.config
+    tokens, lengths = _check_tokens(
+        params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
+    )
+    return _threads.run(plan, lambda start, stop: fn(tokens, lengths, start, stop), tokens.shape[0])
+
+
 def _threaded_loss_and_grads(
     params: Params, tokens: Array, lengths: Array, reduction: Reduction, plan: _threads.Plan
 ) -> tuple[Array, Params]:
@@ -344,25 +371,20 @@ def _threaded_loss_and_grads(
     shard's share of the rows for ``"mean"``, of the predicted tokens for
     ``"token_mean"``), and so are the gradients."""
     cfg = params.config
-    # the whole batch is checked here, so that an error names its row in the batch
-    tokens, lengths = _check_tokens(
-        params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
-    )
-    parts = _threads.run(
-        plan,
-        lambda start, stop: loss_and_grads(
+
+    def shard(tokens: Array, lengths: Array, start: int, stop: int) -> tuple[float, Any, Any]:
+        if reduction == "mean":
+            weight = (stop - start) / tokens.shape[0]
+        else:
+            n = np.minimum(_xp.to_numpy(lengths) - 1, cfg.block_size)
+            weight = float(n[start:stop].sum() / n.sum())
+        loss, grads = loss_and_grads(
             params, tokens[start:stop, ...], lengths[start:stop], reduction=reduction
-        ),
-        tokens.shape[0],
-    )
-    if len(parts) == 1:
-        return parts[0]
-    bounds = _threads.shard_bounds(tokens.shape[0], len(parts))
-    if reduction == "mean":
-        weights = [(stop - start) / tokens.shape[0] for start, stop in bounds]
-    else:
-        n = np.minimum(_xp.to_numpy(lengths) - 1, cfg.block_size)
-        weights = [float(n[start:stop].sum() / n.sum()) for start, stop in bounds]
+        )
+        return weight, loss, grads
+
+    parts = _on_row_shards(params, tokens, lengths, plan, shard)
+    weights, losses, shard_grads = zip(*parts, strict=True)
 
     def combine(values: list[Array]) -> Array:
         total = weights[0] * values[0]
@@ -370,8 +392,8 @@ def _threaded_loss_and_grads(
             total = total + w * value
         return total
 
-    loss = combine([loss for loss, _ in parts])
-    grads = {name: combine([getattr(g, name) for _, g in parts]) for name in FIELDS}
+    loss = combine(list(losses))
+    grads = {name: combine([getattr(g, name) for g in shard_grads]) for name in FIELDS}
     return loss, Params.trusted(cfg, grads)
 
 
@@ -380,20 +402,17 @@ def score(params: Params, tokens: Array, lengths: Array, *, workers: int | None 
     of that document), with the same ``tokens (B, L)`` / ``lengths (B,)`` conventions as
     :func:`loss_and_grads`, ``workers`` included (a row's score does not depend on the
     threads). Returns ``(B,)`` in the params' dtype; lazy on Dask."""
-    _threads.check_workers(workers)
     xp = params.xp
-    if workers != 1 and _xp.runs_on_host_threads(tokens):
-        cfg = params.config
-        tokens, lengths = _check_tokens(
-            params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
+    plan = _host_plan(params, tokens, workers)
+    if plan != _threads.UNCHANGED:
+        parts = _on_row_shards(
+            params,
+            tokens,
+            lengths,
+            plan,
+            lambda tok, lens, start, stop: score(params, tok[start:stop, ...], lens[start:stop]),
         )
-        row_tokens = min(tokens.shape[1] - 1, cfg.block_size)
-        parts = _threads.run(
-            _threads.plan(cfg, tokens.shape[0], row_tokens, workers),
-            lambda start, stop: score(params, tokens[start:stop, ...], lengths[start:stop]),
-            tokens.shape[0],
-        )
-        return parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
+        return xp.concat(parts, axis=0)
     losses, n, _, _, _ = _nll(params, tokens, lengths)
     return xp.sum(losses, axis=1) * (1.0 / xp.astype(n, losses.dtype))
 

@@ -127,10 +127,12 @@ def decode_batch(
     t = params.config.block_size
     b = uniforms.shape[0]
     _threads.check_workers(workers)
+    plan = _threads.UNCHANGED
     if workers != 1 and chunks is None and _xp.runs_on_host_threads(params.wte):
-        # a decoding step handles one position of each row: b positions a call
+        plan = _threads.decode_plan(params.config, b, workers)
+    if plan != _threads.UNCHANGED:
         parts = _threads.run(
-            _threads.plan(params.config, b, 1, workers),
+            plan,
             lambda start, stop: decode_batch(
                 params, bos, uniforms[start:stop], inv_temperature, early_stop=early_stop
             ),

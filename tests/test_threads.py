@@ -49,6 +49,10 @@ def test_plan_by_size(cpus: Any) -> None:
     # decoding: one position a row per call, so a larger batch is needed
     assert _threads.plan(default, 1024, 1, None) == _threads.Plan(1, None)
     assert _threads.plan(medium, 256, 1, None) == _threads.Plan(2, 1)
+    # what loss_and_grads/score and decode_batch ask: documents of T+1 tokens, one position
+    assert _threads.sequence_plan(medium, 32, 65, None) == _threads.plan(medium, 32, 64, None)
+    assert _threads.sequence_plan(medium, 32, 99, None) == _threads.plan(medium, 32, 64, None)
+    assert _threads.decode_plan(medium, 256, None) == _threads.plan(medium, 256, 1, None)
     cpus(8)
     assert _threads.plan(medium, 32, 64, None) == _threads.Plan(8, 1)
     assert _threads.plan(medium, 3, 64, None) == _threads.Plan(3, 2)  # one shard a row
@@ -122,6 +126,30 @@ def test_shards_run_at_the_same_time(monkeypatch: pytest.MonkeyPatch) -> None:
     params = init_params(CFG, dtype="float64")
     loss_and_grads(params, *_batch(4), workers=2)
     assert len(seen) == 2 and threading.get_ident() not in seen
+
+
+def test_a_batch_too_small_to_share_runs_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    import microgpt_xp.model as M
+
+    checked: list[int] = []
+    threads: set[int] = set()
+    check, nll = M._check_tokens, M._nll
+
+    def spy_check(*args: Any, **kwargs: Any) -> Any:
+        checked.append(1)
+        return check(*args, **kwargs)
+
+    def spy_nll(*args: Any, **kwargs: Any) -> Any:
+        threads.add(threading.get_ident())
+        return nll(*args, **kwargs)
+
+    monkeypatch.setattr(M, "_check_tokens", spy_check)
+    monkeypatch.setattr(M, "_nll", spy_nll)
+    params = init_params(CFG, dtype="float64")
+    loss_and_grads(params, *_batch(4), workers=None)
+    assert threads == {threading.get_ident()} and len(checked) == 1  # checked once, here
+    with pytest.raises(ValueError, match="2-d"):
+        loss_and_grads(params, np.zeros(7, dtype=np.int64), np.full(1, 7), workers=None)
 
 
 def test_bad_token_is_named_by_its_row_in_the_batch() -> None:

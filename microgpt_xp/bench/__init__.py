@@ -249,9 +249,11 @@ def _plan(case: Case) -> dict[str, Any]:
     """How our code runs the case's batch: threads (shards) and BLAS threads (as
     ``loss_and_grads``/``decode_batch`` plan it on NumPy; one shard elsewhere)."""
     if case.backend != "numpy":
-        return {"shards": 1, "blas_threads": None}
-    row_tokens = 1 if case.workload == "decode" else case.seq_len  # as decode_batch plans
-    plan = _threads.plan(case.config, case.batch, row_tokens, case.workers)
+        plan = _threads.UNCHANGED
+    elif case.workload == "decode":
+        plan = _threads.decode_plan(case.config, case.batch, case.workers)
+    else:
+        plan = _threads.sequence_plan(case.config, case.batch, case.seq_len + 1, case.workers)
     return {"shards": plan.shards, "blas_threads": plan.blas_threads}
 
 
