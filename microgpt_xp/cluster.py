@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -92,6 +94,7 @@ def connect(
             # Client(**kwargs) starts the LocalCluster itself, so client.close() closes it.
             client = distributed.Client(timeout=timeout, **kwargs)
         except (OSError, asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
+            _close_failed_client(distributed, exc)
             raise ClusterError(f"could not start a local Dask cluster: {exc}") from exc
     else:
         assert address is not None
@@ -113,8 +116,10 @@ def connect(
         try:
             client = distributed.Client(timeout=timeout, **target)
         except ValueError as exc:  # a malformed address: no port, an unknown scheme
+            _close_failed_client(distributed, exc)
             raise ValueError(f"invalid Dask scheduler address {address!r}: {exc}") from exc
         except (OSError, asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
+            _close_failed_client(distributed, exc)
             raise ClusterError(
                 f"cannot reach {where} within {timeout:g} s "
                 f"(is a scheduler running there, e.g. `dask scheduler`?): {exc}"
@@ -130,6 +135,25 @@ def connect(
                 "(start some with `dask worker ADDRESS`)"
             ) from exc
     return client
+
+
+def _close_failed_client(distributed: Any, exc: BaseException) -> None:
+    """Close, here and now, the half-started ``Client`` whose constructor raised ``exc``
+    (found in the traceback).
+
+    Left alone it is closed by its ``__del__`` whenever the garbage collector gets to it,
+    and that close stops the event-loop runner that all clients of the process share: run
+    while the next Client starts that runner, it made the start fail (``assert loop is not
+    None``) or deadlock on the runner's lock. Once closed here, ``__del__`` does nothing.
+    A failure of this close is not reported: the caller raises the connection error.
+    """
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code is distributed.Client.__init__.__code__:
+            client = frame.f_locals.get("self")
+            if isinstance(client, distributed.Client):
+                with contextlib.suppress(Exception):
+                    client.close()
+            return
 
 
 def _current_client(client: Any = None) -> Any:

@@ -420,6 +420,26 @@ def test_connect_errors_are_clear() -> None:
         connect(None, n_workers=0)
 
 
+def test_a_client_that_failed_to_connect_is_closed_at_once() -> None:
+    """A Client whose start failed is closed by connect(), not left to its ``__del__``:
+    that close stops the event-loop runner all clients share, and run by the garbage
+    collector while the next Client started, it made that start fail or deadlock (it
+    hung a CI run). A closed Client's ``__del__`` does nothing."""
+    import gc
+
+    with pytest.raises(ClusterError) as unreachable:
+        connect("tcp://127.0.0.1:1", timeout=1)
+    with pytest.raises(ValueError) as malformed:
+        connect("no-port", timeout=1)
+    assert unreachable.value is not None and malformed.value is not None  # still held
+    failed = [
+        o for o in gc.get_objects() if isinstance(o, distributed.Client) and o.status != "running"
+    ]
+    assert all(o.status in ("closed", "newly-created") for o in failed), [o.status for o in failed]
+    with connect(None, n_workers=1, threads_per_worker=1, processes=False) as fresh:
+        assert fresh.submit(sum, [1, 2]).result() == 3
+
+
 def test_connect_waits_for_workers(client: Any) -> None:
     with pytest.raises(ClusterError, match=r"has 2 worker\(s\) after 1 s; 3 needed"):
         connect(client.scheduler.address, min_workers=3, timeout=1)
