@@ -61,7 +61,9 @@ def max_last(x: Array) -> Array:
     """``(B, …, n)`` -> ``(B, …, 1)``: the max over the last axis (exact, NaN-propagating).
 
     For ``x.ndim >= 3`` the max is taken over axis 1 of a ``(B, n, M)`` copy (``M`` the
-    product of the middle axes), where each step compares ``M`` contiguous values at once.
+    product of the middle axes) by halving: each step takes the elementwise maximum of
+    the first and the last ``ceil(n/2)`` rows (overlapping by one when ``n`` is odd), so
+    that every comparison runs over ``M`` contiguous values and ``log2(n)`` steps do it.
     """
     xp = array_namespace(x)
     if x.ndim < 3:
@@ -72,7 +74,11 @@ def max_last(x: Array) -> Array:
     moved = xp.permute_dims(x, (0, x.ndim - 1, *range(1, x.ndim - 1)))
     # merging (B, n) cannot be a view of the permuted strides, so this is the copy
     relaid = xp.reshape(xp.reshape(moved, (b * n, m)), (b, n, m))
-    return xp.reshape(xp.max(relaid, axis=1), (b, *mid, 1))
+    while n > 1:
+        half = (n + 1) // 2
+        relaid = xp.maximum(relaid[:, :half, :], relaid[:, n - half :, :])
+        n = half
+    return xp.reshape(relaid, (b, *mid, 1))
 
 
 def transposed_copy(x: Array) -> Array:
@@ -106,14 +112,13 @@ def embedding_backward(de: Array, cache: Any) -> tuple[Array, Array]:
     """``de (B*T, C)`` -> ``(dwte (V, C), dwpe_rows (T, C))``.
 
     ``dwte`` is the scatter-add of ``de`` into the rows of the used tokens, computed as
-    ``onehot.T @ de`` (the standard has no scatter-add); rows of unused tokens are exactly
-    zero.
+    ``onehot @ de`` with the one-hot laid out ``(V, B*T)`` (the standard has no
+    scatter-add); rows of unused tokens are exactly zero.
     """
     xp = array_namespace(de)
     tokens, vocab = cache
     b, t = tokens.shape
-    onehot = xp.reshape(one_hot(tokens, vocab, de.dtype), (b * t, vocab))
-    dwte = xp.matrix_transpose(onehot) @ de
+    dwte = one_hot(xp.reshape(tokens, (b * t,)), vocab, de.dtype, axis=0) @ de
     dwpe_rows = xp.sum(xp.reshape(de, (b, t, de.shape[-1])), axis=0)
     return dwte, dwpe_rows
 
@@ -306,18 +311,26 @@ def decode_attention(q_t: Array, keys: Array, values: Array, n_head: int) -> Arr
 
 
 # -- cross-entropy ----------------------------------------------------------------------
-def cross_entropy_forward(logits_t: Array, targets: Array) -> tuple[Array, Any]:
+def cross_entropy_forward(
+    logits_t: Array, targets: Array, valid: Array | None = None
+) -> tuple[Array, Any]:
     """Per-position ``−log softmax(logits)[target]``, taking the log of the probability
     as the original does.
 
     ``logits_t (V, N)`` (one column per position, see :func:`linear_t_forward`),
     ``targets (N,)`` integer ids -> ``losses (N,)``. In this layout the softmax's max and
     sum and the pick of the target run over the leading axis, a vectorized pass per id.
+    ``valid (N,)``, where given, marks real positions with a nonzero value: the others
+    (padding) get loss 0 whatever their probability, because a probability that
+    underflows to 0 there would give ``−log 0 = inf``, and ``inf · 0`` is NaN.
     """
     xp = array_namespace(logits_t, targets)
     p = softmax(logits_t, axis=0)
     onehot = one_hot(targets, logits_t.shape[0], logits_t.dtype, axis=0)
-    return -xp.log(xp.sum(p * onehot, axis=0)), (p, onehot)
+    picked = xp.sum(p * onehot, axis=0)
+    if valid is not None:
+        picked = xp.where(valid != 0, picked, xp.ones_like(picked))
+    return -xp.log(picked), (p, onehot)
 
 
 def cross_entropy_backward(dlosses: Array, cache: Any) -> Array:

@@ -206,7 +206,7 @@ def _stack_layers(per_layer: list[Array]) -> Array:
     """``L`` arrays ``(…)`` -> ``(L, …)`` (a view, not a copy, for a single layer)."""
     xp = array_namespace(per_layer[0])
     if len(per_layer) == 1:
-        return xp.expand_dims(per_layer[0], axis=0)
+        return xp.reshape(per_layer[0], (1, *per_layer[0].shape))
     return xp.stack(per_layer, axis=0)
 
 
@@ -262,15 +262,18 @@ def _prediction_inputs(
 def _nll(
     params: Params, tokens: Array, lengths: Array
 ) -> tuple[Array, Array, Array, list[Any], Any]:
-    """Per-position losses ``(B, T)`` (zero at padding), ``n (B,)``, ``valid (B, T)``,
+    """Per-position losses ``(B, T)`` (zero at padding, whatever the model predicts
+    there), ``n (B,)``, ``valid (B, T)``,
     plus the caches of the forward pass and of the cross-entropy."""
     xp = params.xp
     inputs, targets, n, valid = _prediction_inputs(params, tokens, lengths)
     b, t = inputs.shape
     x, caches = _forward_cached(params, inputs)
     logits_t, c_head = L.linear_t_forward(x, params.lm_head)
-    losses, c_ce = L.cross_entropy_forward(logits_t, xp.reshape(targets, (b * t,)))
-    return xp.reshape(losses, (b, t)) * valid, n, valid, [*caches, c_head], c_ce
+    losses, c_ce = L.cross_entropy_forward(
+        logits_t, xp.reshape(targets, (b * t,)), xp.reshape(valid, (b * t,))
+    )
+    return xp.reshape(losses, (b, t)), n, valid, [*caches, c_head], c_ce
 
 
 def _row_weights(n: Array, valid: Array, reduction: Reduction) -> tuple[Array, Any]:

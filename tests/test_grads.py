@@ -396,3 +396,33 @@ def test_padding_does_not_change_loss_or_grads(backend: Any) -> None:
     assert abs(loss_c - loss_a) <= REF_RTOL * loss_a
     for key in grads_a:
         assert_rel_close(grads_c[key], grads_a[key], REF_RTOL, key)
+
+
+def test_padding_whose_target_probability_underflows_stays_out_of_the_loss(backend: Any) -> None:
+    # Attention and MLP weights at zero leave every hidden state at rmsnorm(wte[0]) = 4·e₀,
+    # so the logits are 4·lm_head[:, 0]: id 0 gets −4000 (probability exactly 0) and every
+    # other id 0 (probability 1/(V−1)). Padding is fed to the model as id 0 with target
+    # id 0, whose −log 0 = inf must not reach the loss (inf·0 would make it NaN).
+    config = CONFIGS["two_layers"]
+    state = {k: np.zeros_like(np.asarray(v)) for k, v in ref_state(config, 1).items()}
+    state["wte"][:, 0] = 1.0
+    state["lm_head"][0, 0] = -1000.0
+    params = Params.from_state_dict(
+        state, config=config, backend=backend.name, device=backend.device, dtype="float64"
+    )
+    bos = config.vocab_size - 1
+    docs = [(bos, 3, 5, bos), (bos, 7, 1, 2, 9, bos)]
+    lengths = np.array([len(d) for d in docs])
+    tokens = np.zeros((2, 6), dtype=np.int64)
+    for row, doc in enumerate(docs):
+        tokens[row, : len(doc)] = doc
+    expected = np.log(config.vocab_size - 1)
+    loss, grads = run_loss(backend, params, tokens, lengths)
+    assert abs(loss - expected) <= 1e-12 * expected
+    assert all(np.isfinite(g).all() for g in grads.values())
+    loss_t, _ = run_loss(backend, params, tokens, lengths, reduction="token_mean")
+    assert abs(loss_t - expected) <= 1e-12 * expected
+    scores = backend.to_numpy(
+        score(params, backend.asarray(tokens, dtype="int64"), backend.asarray(lengths, "int64"))
+    )
+    np.testing.assert_allclose(scores, [expected, expected], rtol=1e-12)
