@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from microgpt_xp.bench import timing
 from microgpt_xp.bench.timing import Timed, calibrate, interleave, summary, tune_malloc
 
 CONFIGS = {
@@ -119,6 +120,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.tune_malloc:
         tune_malloc()
+    # the copies' worker processes (microgpt_xp._procs) are this measurement's own CPU
+    timing.worker_pids = lambda: [
+        pid
+        for alias in ("mgx_a", "mgx_b")
+        if f"{alias}._procs" in sys.modules
+        for pid in sys.modules[f"{alias}._procs"].worker_pids()
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         ts = [
             timed(n, load(d, f"mgx_{n}", Path(tmp)), args.workload, args.config, args.batch, w)

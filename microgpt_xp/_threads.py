@@ -62,10 +62,13 @@ def work(config: GPTConfig, tokens: int) -> int:
 @dataclass(frozen=True)
 class Plan:
     """How a batch runs on the host: ``shards`` row ranges, one thread each, with NumPy's
-    BLAS held to ``blas_threads`` threads while they run (``None``: left as it is)."""
+    BLAS held to ``blas_threads`` threads while they run (``None``: left as it is); with
+    ``processes``, one worker process each instead (the first in this process), see
+    :mod:`microgpt_xp._procs`."""
 
     shards: int
     blas_threads: int | None
+    processes: bool = False
 
 
 def plan(config: GPTConfig, rows: int, row_tokens: int, workers: int | None) -> Plan:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import numpy as np
 from array_api_compat import device
 
-from . import _threads, _xp
+from . import _procs, _threads, _xp
 from . import layers as L
 from ._xp import array_namespace
 from .params import FIELDS, LAYER_FIELDS, Params
@@ -308,10 +308,12 @@ def loss_and_grads(
             ``B = 1``. ``"token_mean"``: the mean over all predicted tokens of the batch,
             so long documents weigh more.
         workers: threads to split a NumPy batch over, by rows (``1``, the default: no
-            threads; ``None``: chosen by the batch's size and the usable CPU cores, see
-            :func:`microgpt_xp._threads.plan`). Each thread computes its rows' loss and
-            gradients, which are then averaged with the reduction's weights: the same
-            values up to rounding, and the same bits for the same number of threads.
+            threads). ``None`` chooses by the batch's size and the usable CPU cores: on
+            Linux, worker processes where the batch has enough work for two (see
+            :func:`microgpt_xp._procs.plan`), else threads (see
+            :func:`microgpt_xp._threads.plan`). Each thread or process computes its rows'
+            loss and gradients, which are then averaged with the reduction's weights: the
+            same values up to rounding, and the same bits for the same number of shards.
             Other namespaces run as one batch (Dask chunks and GPUs have their own
             parallelism).
 
@@ -322,7 +324,7 @@ def loss_and_grads(
     """
     if reduction not in ("mean", "token_mean"):
         raise ValueError(f"reduction must be 'mean' or 'token_mean', got {reduction!r}")
-    plan = _host_plan(params, tokens, workers)
+    plan = _host_plan(params, tokens, workers, processes=True)
     if plan != _threads.UNCHANGED:
         return _threaded_loss_and_grads(params, tokens, lengths, reduction, plan)
     xp = params.xp
@@ -338,14 +340,21 @@ def loss_and_grads(
     return loss, Params.trusted(params.config, {**grads, "lm_head": dlm_head})
 
 
-def _host_plan(params: Params, tokens: Array, workers: int | None) -> _threads.Plan:
+def _host_plan(
+    params: Params, tokens: Array, workers: int | None, *, processes: bool = False
+) -> _threads.Plan:
     """How a batch of ``tokens`` runs with ``workers`` (see :func:`loss_and_grads`):
     :data:`~microgpt_xp._threads.UNCHANGED` unless the arrays are NumPy's and the plan
-    shares the batch over threads. Malformed tokens get the unchanged plan too, so
-    that the plain path's checks report them."""
+    shares the batch over threads, or (``processes=True``, ``workers=None``, Linux) over
+    worker processes. Malformed tokens get the unchanged plan too, so that the plain
+    path's checks report them."""
     _threads.check_workers(workers)
     if workers == 1 or not _xp.runs_on_host_threads(tokens) or tokens.ndim != 2:
         return _threads.UNCHANGED
+    if processes and workers is None and _procs.available():
+        by_processes = _procs.plan(params.config, tokens.shape[0], tokens.shape[1])
+        if by_processes.shards > 1:
+            return by_processes
     return _threads.sequence_plan(params.config, tokens.shape[0], tokens.shape[1], workers)
 
 
@@ -369,24 +378,37 @@ def _on_row_shards(
 def _threaded_loss_and_grads(
     params: Params, tokens: Array, lengths: Array, reduction: Reduction, plan: _threads.Plan
 ) -> tuple[Array, Params]:
-    """:func:`loss_and_grads` run as ``plan`` says: its row ranges on their own threads,
-    combined. The batch loss is the weighted sum of the shards' losses (weights: each
-    shard's share of the rows for ``"mean"``, of the predicted tokens for
-    ``"token_mean"``), and so are the gradients."""
+    """:func:`loss_and_grads` run as ``plan`` says: its row ranges on their own threads
+    (or worker processes), combined. The batch loss is the weighted sum of the shards'
+    losses (weights: each shard's share of the rows for ``"mean"``, of the predicted
+    tokens for ``"token_mean"``), and so are the gradients."""
     cfg = params.config
 
-    def shard(tokens: Array, lengths: Array, start: int, stop: int) -> tuple[float, Any, Any]:
+    def weight(lengths: Array, start: int, stop: int) -> float:
         if reduction == "mean":
-            weight = (stop - start) / tokens.shape[0]
-        else:
-            n = np.minimum(_xp.to_numpy(lengths) - 1, cfg.block_size)
-            weight = float(n[start:stop].sum() / n.sum())
+            return (stop - start) / int(lengths.shape[0])
+        n = np.minimum(_xp.to_numpy(lengths) - 1, cfg.block_size)
+        return float(n[start:stop].sum() / n.sum())
+
+    def shard(tokens: Array, lengths: Array, start: int, stop: int) -> tuple[float, Any, Any]:
         loss, grads = loss_and_grads(
             params, tokens[start:stop, ...], lengths[start:stop], reduction=reduction
         )
-        return weight, loss, grads
+        return weight(lengths, start, stop), loss, grads
 
-    parts = _on_row_shards(params, tokens, lengths, plan, shard)
+    if plan.processes:
+        tokens, lengths = _check_tokens(
+            params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
+        )
+        bounds = _threads.shard_bounds(tokens.shape[0], plan.shards)
+        with _threads.blas_limit(plan.blas_threads):
+            results = _procs.run(params, tokens, lengths, reduction, bounds)
+        parts = [
+            (weight(lengths, start, stop), loss, grads)
+            for (start, stop), (loss, grads) in zip(bounds, results, strict=True)
+        ]
+    else:
+        parts = _on_row_shards(params, tokens, lengths, plan, shard)
     weights, losses, shard_grads = zip(*parts, strict=True)
 
     def combine(values: list[Array]) -> Array:

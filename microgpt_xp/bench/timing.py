@@ -11,6 +11,7 @@ dropped (and counted), because on a shared machine such rounds can be 10x off.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._alloc import tune_malloc as tune_malloc
+from .._procs import worker_pids
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -27,7 +29,8 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 @dataclass(frozen=True)
 class CpuSample:
     """Cumulative CPU counters at one instant: machine-wide busy and total jiffies, this
-    process's user+system jiffies (all its threads) and the wall clock."""
+    process's user+system jiffies (all its threads, and its training worker processes,
+    :mod:`microgpt_xp._procs`) and the wall clock."""
 
     busy: int
     total: int
@@ -40,16 +43,24 @@ def cpu_sample() -> CpuSample | None:
     try:
         with open("/proc/stat") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
-        with open("/proc/self/stat") as f:
-            own_fields = f.read().rsplit(")", 1)[1].split()
+        own = _process_jiffies("self")
     except (OSError, ValueError, IndexError):
         return None
+    for pid in worker_pids():  # our worker processes' CPU is ours too
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            own += _process_jiffies(str(pid))
     # user nice system idle iowait irq softirq steal (guest is already inside user).
     user, nice, system, idle, iowait, irq, softirq = fields[:7]
     steal = fields[7] if len(fields) > 7 else 0
     busy = user + nice + system + irq + softirq + steal
-    own = int(own_fields[11]) + int(own_fields[12])  # utime, stime (fields 14, 15)
     return CpuSample(busy, busy + idle + iowait, own, time.perf_counter())
+
+
+def _process_jiffies(pid: str) -> int:
+    """User + system jiffies of process ``pid`` (``"self"`` for this one), all threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
 
 
 def other_cpu_share(before: CpuSample | None, after: CpuSample | None) -> float | None:
