@@ -351,11 +351,23 @@ def _host_plan(
     _threads.check_workers(workers)
     if workers == 1 or not _xp.runs_on_host_threads(tokens) or tokens.ndim != 2:
         return _threads.UNCHANGED
+    return sequence_plan(
+        params.config, tokens.shape[0], tokens.shape[1], workers, processes=processes
+    )
+
+
+def sequence_plan(
+    config: Any, rows: int, length: int, workers: int | None, *, processes: bool
+) -> _threads.Plan:
+    """The plan of a NumPy batch of ``rows`` documents of ``length`` tokens: with
+    ``processes`` (training), ``workers=None`` and worker processes available, the
+    :func:`microgpt_xp._procs.plan` when it has more than one shard; else the threads'
+    :func:`microgpt_xp._threads.sequence_plan`."""
     if processes and workers is None and _procs.available():
-        by_processes = _procs.plan(params.config, tokens.shape[0], tokens.shape[1])
+        by_processes = _procs.plan(config, rows, length)
         if by_processes.shards > 1:
             return by_processes
-    return _threads.sequence_plan(params.config, tokens.shape[0], tokens.shape[1], workers)
+    return _threads.sequence_plan(config, rows, length, workers)
 
 
 def _on_row_shards(

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import reference
 
-from microgpt_xp import GPTConfig, init_params, loss_and_grads
+from microgpt_xp import GPTConfig, _procs, _threads, init_params, loss_and_grads
 from microgpt_xp.bench import configure_parser, main
 from microgpt_xp.bench import timing as T
 from microgpt_xp.bench import workloads as W
@@ -142,6 +142,28 @@ def test_workers_option_shares_our_batch(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())["results"]
     assert {r["workload"] for r in rows} == {"train", "score", "decode"}
     assert all(r["shards"] == 2 and r["blas_threads"] >= 1 for r in rows)
+    assert not any(r["processes"] for r in rows)  # an explicit number means threads
+
+
+@pytest.mark.skipif(not _procs.available(), reason="worker processes need Linux")
+def test_automatic_training_batch_on_processes_is_labelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(_threads, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(_procs, "MIN_PROCESS_WORK", 1)
+    out = tmp_path / "bench.json"
+    argv = ["--config", "L1,C8,H2,T4", "--batch-size", "4", "--workload", "train,score"]
+    argv += ["--repeats", "1", "--max-rounds", "1", "--warmup", "0", "--min-time", "0.001"]
+    argv += ["--gap", "0", "--peers", "none", "--no-breakdown", "--no-tune-malloc"]
+    try:
+        assert main([*argv, "--json", str(out)]) == 0
+    finally:
+        _procs.shutdown()
+    rows = {r["workload"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["train"]["processes"] and rows["train"]["shards"] == 2
+    assert not rows["score"]["processes"]  # scoring shares a batch over threads only
+    printed = capsys.readouterr().out
+    assert "ours[numpy] x2p" in printed and "xNp: over N processes" in printed
 
 
 @needs_torch

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__, _threads, _xp
+from ..model import sequence_plan
 from .report import format_report, plot
 from .timing import (
     blas_threads,
@@ -246,15 +247,22 @@ def _configs(text: str) -> list[tuple[str, Any]]:
 
 
 def _plan(case: Case) -> dict[str, Any]:
-    """How our code runs the case's batch: threads (shards) and BLAS threads (as
-    ``loss_and_grads``/``decode_batch`` plan it on NumPy; one shard elsewhere)."""
+    """How our code runs the case's batch: shards, BLAS threads, and whether the shards
+    are worker processes rather than threads (as ``loss_and_grads``/``score``/
+    ``decode_batch`` plan it on NumPy; one shard elsewhere)."""
     if case.backend != "numpy":
         plan = _threads.UNCHANGED
     elif case.workload == "decode":
         plan = _threads.decode_plan(case.config, case.batch, case.workers)
     else:
-        plan = _threads.sequence_plan(case.config, case.batch, case.seq_len + 1, case.workers)
-    return {"shards": plan.shards, "blas_threads": plan.blas_threads}
+        plan = sequence_plan(
+            case.config,
+            case.batch,
+            case.seq_len + 1,
+            case.workers,
+            processes=case.workload == "train",
+        )
+    return {"shards": plan.shards, "blas_threads": plan.blas_threads, "processes": plan.processes}
 
 
 def _cpu_name() -> str:

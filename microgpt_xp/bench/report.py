@@ -60,7 +60,7 @@ def format_report(result: dict[str, Any]) -> str:
                 r["dtype"],
                 r["impl"]
                 + (
-                    f" x{r['shards']}"
+                    f" x{r['shards']}{'p' if r.get('processes') else ''}"
                     if r["impl"].startswith("ours") and r.get("shards", 1) > 1
                     else ""
                 ),
@@ -73,7 +73,7 @@ def format_report(result: dict[str, Any]) -> str:
         _table(["workload", "config", "BxT", "dtype", "impl", "tokens/s", "min-max", "kept"], rows)
     )
     if any(r.get("shards", 1) > 1 for r in result["results"]):
-        lines.append("(ours xN: our batch split by rows over N threads)")
+        lines.append("(ours xN: our batch split by rows over N threads; xNp: over N processes)")
     lines.append("")
     rows = []
     for c in result["comparisons"]:
