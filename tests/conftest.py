@@ -50,6 +50,44 @@ def ref_state(config: GPTConfig, seed: int) -> dict[str, list[list[float]]]:
     )
 
 
+#: A model small enough for many shards of tiny batches (tests of threads and processes).
+SHARD_CFG = GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=6)
+
+
+def shard_batch(b: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``b`` right-padded documents of lengths 2..T+1 for :data:`SHARD_CFG` (ids of the
+    padding out of range)."""
+    rng = np.random.default_rng(seed)
+    t = SHARD_CFG.block_size + 1
+    tokens = rng.integers(0, SHARD_CFG.vocab_size, (b, t))
+    lengths = rng.integers(2, t + 1, b)
+    tokens[np.arange(t)[None, :] >= lengths[:, None]] = 99
+    return tokens, lengths
+
+
+def check_shards_match(
+    params: Any, tokens: np.ndarray, lengths: np.ndarray, reduction: str, workers: int | None
+) -> None:
+    """``loss_and_grads`` with ``workers`` equals the unsplit batch's up to rounding, with
+    the same dtypes and shapes, and repeats bit for bit."""
+    from microgpt_xp import loss_and_grads
+    from microgpt_xp.params import FIELDS
+
+    want_loss, want = loss_and_grads(params, tokens, lengths, reduction=reduction)
+    loss, grads = loss_and_grads(params, tokens, lengths, reduction=reduction, workers=workers)
+    assert float(loss) == pytest.approx(float(want_loss), rel=1e-13)
+    for name in FIELDS:
+        got, ref = getattr(grads, name), getattr(want, name)
+        assert got.dtype == ref.dtype and got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
+    again_loss, again = loss_and_grads(
+        params, tokens, lengths, reduction=reduction, workers=workers
+    )
+    assert float(again_loss) == float(loss)
+    for name in FIELDS:
+        np.testing.assert_array_equal(getattr(again, name), getattr(grads, name))
+
+
 _MODULES = {
     "numpy": "numpy",
     "array_api_strict": "array_api_strict",

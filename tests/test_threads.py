@@ -10,22 +10,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import SHARD_CFG, check_shards_match, shard_batch
 
 from microgpt_xp import GPTConfig, _threads, init_params, loss_and_grads, score, train
 from microgpt_xp.params import FIELDS
 from microgpt_xp.sample import decode_batch, sample_tokens
 
-CFG = GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=6)
+CFG = SHARD_CFG
 
 
-def _batch(b: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``b`` right-padded documents of lengths 2..T+1 (ids of the padding out of range)."""
-    rng = np.random.default_rng(seed)
-    t = CFG.block_size + 1
-    tokens = rng.integers(0, CFG.vocab_size, (b, t))
-    lengths = rng.integers(2, t + 1, b)
-    tokens[np.arange(t)[None, :] >= lengths[:, None]] = 99
-    return tokens, lengths
+_batch = shard_batch
 
 
 @pytest.fixture
@@ -87,19 +81,7 @@ def test_threads_give_the_single_thread_loss_and_grads(
     cpus(3)
     params = init_params(CFG, seed=1, dtype="float64")
     tokens, lengths = _batch(7, seed=2)
-    want_loss, want = loss_and_grads(params, tokens, lengths, reduction=reduction)
-    loss, grads = loss_and_grads(params, tokens, lengths, reduction=reduction, workers=workers)
-    assert float(loss) == pytest.approx(float(want_loss), rel=1e-13)
-    for name in FIELDS:
-        got, ref = getattr(grads, name), getattr(want, name)
-        assert got.dtype == ref.dtype and got.shape == ref.shape
-        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
-    again_loss, again = loss_and_grads(
-        params, tokens, lengths, reduction=reduction, workers=workers
-    )
-    assert float(again_loss) == float(loss)
-    for name in FIELDS:
-        np.testing.assert_array_equal(getattr(again, name), getattr(grads, name))
+    check_shards_match(params, tokens, lengths, reduction, workers)
 
 
 def test_threads_keep_float32() -> None:
