@@ -17,6 +17,7 @@ from array_api_compat import device
 from . import _procs, _threads, _xp
 from . import layers as L
 from ._xp import array_namespace
+from .config import GPTConfig
 from .params import FIELDS, LAYER_FIELDS, Params
 
 Array = Any
@@ -308,7 +309,7 @@ def loss_and_grads(
             ``B = 1``. ``"token_mean"``: the mean over all predicted tokens of the batch,
             so long documents weigh more.
         workers: threads to split a NumPy batch over, by rows (``1``, the default: no
-            threads). ``None`` chooses by the batch's size and the usable CPU cores: on
+            split). ``None`` chooses by the batch's size and the usable CPU cores: on
             Linux, worker processes where the batch has enough work for two (see
             :func:`microgpt_xp._procs.plan`), else threads (see
             :func:`microgpt_xp._threads.plan`). Each thread or process computes its rows'
@@ -357,7 +358,7 @@ def _host_plan(
 
 
 def sequence_plan(
-    config: Any, rows: int, length: int, workers: int | None, *, processes: bool
+    config: GPTConfig, rows: int, length: int, workers: int | None, *, processes: bool
 ) -> _threads.Plan:
     """The plan of a NumPy batch of ``rows`` documents of ``length`` tokens: with
     ``processes`` (training), ``workers=None`` and worker processes available, the
