@@ -247,6 +247,21 @@ def _check_chunk_backend(backend: str) -> str:
 
 
 # -- scoring -------------------------------------------------------------------------------
+def _score_docs(
+    params: Params, tokenizer: Tokenizer, docs: list[str], start: int
+) -> np.ndarray:
+    """``(len(docs), 3)`` float64 ``[loss, loss * predictions, predictions]`` per document
+    (the columns whose sums give both means), scored on the params' backend and device;
+    ``start`` is the position of ``docs[0]`` in the corpus (for error messages)."""
+    cfg = params.config
+    tokens, lengths = _encode(tokenizer, docs, cfg.block_size, start)
+    tok, lens = to_batch(tokens, lengths, params.backend, device=params.device)
+    losses = _xp.to_numpy(score(params, tok, lens))
+    n = np.minimum(lengths - 1, cfg.block_size)
+    loss64, n64 = losses.astype(np.float64), n.astype(np.float64)
+    return np.stack([loss64, loss64 * n64, n64], axis=1)
+
+
 def _score_block(
     spec: Any,
     corpus: Any,
@@ -255,18 +270,10 @@ def _score_block(
     backend: str,
     device: Any,
 ) -> np.ndarray:
-    """One chunk's task: ``(size, 3)`` float64 ``[loss, loss * predictions, predictions]``
-    per document (the columns whose sums give both means)."""
+    """One chunk's task: :func:`_score_docs` of its documents on ``backend``/``device``."""
     _imports_settled()
     start, _, docs = _chunk_docs(spec, corpus)
-    cfg = host.config
-    tokens, lengths = _encode(tokenizer, docs, cfg.block_size, start)
-    params = _on_backend(host, backend, device)
-    tok, lens = to_batch(tokens, lengths, backend, device=device)
-    losses = _xp.to_numpy(score(params, tok, lens))
-    n = np.minimum(lengths - 1, cfg.block_size)
-    loss64, n64 = losses.astype(np.float64), n.astype(np.float64)
-    return np.stack([loss64, loss64 * n64, n64], axis=1)
+    return _score_docs(_on_backend(host, backend, device), tokenizer, docs, start)
 
 
 def _encode_block(
@@ -341,6 +348,53 @@ class CorpusScore:
     def collections(self) -> tuple[Any, ...]:
         """``(mean, token_mean, losses, num_predictions)``, e.g. for :func:`graph_stats`."""
         return (self.mean, self.token_mean, self.losses, self.num_predictions)
+
+
+def score_docs(
+    params: Params,
+    tokenizer: Tokenizer,
+    source: Source,
+    *,
+    chunk_size: int = 1024,
+    callback: Any = None,
+) -> ScoreSummary:
+    """Score every document of a corpus eagerly, ``chunk_size`` documents at a time, on
+    the params' own backend and device (the in-process twin of :func:`score_corpus`,
+    which needs Dask; both score a chunk with the same code).
+
+    ``source`` is a sequence of strings or a :class:`Corpus`. ``callback(done, total)``,
+    if given, is called after each chunk with the number of documents scored so far.
+    Returns a :class:`ScoreSummary` with the per-document ``losses (N,)`` (float64) and
+    ``num_predictions (N,)``.
+    """
+    if not isinstance(params, Params):
+        raise TypeError(f"params must be a Params, got {type(params).__name__}")
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}")
+    if tokenizer.vocab_size != params.config.vocab_size:
+        raise ValueError(
+            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
+        )
+    _check_chunk_size(chunk_size)
+    if isinstance(source, str) or not hasattr(source, "__len__"):
+        raise TypeError("source must be a Corpus or a sequence of document strings")
+    n = len(source)
+    if n < 1:
+        raise DataError("the corpus holds no documents")
+    parts = []
+    for start, stop in _bounds(n, chunk_size):
+        docs = source.docs(start, stop) if _is_corpus(source) else list(source[start:stop])  # type: ignore[union-attr,index]
+        parts.append(_score_docs(params, tokenizer, docs, start))
+        if callback is not None:
+            callback(stop, n)
+    cols = np.concatenate(parts, axis=0)
+    return ScoreSummary(
+        mean=float(np.mean(cols[:, 0])),
+        token_mean=float(cols[:, 1].sum() / cols[:, 2].sum()),
+        num_docs=n,
+        losses=cols[:, 0],
+        num_predictions=cols[:, 2].astype(np.int64),
+    )
 
 
 def score_corpus(
