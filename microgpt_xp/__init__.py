@@ -13,7 +13,7 @@ from .config import GPTConfig
 from .data import DataError, Tokenizer, default_docs, read_docs
 from .exact import run_exact, sample_exact
 from .model import KVCache, decode_step, forward, loss_and_grads, score
-from .optim import Adam
+from .optim import Adam, AdamState, adam_init, adam_update
 from .params import Params, init_params
 from .sample import sample
 from .train import TrainingError, TrainResult, train
@@ -21,6 +21,7 @@ from .train import TrainingError, TrainResult, train
 __all__ = [
     "BACKENDS",
     "Adam",
+    "AdamState",
     "Checkpoint",
     "CheckpointError",
     "DataError",
@@ -31,6 +32,8 @@ __all__ = [
     "TrainResult",
     "TrainingError",
     "__version__",
+    "adam_init",
+    "adam_update",
     "decode_step",
     "default_docs",
     "forward",

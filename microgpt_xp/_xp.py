@@ -1,11 +1,11 @@
-"""The one module that knows array backends by name.
+"""Namespaces, devices and host transfers, through the table of backends.
 
 Everything else in microgpt_xp takes its namespace and device from its input arrays
-(``array_api_compat.array_namespace`` and ``device``). This module turns the names a
-user types (``"numpy"``, ``"dask"``, ``"cupy"``, ``"array_api_strict"``, ``"torch"``,
-``"jax"``) into a namespace and a device, moves host (NumPy) data onto a backend and
-back, and answers the few questions that cannot be asked through the standard
-(is this array lazy, which backend is it).
+(:func:`array_namespace`, ``array_api_compat.device``). The functions here turn the
+names a user types (``"numpy"``, ``"dask"``, ...) into a namespace and a device, move host
+(NumPy) data onto a backend and back, and answer the few questions that cannot be asked
+through the standard (is this array lazy, which backend is it). What differs between
+backends is in :data:`microgpt_xp._backends.BACKENDS`; nothing here names one.
 """
 
 from __future__ import annotations
@@ -17,25 +17,19 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
+from ._backends import BACKENDS as TABLE
+from ._backends import Backend
+
 #: Backend names accepted by ``backend=`` arguments and the ``--backend`` option.
-BACKENDS: tuple[str, ...] = ("numpy", "dask", "cupy", "array_api_strict", "torch", "jax")
+BACKENDS: tuple[str, ...] = tuple(TABLE)
 
 #: The floating dtypes the model supports.
 DTYPES: tuple[str, ...] = ("float32", "float64")
 
-_INSTALL_HINT = {
-    "numpy": "numpy",
-    "dask": "microgpt-xp[dask]",
-    "cupy": "microgpt-xp[cupy]",
-    "array_api_strict": "microgpt-xp[strict]",
-    "torch": "microgpt-xp[torch]",
-    "jax": "microgpt-xp[jax]",
-}
-
 
 def check_backend(backend: str) -> str:
     """Return ``backend`` if it is a known backend name, else raise ``ValueError``."""
-    if not isinstance(backend, str) or backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in TABLE:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     return backend
 
@@ -47,124 +41,37 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
+def entry(backend: str) -> Backend:
+    """The table entry of a backend name (``ValueError`` for an unknown one)."""
+    return TABLE[check_backend(backend)]
+
+
+@functools.cache
 def namespace(backend: str) -> Any:
     """The Array API namespace for a backend name (imported on first use).
 
-    Raises ``ValueError`` for an unknown name and ``ImportError`` (with the extra to
-    install) when the backend's package is missing.
+    Raises ``ValueError`` for an unknown name and ``ImportError`` (saying what to install)
+    when the backend's package is missing.
     """
-    check_backend(backend)
-    if backend == "numpy":
-        return _numpy_namespace()
-    module = {
-        "dask": "array_api_compat.dask.array",
-        "cupy": "array_api_compat.cupy",
-        "array_api_strict": "array_api_strict",
-        "torch": "array_api_compat.torch",
-        "jax": "jax.numpy",
-    }[backend]
+    spec = entry(backend)
     try:
-        if backend == "jax":
-            import jax
-
-            # float64 needs x64 mode; enabling it keeps float32 arrays float32.
-            jax.config.update("jax_enable_x64", True)
-        return importlib.import_module(module)
+        module = importlib.import_module(spec.namespace_module())
     except ImportError as exc:
-        raise ImportError(
-            f"backend {backend!r} is not installed: pip install '{_INSTALL_HINT[backend]}' ({exc})"
-        ) from exc
-
-
-def _numpy_namespace() -> Any:
-    """NumPy itself from 2.1 on (it implements the standard; array-api-compat's wrappers
-    would add a Python call to every operation, a tenth of a small model's training
-    step), else ``array_api_compat.numpy``."""
-    major, minor = (int(part) for part in np.__version__.split(".")[:2])
-    if (major, minor) >= (2, 1):
-        return np
-    return importlib.import_module("array_api_compat.numpy")
+        raise ImportError(f"backend {backend!r} is not installed: {spec.install} ({exc})") from exc
+    if spec.setup is not None:
+        spec.setup()
+    return module
 
 
 def resolve_device(backend: str, device: Any = None) -> Any:
     """Turn a user's device (``None``, a string such as ``"cpu"``/``"cuda:0"``/``"device1"``,
     an int GPU index, or a backend device object) into the backend's device object.
 
-    ``None`` means the backend's default device.
+    ``None`` means the backend's default device. Raises ``ValueError`` for a device the
+    backend does not have.
     """
-    xp = namespace(backend)
-    if backend == "numpy" or backend == "dask":
-        if device not in (None, "cpu"):
-            raise ValueError(f"backend {backend!r} has only the 'cpu' device, not {device!r}")
-        return "cpu"
-    if backend == "array_api_strict":
-        if device is None:
-            return xp.Device()
-        if isinstance(device, str):
-            try:
-                return xp.Device(device)
-            except ValueError as exc:
-                raise ValueError(f"unknown array_api_strict device {device!r}: {exc}") from exc
-        return device
-    if backend == "torch":
-        import torch
-
-        try:
-            return torch.device("cpu") if device is None else torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"unknown torch device {device!r}: {exc}") from exc
-    if backend == "cupy":
-        import cupy
-
-        if device is None:
-            return cupy.cuda.Device()
-        if isinstance(device, str):
-            device = int(device.split(":")[-1]) if ":" in device else 0
-        return cupy.cuda.Device(device) if isinstance(device, int) else device
-    # jax
-    import jax
-
-    if device is None:
-        return jax.devices()[0]
-    if isinstance(device, str):
-        platform, _, index = device.partition(":")
-        try:
-            return jax.devices(platform)[int(index or 0)]
-        except RuntimeError as exc:
-            raise ValueError(f"unknown jax device {device!r}: {exc}") from exc
-    return device
-
-
-def torch_device_like(backend: str, device: Any = None) -> str:
-    """The PyTorch device string of the hardware that ``backend``/``device`` computes on:
-    ``"cuda:N"`` for CuPy GPU ``N`` (and JAX's ``gpu:N``), the device itself for torch,
-    ``"cpu"`` for the host backends. Used to put a PyTorch peer next to our arrays."""
-    dev = resolve_device(backend, device)
-    if backend == "cupy":
-        return f"cuda:{dev.id}"
-    if backend == "torch":
-        return str(dev)
-    if backend == "jax" and dev.platform == "gpu":
-        return f"cuda:{dev.id}"
-    return "cpu"
-
-
-def device_name(backend: str, device: Any = None) -> str:
-    """A readable name of the processor behind ``backend``/``device``: the GPU's name
-    for CuPy and CUDA devices of torch, else ``"cpu"`` (or the device's own string)."""
-    dev = resolve_device(backend, device)
-    if backend == "cupy":
-        import cupy
-
-        name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
-        return str(name.decode() if isinstance(name, bytes) else name)
-    if backend == "torch" and dev.type == "cuda":
-        import torch
-
-        return str(torch.cuda.get_device_name(dev))
-    if backend == "jax":
-        return str(getattr(dev, "device_kind", dev))
-    return "cpu" if backend in ("numpy", "dask") else str(dev)
+    namespace(backend)  # a missing backend is an ImportError, not an unknown device
+    return entry(backend).parse_device(device)
 
 
 def asarray(
@@ -173,75 +80,28 @@ def asarray(
     """Move host data (nested lists or a NumPy array) onto ``backend``/``device``.
 
     ``dtype`` is a dtype name (``"float32"``, ``"int64"``, ...); ``None`` keeps the
-    host dtype. On Dask, ``chunks`` sets the chunking (default: one chunk).
+    host dtype. On chunked backends (Dask), ``chunks`` sets the chunking (default: one
+    chunk).
     """
     host = np.asarray(host) if dtype is None else np.asarray(host, dtype=dtype)
-    if backend == "dask":
-        import dask.array as da
-
-        return da.from_array(host, chunks=-1 if chunks is None else chunks)
-    xp = namespace(backend)
-    dev = resolve_device(backend, device)
-    if backend == "numpy":
-        return xp.asarray(host)
-    if backend == "cupy":
-        import cupy
-
-        with dev:
-            return cupy.asarray(host)
-    if backend == "jax":
-        import jax
-
-        return jax.device_put(host, dev)
-    if backend == "torch":
-        import torch
-
-        return torch.from_numpy(np.ascontiguousarray(host)).to(dev)
-    return xp.asarray(host, device=dev)
+    return entry(backend).from_host(host, resolve_device(backend, device), chunks)
 
 
 def backend_of(x: Any) -> str:
     """The backend name of an array (``"numpy"``, ``"dask"``, ...)."""
     if isinstance(x, np.ndarray):
         # first: a freshly started Dask worker may still be importing dask.array, and
-        # is_dask_array would then fail on the half-imported module
+        # the Dask check would then fail on the half-imported module
         return "numpy"
-    checks = (
-        ("dask", array_api_compat.is_dask_array),
-        ("cupy", array_api_compat.is_cupy_array),
-        ("torch", array_api_compat.is_torch_array),
-        ("jax", array_api_compat.is_jax_array),
-        ("array_api_strict", lambda a: type(a).__module__.startswith("array_api_strict")),
-        ("numpy", array_api_compat.is_numpy_array),
-    )
-    for name, check in checks:
-        if check(x):
+    for name, spec in TABLE.items():
+        if spec.is_array(x):
             return name
     raise TypeError(f"not an array of a supported backend: {type(x).__name__}")
 
 
 def to_numpy(x: Any) -> np.ndarray:
     """Copy any supported array (computing it if lazy) to a NumPy array on the host."""
-    backend = backend_of(x)
-    if backend == "dask":
-        return np.asarray(x.compute())
-    if backend == "cupy":
-        return np.asarray(x.get())
-    if backend == "torch":
-        return np.asarray(x.detach().cpu().numpy())
-    if backend == "array_api_strict":
-        import array_api_strict
-
-        return np.asarray(x.to_device(array_api_strict.Device("CPU_DEVICE")))
-    return np.asarray(x)
-
-
-def runs_on_host_threads(x: Any) -> bool:
-    """True for arrays whose operations run in the calling thread on this host's CPU and
-    release the GIL while they compute (NumPy), so that threads over shards of a batch
-    run in parallel. Other backends bring their own parallelism (torch's intra-op
-    threads, GPUs, Dask's scheduler) or none that threads could use."""
-    return isinstance(x, np.ndarray)
+    return np.asarray(TABLE[backend_of(x)].to_host(x))
 
 
 def is_lazy(x: Any) -> bool:
@@ -255,33 +115,26 @@ def is_lazy(x: Any) -> bool:
 
 
 def lazy_value_check(x: Any, check: Any, message: str) -> Any:
-    """Attach a value check to a lazy Dask array so that it raises ``ValueError(message)``
-    when the data is computed; other lazy arrays are returned unchanged.
-
-    ``check`` takes a NumPy block and returns True when the block is valid.
-    """
-    if not array_api_compat.is_dask_array(x):
-        return x
-
-    def _checked(block: Any) -> Any:
-        if not check(block):
-            raise ValueError(message)
-        return block
-
-    import dask.array as da
-
-    return da.map_blocks(_checked, x, dtype=x.dtype)
+    """Attach a value check to a lazy chunked array (Dask) so that it raises
+    ``ValueError(message)`` when the data is computed; other arrays are returned
+    unchanged. ``check`` takes one block and returns True when the block is valid."""
+    spec = TABLE[backend_of(x)]
+    return x if spec.attach_check is None else spec.attach_check(x, check, message)
 
 
-def materialize(arrays: list[Any]) -> list[Any]:
-    """Evaluate lazy Dask arrays in one computation and keep them as in-memory Dask arrays
-    (``dask.persist``), so that a training loop's graph does not grow step after step.
-    Arrays of other backends are returned as they are."""
-    if not any(array_api_compat.is_dask_array(a) for a in arrays):
-        return arrays
-    from dask.base import persist
-
-    return list(persist(*arrays))
+def persist(arrays: list[Any]) -> list[Any]:
+    """Evaluate lazy arrays in one computation per backend and keep the results as arrays
+    of that backend held in memory (Dask's ``persist``), so that the graph of a training
+    loop does not grow step after step; arrays of eager backends are returned as they are."""
+    out = list(arrays)
+    for name in {backend_of(a) for a in arrays}:
+        spec = TABLE[name]
+        if spec.persist is None:
+            continue
+        picked = [i for i, a in enumerate(arrays) if backend_of(a) == name]
+        for i, done in zip(picked, spec.persist([arrays[i] for i in picked]), strict=True):
+            out[i] = done
+    return out
 
 
 _NAMESPACES: dict[type, Any] = {}
@@ -316,7 +169,7 @@ def array_namespace(*arrays: Any) -> Any:
     ns = _NAMESPACES.get(kind)
     if ns is None:
         if kind is np.ndarray:
-            ns = _numpy_namespace()
+            ns = namespace("numpy")
         else:
             ns = array_api_compat.array_namespace(arrays[0])
         _NAMESPACES[kind] = ns

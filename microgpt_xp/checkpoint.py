@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import _xp
+from ._files import atomic_write
 from .config import GPTConfig
 from .data import Tokenizer
 from .optim import Adam
@@ -67,8 +66,9 @@ def save(
     tokenizer: Tokenizer | None = None,
     meta: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint atomically: to a temporary file in the same folder, fsync, then
-    rename over ``path``. A crash mid-save leaves the previous file intact. Returns the path.
+    """Write a checkpoint atomically (:func:`microgpt_xp._files.atomic_write`): a crash
+    mid-save leaves the previous file intact, and the temporary files of earlier crashed
+    saves of ``path`` are removed. Returns the path.
     """
     path = Path(path)
     # one computation for lazy (Dask) records instead of one per array
@@ -92,26 +92,7 @@ def save(
     }
     buf = io.BytesIO()
     np.savez(buf, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; use the usual file mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
+    return atomic_write(path, buf.getvalue())
 
 
 def load(

@@ -169,8 +169,7 @@ def run_exact(
         lengths = _xp.asarray(np.array([len(row)], dtype=np.int64), backend, device=device)
         loss, grads = loss_and_grads(params, tokens, lengths)
         params = adam.step(params, grads)
-        loss, params, m, v = materialize(loss, params, *adam.moments)
-        adam.moments = (m, v)
+        loss, params, adam.m, adam.v = materialize(loss, params, adam.m, adam.v)
         loss_value = float(_xp.to_numpy(loss))
         run.losses.append(loss_value)
         _emit(

@@ -314,23 +314,28 @@ def decode_attention(q_t: Array, keys: Array, values: Array, n_head: int) -> Arr
 def cross_entropy_forward(
     logits_t: Array, targets: Array, valid: Array | None = None
 ) -> tuple[Array, Any]:
-    """Per-position ``−log softmax(logits)[target]``, taking the log of the probability
-    as the original does.
+    """Per-position ``−log softmax(logits)[target]``, computed stably as
+    ``log Σ exp(z − max z) − (z[target] − max z)``.
 
     ``logits_t (V, N)`` (one column per position, see :func:`linear_t_forward`),
-    ``targets (N,)`` integer ids -> ``losses (N,)``. In this layout the softmax's max and
-    sum and the pick of the target run over the leading axis, a vectorized pass per id.
+    ``targets (N,)`` integer ids -> ``losses (N,)``. In this layout the max, the sum and
+    the pick of the target run over the leading axis, a vectorized pass per id. Taking the
+    log of the probability, as the original does, gives ``inf`` once the target's
+    probability underflows (a logit ~104 below the max in float32), while the true loss is
+    finite; this form never does, and in float64 it prints the original's losses.
     ``valid (N,)``, where given, marks real positions with a nonzero value: the others
-    (padding) get loss 0 whatever their probability, because a probability that
-    underflows to 0 there would give ``−log 0 = inf``, and ``inf · 0`` is NaN.
+    (padding) get loss 0 whatever the model predicts there.
     """
     xp = array_namespace(logits_t, targets)
-    p = softmax(logits_t, axis=0)
+    shifted = logits_t - xp.max(logits_t, axis=0, keepdims=True)
+    e = xp.exp(shifted)
+    total = xp.sum(e, axis=0)
+    p = e * total[None, :] ** -1
     onehot = one_hot(targets, logits_t.shape[0], logits_t.dtype, axis=0)
-    picked = xp.sum(p * onehot, axis=0)
+    losses = xp.log(total) - xp.sum(shifted * onehot, axis=0)
     if valid is not None:
-        picked = xp.where(valid != 0, picked, xp.ones_like(picked))
-    return -xp.log(picked), (p, onehot)
+        losses = xp.where(valid != 0, losses, xp.zeros_like(losses))
+    return losses, (p, onehot)
 
 
 def cross_entropy_backward(dlosses: Array, cache: Any) -> Array:

@@ -7,117 +7,18 @@ runs on whatever namespace and device the inputs live on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 from array_api_compat import device
 
-from . import _procs, _threads, _xp
 from . import layers as L
+from ._checks import check_tokens as _check_tokens
 from ._xp import array_namespace
-from .config import GPTConfig
-from .params import FIELDS, LAYER_FIELDS, Params
+from .params import LAYER_FIELDS, Params
 
 Array = Any
 Reduction = Literal["mean", "token_mean"]
-
-
-# -- input checks (at the edge, before any model code) -----------------------------------
-def _check_same_place(params: Params, arrays: dict[str, Array]) -> Any:
-    for name, a in arrays.items():
-        try:
-            xp = array_namespace(a, params.wte)
-        except TypeError as exc:
-            raise TypeError(
-                f"{name} and params are arrays of different namespaces "
-                f"({type(a).__module__}.{type(a).__name__} vs {params.backend}): {exc}"
-            ) from exc
-        # traced (jax.jit) arrays have no device; they are placed by the tracer
-        if (
-            device(a) is not None
-            and params.device is not None
-            and str(device(a)) != str(params.device)
-        ):
-            raise ValueError(f"{name} is on device {device(a)} but params are on {params.device}")
-    return xp
-
-
-def _eager_values(x: Array) -> np.ndarray | None:
-    """Host values of an eager array for validation; ``None`` for lazy arrays."""
-    if _xp.is_lazy(x):
-        return None
-    return _xp.to_numpy(x)
-
-
-def _check_tokens(
-    params: Params, tokens: Array, lengths: Array | None, *, max_len: int, min_length: int
-) -> tuple[Array, Array]:
-    """Validate ``tokens (B, T)`` / ``lengths (B,)`` and return them (lengths filled in).
-
-    Value checks (ids in range, lengths that fit) run on eager arrays; on Dask they are
-    attached to the graph and raise when computed.
-    """
-    if not hasattr(tokens, "shape") or not hasattr(tokens, "dtype"):
-        raise TypeError(f"tokens must be an array, got {type(tokens).__name__}")
-    xp = _check_same_place(params, {"tokens": tokens})
-    if not _xp.is_integral(xp, tokens.dtype):
-        raise TypeError(f"tokens must have an integer dtype, got {tokens.dtype}")
-    if tokens.ndim != 2:
-        raise ValueError(f"tokens must be 2-d (batch, time), got shape {tuple(tokens.shape)}")
-    b, t = tokens.shape
-    if t > max_len:
-        raise ValueError(f"sequence length {t} exceeds the model's limit {max_len}")
-    if t < min_length:
-        raise ValueError(f"sequences need at least {min_length} tokens, got {t}")
-    if lengths is None:
-        lengths = xp.full((b,), t, dtype=tokens.dtype, device=device(tokens))
-    else:
-        _check_same_place(params, {"lengths": lengths})
-        if not _xp.is_integral(xp, lengths.dtype):
-            raise TypeError(f"lengths must have an integer dtype, got {lengths.dtype}")
-        if tuple(lengths.shape) != (b,):
-            raise ValueError(
-                f"lengths must have shape ({b},) to match tokens, got {tuple(lengths.shape)}"
-            )
-    vocab = params.config.vocab_size
-    tok_host, len_host = _eager_values(tokens), _eager_values(lengths)
-    if (
-        len_host is not None
-        and len_host.size
-        and (len_host.min() < min_length or len_host.max() > t)
-    ):
-        raise ValueError(
-            f"lengths must lie in [{min_length}, {t}] for tokens of shape {(b, t)}, "
-            f"got min {len_host.min()} max {len_host.max()}"
-        )
-    if (
-        tok_host is not None
-        and len_host is not None
-        and tok_host.size
-        and (tok_host.min() < 0 or tok_host.max() >= vocab)
-    ):
-        # out-of-range ids are allowed in the padding: look for one at a real position
-        real = np.arange(t)[None, :] < len_host[:, None]
-        bad = real & ((tok_host < 0) | (tok_host >= vocab))
-        if bad.any():
-            row, col = np.argwhere(bad)[0]
-            raise ValueError(
-                f"token id {tok_host[row, col]} at [{row}, {col}] is outside [0, {vocab})"
-            )
-    if _xp.is_lazy(tokens) or _xp.is_lazy(lengths):
-        tokens = _xp.lazy_value_check(
-            tokens,
-            lambda blk: bool(((blk >= 0) & (blk < vocab)).all()) if blk.size else True,
-            f"token ids must lie in [0, {vocab}) (padding included, on lazy arrays)",
-        )
-        lengths = _xp.lazy_value_check(
-            lengths,
-            lambda blk: bool(((blk >= min_length) & (blk <= t)).all()) if blk.size else True,
-            f"lengths must lie in [{min_length}, {t}] for tokens of shape {(b, t)} (on lazy arrays)",
-        )
-    return tokens, lengths
 
 
 def _real_mask(lengths: Array, t: int, dtype: Any) -> Array:
@@ -246,13 +147,11 @@ def forward(params: Params, tokens: Array, lengths: Array | None = None) -> Arra
 def _prediction_inputs(
     params: Params, tokens: Array, lengths: Array
 ) -> tuple[Array, Array, Array, Array]:
-    """Split documents ``(B, L)`` into model inputs, targets and the per-row number of
-    predictions ``n = min(lengths - 1, block_size)``; returns ``(inputs, targets, n, valid)``."""
+    """Split checked documents ``(B, L)`` into model inputs, targets and the per-row number
+    of predictions ``n = min(lengths - 1, block_size)``; returns ``(inputs, targets, n,
+    valid)``."""
     xp = params.xp
     cfg = params.config
-    tokens, lengths = _check_tokens(
-        params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
-    )
     t = min(tokens.shape[1] - 1, cfg.block_size)
     safe = _safe_tokens(tokens, lengths)
     n = xp.minimum(lengths - 1, xp.full_like(lengths, cfg.block_size))
@@ -294,7 +193,6 @@ def loss_and_grads(
     lengths: Array,
     *,
     reduction: Reduction = "mean",
-    workers: int | None = 1,
 ) -> tuple[Array, Params]:
     """The training loss of a batch of documents and its gradient (hand-written backward).
 
@@ -308,26 +206,34 @@ def loss_and_grads(
             batch loss the mean of the rows' losses — exactly microgpt's loss when
             ``B = 1``. ``"token_mean"``: the mean over all predicted tokens of the batch,
             so long documents weigh more.
-        workers: threads to split a NumPy batch over, by rows (``1``, the default: no
-            split). ``None`` chooses by the batch's size and the usable CPU cores: on
-            Linux, worker processes where the batch has enough work for two (see
-            :func:`microgpt_xp._procs.plan`), else threads (see
-            :func:`microgpt_xp._threads.plan`). Each thread or process computes its rows'
-            loss and gradients, which are then averaged with the reduction's weights: the
-            same values up to rounding, and the same bits for the same number of shards.
-            Other namespaces run as one batch (Dask chunks and GPUs have their own
-            parallelism).
 
     Returns:
         ``(loss, grads)``: ``loss`` a 0-d array of the params' namespace, ``grads`` a
         :class:`Params` of the same namespace, device and dtype. Rows of ``wte``/``wpe``
         the batch does not use get exactly zero gradient.
+
+    Raises ``TypeError``/``ValueError`` for tokens or lengths of another namespace or
+    device, non-integer dtypes, ids outside ``[0, V)`` at real positions, or lengths that
+    do not fit (checked here, once, before any model code; on lazy arrays the value
+    checks run when the result is computed).
     """
+    _check_reduction(reduction)
+    cfg = params.config
+    tokens, lengths = _check_tokens(
+        params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
+    )
+    return _loss_and_grads(params, tokens, lengths, reduction)
+
+
+def _check_reduction(reduction: str) -> None:
     if reduction not in ("mean", "token_mean"):
         raise ValueError(f"reduction must be 'mean' or 'token_mean', got {reduction!r}")
-    plan = _host_plan(params, tokens, workers, processes=True)
-    if plan != _threads.UNCHANGED:
-        return _threaded_loss_and_grads(params, tokens, lengths, reduction, plan)
+
+
+def _loss_and_grads(
+    params: Params, tokens: Array, lengths: Array, reduction: Reduction
+) -> tuple[Array, Params]:
+    """:func:`loss_and_grads` of a checked batch: the math alone, no host reads."""
     xp = params.xp
     losses, n, valid, caches, c_ce = _nll(params, tokens, lengths)
     weights, factor = _row_weights(n, valid, reduction)
@@ -341,116 +247,20 @@ def loss_and_grads(
     return loss, Params.trusted(params.config, {**grads, "lm_head": dlm_head})
 
 
-def _host_plan(
-    params: Params, tokens: Array, workers: int | None, *, processes: bool = False
-) -> _threads.Plan:
-    """How a batch of ``tokens`` runs with ``workers`` (see :func:`loss_and_grads`):
-    :data:`~microgpt_xp._threads.UNCHANGED` unless the arrays are NumPy's and the plan
-    shares the batch over threads, or (``processes=True``, ``workers=None``, Linux) over
-    worker processes. Malformed tokens get the unchanged plan too, so that the plain
-    path's checks report them."""
-    _threads.check_workers(workers)
-    if workers == 1 or not _xp.runs_on_host_threads(tokens) or tokens.ndim != 2:
-        return _threads.UNCHANGED
-    return sequence_plan(
-        params.config, tokens.shape[0], tokens.shape[1], workers, processes=processes
-    )
-
-
-def sequence_plan(
-    config: GPTConfig, rows: int, length: int, workers: int | None, *, processes: bool
-) -> _threads.Plan:
-    """The plan of a NumPy batch of ``rows`` documents of ``length`` tokens: with
-    ``processes`` (training), ``workers=None`` and worker processes available, the
-    :func:`microgpt_xp._procs.plan` when it has more than one shard; else the threads'
-    :func:`microgpt_xp._threads.sequence_plan`."""
-    if processes and workers is None and _procs.available():
-        by_processes = _procs.plan(config, rows, length)
-        if by_processes.shards > 1:
-            return by_processes
-    return _threads.sequence_plan(config, rows, length, workers)
-
-
-def _on_row_shards(
-    params: Params,
-    tokens: Array,
-    lengths: Array,
-    plan: _threads.Plan,
-    fn: Callable[[Array, Array, int, int], Any],
-) -> list[Any]:
-    """``fn(tokens, lengths, start, stop)`` of each row range of ``plan``, on its own
-    thread, after checking the whole batch here (so that an error names its row in the
-    batch, not in a shard); ``tokens`` and ``lengths`` are the checked arrays."""
+def score(params: Params, tokens: Array, lengths: Array) -> Array:
+    """Each document's mean negative log-likelihood per predicted token (the spec's loss
+    of that document), with the same ``tokens (B, L)`` / ``lengths (B,)`` conventions and
+    checks as :func:`loss_and_grads`. Returns ``(B,)`` in the params' dtype; lazy on Dask."""
     cfg = params.config
     tokens, lengths = _check_tokens(
         params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
     )
-    return _threads.run(plan, lambda start, stop: fn(tokens, lengths, start, stop), tokens.shape[0])
+    return _score(params, tokens, lengths)
 
 
-def _threaded_loss_and_grads(
-    params: Params, tokens: Array, lengths: Array, reduction: Reduction, plan: _threads.Plan
-) -> tuple[Array, Params]:
-    """:func:`loss_and_grads` run as ``plan`` says: its row ranges on their own threads
-    (or worker processes), combined. The batch loss is the weighted sum of the shards'
-    losses (weights: each shard's share of the rows for ``"mean"``, of the predicted
-    tokens for ``"token_mean"``), and so are the gradients."""
-    cfg = params.config
-
-    def weight(lengths: Array, start: int, stop: int) -> float:
-        if reduction == "mean":
-            return (stop - start) / int(lengths.shape[0])
-        n = np.minimum(_xp.to_numpy(lengths) - 1, cfg.block_size)
-        return float(n[start:stop].sum() / n.sum())
-
-    def shard(tokens: Array, lengths: Array, start: int, stop: int) -> tuple[float, Any, Any]:
-        loss, grads = loss_and_grads(
-            params, tokens[start:stop, ...], lengths[start:stop], reduction=reduction
-        )
-        return weight(lengths, start, stop), loss, grads
-
-    if plan.processes:
-        tokens, lengths = _check_tokens(
-            params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
-        )
-        bounds = _threads.shard_bounds(tokens.shape[0], plan.shards)
-        with _threads.blas_limit(plan.blas_threads):
-            results = _procs.run(params, tokens, lengths, reduction, bounds)
-        parts = [
-            (weight(lengths, start, stop), loss, grads)
-            for (start, stop), (loss, grads) in zip(bounds, results, strict=True)
-        ]
-    else:
-        parts = _on_row_shards(params, tokens, lengths, plan, shard)
-    weights, losses, shard_grads = zip(*parts, strict=True)
-
-    def combine(values: list[Array]) -> Array:
-        total = weights[0] * values[0]
-        for w, value in zip(weights[1:], values[1:], strict=True):
-            total = total + w * value
-        return total
-
-    loss = combine(list(losses))
-    grads = {name: combine([getattr(g, name) for g in shard_grads]) for name in FIELDS}
-    return loss, Params.trusted(cfg, grads)
-
-
-def score(params: Params, tokens: Array, lengths: Array, *, workers: int | None = 1) -> Array:
-    """Each document's mean negative log-likelihood per predicted token (the spec's loss
-    of that document), with the same ``tokens (B, L)`` / ``lengths (B,)`` conventions as
-    :func:`loss_and_grads`, ``workers`` included (a row's score does not depend on the
-    threads). Returns ``(B,)`` in the params' dtype; lazy on Dask."""
+def _score(params: Params, tokens: Array, lengths: Array) -> Array:
+    """:func:`score` of a checked batch."""
     xp = params.xp
-    plan = _host_plan(params, tokens, workers)
-    if plan != _threads.UNCHANGED:
-        parts = _on_row_shards(
-            params,
-            tokens,
-            lengths,
-            plan,
-            lambda tok, lens, start, stop: score(params, tok[start:stop, ...], lens[start:stop]),
-        )
-        return xp.concat(parts, axis=0)
     losses, n, _, _, _ = _nll(params, tokens, lengths)
     return xp.sum(losses, axis=1) * (1.0 / xp.astype(n, losses.dtype))
 

@@ -1,117 +1,190 @@
-"""Adam with microgpt's linear learning-rate decay."""
+"""Adam with microgpt's linear learning-rate decay: pure functions over a state record,
+and a thin stateful wrapper.
+
+:func:`adam_init` and :func:`adam_update` are pure: the step count is a 0-d array in the
+:class:`AdamState`, so the update has no Python state and compiles once under
+``jax.jit``. :class:`Adam` keeps an :class:`AdamState` and a host copy of the step count
+for the training loop and checkpoints; its results are those of :func:`adam_update`.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
-from . import _xp
-from .params import FIELDS, Params, field_shapes
+from .params import Params, flatten, unflatten
+
+#: The spec's hyperparameters.
+LR, BETA1, BETA2, EPS, NUM_STEPS = 0.01, 0.85, 0.99, 1e-8, 1000
+
+
+@dataclass(frozen=True)
+class AdamState:
+    """Adam's state: the first and second moments ``m`` and ``v`` (:class:`Params` of the
+    weights' namespace, device, dtype and shapes) and ``step``, a 0-d integer array of
+    that namespace holding the number of updates taken. A JAX pytree when JAX is
+    installed (see :mod:`microgpt_xp.params`)."""
+
+    m: Params
+    v: Params
+    step: Any
+
+
+def adam_init(params: Params) -> AdamState:
+    """The state before the first update: zero moments, ``step = 0``."""
+    if not isinstance(params, Params):
+        raise TypeError(f"adam_init needs a Params, got {type(params).__name__}")
+    xp = params.xp
+    zeros = params.map(xp.zeros_like, check=False)
+    return AdamState(zeros, zeros, xp.asarray(0, dtype=xp.int64, device=params.device))
+
+
+def adam_update(
+    params: Params,
+    grads: Params,
+    state: AdamState,
+    *,
+    lr: float = LR,
+    beta1: float = BETA1,
+    beta2: float = BETA2,
+    eps: float = EPS,
+    num_steps: int = NUM_STEPS,
+) -> tuple[Params, AdamState]:
+    """One Adam update of ``params`` with ``grads`` (the spec's, §8): returns the new
+    params and state; nothing is modified.
+
+    With ``t = state.step`` (0-based): ``lr_t = lr * (1 - t / num_steps)``,
+    ``m = beta1 m + (1 - beta1) g``, ``v = beta2 v + (1 - beta2) g²``,
+    ``p -= lr_t (m / (1 - beta1^(t+1))) / (sqrt(v / (1 - beta2^(t+1))) + eps)``.
+    Every weight moves, those with a zero gradient too (from momentum), as in the original.
+    The step-dependent factors are computed in float64 and then rounded to the weights'
+    dtype, as Python floats would be; ``1 - beta`` is the Python float (0.15000000000000002
+    for 0.85). No value is read to the host, so the function traces under ``jax.jit``.
+
+    The four records are updated as one flat vector each (a dozen array operations per
+    step rather than a dozen per field; every element's arithmetic is the same).
+    """
+    xp = params.xp
+    dtype = params.dtype
+    t = xp.astype(state.step, xp.float64)
+    lr_t = xp.astype(lr * (1.0 - t / num_steps), dtype)
+    bc1 = xp.astype(1.0 - xp.pow(xp.full_like(t, beta1), t + 1.0), dtype)
+    bc2 = xp.astype(1.0 - xp.pow(xp.full_like(t, beta2), t + 1.0), dtype)
+    c1, c2 = 1 - beta1, 1 - beta2  # Python floats, evaluated as the original does
+    p, g = flatten(params), flatten(grads)
+    m = beta1 * flatten(state.m) + c1 * g
+    v = beta2 * flatten(state.v) + c2 * (g * g)
+    p = p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + eps)
+    cfg = params.config
+    new_state = AdamState(unflatten(m, cfg), unflatten(v, cfg), state.step + 1)
+    return unflatten(p, cfg), new_state
+
+
+def check_hyperparameters(lr: Any, beta1: Any, beta2: Any, eps: Any, num_steps: Any) -> None:
+    """Raise ``TypeError``/``ValueError`` unless the hyperparameters are finite real numbers
+    with ``lr > 0``, ``0 <= beta < 1``, ``eps > 0`` and ``num_steps`` a positive int."""
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
+    for name, value in (("lr", lr), ("beta1", beta1), ("beta2", beta2), ("eps", eps)):
+        if isinstance(value, bool) or not _is_real(value):
+            raise TypeError(f"{name} must be a real number, got {value!r}")
+        if not math.isfinite(float(value)):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr!r}")
+    for name, beta in (("beta1", beta1), ("beta2", beta2)):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"{name} must lie in [0, 1), got {beta!r}")
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps!r}")
+
+
+def _is_real(value: Any) -> bool:
+    """A Python or NumPy real scalar (not a string, not an array of several values)."""
+    import numbers
+
+    return isinstance(value, numbers.Real)
 
 
 class Adam:
-    """The spec's Adam: bias-corrected moments, ``eps`` added outside the square root, and
-    the learning rate decayed linearly, ``lr_t = lr * (1 - t / num_steps)`` for the
-    ``t``-th call of :meth:`step` (0-based). Every parameter is updated every step, also
-    those whose gradient is zero (they keep moving from momentum), as the original does.
+    """The spec's Adam as a stateful object: bias-corrected moments, ``eps`` added outside
+    the square root, and the learning rate decayed linearly, ``lr_t = lr * (1 - t /
+    num_steps)`` for the ``t``-th call of :meth:`step` (0-based). Every parameter is
+    updated every step, also those whose gradient is zero, as the original does.
 
-    The moments ``m`` and ``v`` are :class:`Params` on the params' namespace, device and
-    dtype; ``t`` counts the steps taken. No weight decay, no clipping.
-
-    On eager backends all fields are updated as one flat vector, a dozen array
-    operations a step instead of a dozen per field (the arithmetic of every element is the
-    same, so are the results). Lazy (Dask) records are updated field by field, keeping
-    each field's chunks: flattening would merge and re-split them step after step.
+    A thin wrapper over :func:`adam_init`/:func:`adam_update`: ``state`` is the
+    :class:`AdamState`, ``t`` a host copy of its step count (so that the training loop
+    never reads the device for it), ``m`` and ``v`` the moments. No weight decay, no
+    clipping.
     """
 
     def __init__(
         self,
         params: Params,
-        lr: float = 0.01,
-        beta1: float = 0.85,
-        beta2: float = 0.99,
-        eps: float = 1e-8,
-        num_steps: int = 1000,
+        lr: float = LR,
+        beta1: float = BETA1,
+        beta2: float = BETA2,
+        eps: float = EPS,
+        num_steps: int = NUM_STEPS,
     ) -> None:
         if not isinstance(params, Params):
             raise TypeError(f"Adam needs a Params, got {type(params).__name__}")
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-            raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
-        if not lr > 0:
-            raise ValueError(f"lr must be positive, got {lr!r}")
-        for name, beta in (("beta1", beta1), ("beta2", beta2)):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"{name} must lie in [0, 1), got {beta!r}")
-        if not eps > 0:
-            raise ValueError(f"eps must be positive, got {eps!r}")
-        self.lr, self.beta1, self.beta2, self.eps = (
-            float(lr),
-            float(beta1),
-            float(beta2),
-            float(eps),
-        )
+        check_hyperparameters(lr, beta1, beta2, eps, num_steps)
+        self.lr, self.beta1, self.beta2, self.eps = float(lr), float(beta1), float(beta2), float(eps)
         self.num_steps = num_steps
         self.config = params.config
-        shapes = field_shapes(params.config)
-        self._layout = [(name, shapes[name], math.prod(shapes[name])) for name in FIELDS]
-        self._flat = not _xp.is_lazy(params.wte)
-        zeros = params.map(params.xp.zeros_like)
-        self._m: Any = self._pack(zeros)
-        self._v: Any = self._pack(zeros)
-        # the flat vector of the last params this optimizer returned, to skip re-flattening
-        self._last: tuple[tuple[Any, ...], Any] | None = None
-        self.t = 0
+        self.state = adam_init(params)
+        self._t = 0
 
-    # -- the state's layout --------------------------------------------------------------
-    def _pack(self, record: Params) -> Any:
-        """A record in the internal layout: one flat vector, or the record itself."""
-        if record.config != self.config:
-            raise ValueError(f"a record of {record.config} given to Adam for {self.config}")
-        if not self._flat:
-            return record
-        xp = record.xp
-        return xp.concat([xp.reshape(getattr(record, name), (-1,)) for name in FIELDS])
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`adam_update` (``lr``, ``beta1``, ``beta2``,
+        ``eps``, ``num_steps``)."""
+        return {
+            "lr": self.lr,
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+            "eps": self.eps,
+            "num_steps": self.num_steps,
+        }
 
-    def _unpack(self, packed: Any) -> Params:
-        """The inverse of :meth:`_pack` (views of the flat vector)."""
-        if not self._flat:
-            return packed  # type: ignore[no-any-return]
-        xp = _xp.array_namespace(packed)
-        fields, offset = {}, 0
-        for name, shape, size in self._layout:
-            fields[name] = xp.reshape(packed[offset : offset + size], shape)
-            offset += size
-        return Params.trusted(self.config, fields)
+    @property
+    def t(self) -> int:
+        """The number of updates taken."""
+        return self._t
+
+    @t.setter
+    def t(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= self.num_steps:
+            raise ValueError(f"t must be an int in [0, {self.num_steps}], got {value!r}")
+        xp = self.state.m.xp
+        step = xp.asarray(value, dtype=xp.int64, device=self.state.m.device)
+        self.state = AdamState(self.state.m, self.state.v, step)
+        self._t = value
 
     @property
     def m(self) -> Params:
-        """The first moments, one array per field."""
-        return self._unpack(self._m)
+        """The first moments."""
+        return self.state.m
 
     @m.setter
     def m(self, value: Params) -> None:
-        self._m = self._pack(value)
+        self.state = AdamState(self._check(value), self.state.v, self.state.step)
 
     @property
     def v(self) -> Params:
-        """The second moments, one array per field."""
-        return self._unpack(self._v)
+        """The second moments."""
+        return self.state.v
 
     @v.setter
     def v(self, value: Params) -> None:
-        self._v = self._pack(value)
+        self.state = AdamState(self.state.m, self._check(value), self.state.step)
 
-    @property
-    def moments(self) -> tuple[Any, Any]:
-        """``(m, v)`` in the optimizer's own layout (two ``(num_params,)`` vectors in the
-        spec's field order on eager backends, two :class:`Params` on lazy ones): what a
-        training loop keeps, restores or evaluates (``materialize``) without any copying.
-        Assign back only what this property returned (or its materialized form)."""
-        return self._m, self._v
-
-    @moments.setter
-    def moments(self, value: tuple[Any, Any]) -> None:
-        self._m, self._v = value
+    def _check(self, record: Params) -> Params:
+        if not isinstance(record, Params) or record.config != self.config:
+            raise ValueError(f"Adam's moments must be Params of {self.config}")
+        return record
 
     def lr_at(self, t: int) -> float:
         """The learning rate of the ``t``-th step (0-based)."""
@@ -121,51 +194,33 @@ class Adam:
         """Apply one update and return the new params (the inputs are not modified).
 
         ``grads`` must have the params' config, namespace, device and dtype. Raises
-        ``ValueError`` once ``num_steps`` steps have been taken.
+        ``ValueError`` once ``num_steps`` steps have been taken, and for gradients that do
+        not match the params.
         """
-        if self.t >= self.num_steps:
+        if self._t >= self.num_steps:
             raise ValueError(f"Adam has taken all its num_steps={self.num_steps} steps")
-        if grads.config != params.config:
-            raise ValueError("grads and params have different configs")
-        t = self.t
-        lr_t = self.lr_at(t)
-        b1, b2, eps = self.beta1, self.beta2, self.eps
-        # Python floats, evaluated as the original does: (1 - beta) is 0.15000000000000002.
-        c1, c2 = 1 - b1, 1 - b2
-        bc1, bc2 = 1 - b1 ** (t + 1), 1 - b2 ** (t + 1)
-
-        def update(p: Any, g: Any, m: Any, v: Any) -> tuple[Any, Any, Any]:
-            m = b1 * m + c1 * g
-            v = b2 * v + c2 * (g * g)
-            return p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + eps), m, v
-
-        self.t = t + 1
-        if not self._flat:
-            out = {
-                name: update(*(getattr(r, name) for r in (params, grads, self._m, self._v)))
-                for name in FIELDS
-            }
-            self._m = Params.trusted(self.config, {k: o[1] for k, o in out.items()})
-            self._v = Params.trusted(self.config, {k: o[2] for k, o in out.items()})
-            return Params.trusted(self.config, {k: o[0] for k, o in out.items()})
-        arrays = tuple(getattr(params, name) for name in FIELDS)
-        last = self._last
-        if last is not None and all(a is b for a, b in zip(arrays, last[0], strict=True)):
-            flat = last[1]
-        else:
-            flat = self._pack(params)
-        new, self._m, self._v = update(flat, self._pack(grads), self._m, self._v)
-        result = self._unpack(new)
-        self._last = (tuple(getattr(result, name) for name in FIELDS), new)
-        return result
+        check_like(params, grads, "grads")
+        params, self.state = adam_update(params, grads, self.state, **self.hyperparameters)
+        self._t += 1
+        return params
 
     def state_dict(self) -> dict[str, Any]:
         """Hyperparameters and step count (the moments are ``self.m`` / ``self.v``)."""
-        return {
-            "lr": self.lr,
-            "beta1": self.beta1,
-            "beta2": self.beta2,
-            "eps": self.eps,
-            "num_steps": self.num_steps,
-            "t": self.t,
-        }
+        return {**self.hyperparameters, "t": self._t}
+
+
+def check_like(params: Params, other: Params, what: str) -> None:
+    """Raise unless ``other`` is a :class:`Params` with the config, namespace, dtype and
+    device of ``params`` (an update must not silently change any of them)."""
+    if not isinstance(other, Params):
+        raise TypeError(f"{what} must be a Params, got {type(other).__name__}")
+    if other.config != params.config:
+        raise ValueError(f"{what} and params have different configs")
+    if type(other.wte) is not type(params.wte):
+        raise TypeError(
+            f"{what} are {type(other.wte).__name__} arrays but params {type(params.wte).__name__}"
+        )
+    if other.dtype != params.dtype:
+        raise TypeError(f"{what} have dtype {other.dtype} but params {params.dtype}")
+    if str(other.device) != str(params.device):
+        raise ValueError(f"{what} are on device {other.device} but params on {params.device}")

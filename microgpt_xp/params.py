@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -290,16 +292,48 @@ def init_params(
     return Params.from_state_dict(state, config=config, backend=backend, device=device, dtype=dtype)
 
 
+def layout(config: GPTConfig) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
+    """``(name, start, stop, shape)`` of every field in :func:`flatten`'s vector."""
+    return _layout(config)
+
+
+@functools.cache
+def _layout(config: GPTConfig) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
+    out, offset = [], 0
+    for name, shape in field_shapes(config).items():
+        size = math.prod(shape)
+        out.append((name, offset, offset + size, tuple(shape)))
+        offset += size
+    return tuple(out)
+
+
+def flatten(record: Params) -> Any:
+    """The fields of ``record`` one after another as one ``(num_params,)`` array of its
+    namespace (in :data:`FIELDS` order, each field row-major)."""
+    xp = record.xp
+    return xp.concat([xp.reshape(getattr(record, name), (-1,)) for name in FIELDS])
+
+
+def unflatten(flat: Any, config: GPTConfig) -> Params:
+    """The inverse of :func:`flatten`: a ``Params`` whose fields are reshaped slices of
+    ``flat (num_params,)`` (views where the namespace has them)."""
+    xp = _xp.array_namespace(flat)
+    fields = {
+        name: xp.reshape(flat[start:stop], shape) for name, start, stop, shape in _layout(config)
+    }
+    return Params.trusted(config, fields)
+
+
 def materialize(*items: Any) -> tuple[Any, ...]:
     """Evaluate arrays and ``Params`` records together — one Dask computation whose
-    results stay in memory — so that a training loop's graph does not grow; a no-op on
-    eager backends. Returns the items in the same order and structure."""
+    results stay in memory (``dask.persist``) — so that a training loop's graph does not
+    grow; a no-op on eager backends. Returns the items in the same order and structure."""
     flat: list[Any] = []
     for item in items:
         flat.extend(item.arrays().values() if isinstance(item, Params) else [item])
     if not any(_xp.is_lazy(a) for a in flat):
         return items  # the very same objects, so that caches keyed on them keep working
-    done = iter(_xp.materialize(flat))
+    done = iter(_xp.persist(flat))
     out: list[Any] = []
     for item in items:
         if isinstance(item, Params):

@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 from array_api_compat import device
 
-from . import _threads, _xp
+from . import _xp
 from ._xp import array_namespace
 from .data import Tokenizer
 from .model import KVCache, decode_hidden
+from .parallel import WorkerPool, check_workers
 from .params import Params
 
 
@@ -70,8 +71,8 @@ def sample_tokens(
     One uniform per (sample, position) is drawn up front on the host from
     ``numpy.random.default_rng(seed)`` and moved to the params' device, so the result
     for a seed does not depend on ``batch_size`` (samples generated at once) or on Dask
-    ``chunks`` (rows per chunk of the batch axis), nor on ``workers`` (threads that share
-    a NumPy batch, see :func:`decode_batch`; ``None``: chosen by size and CPU cores).
+    ``chunks`` (rows per chunk of the batch axis), nor on ``workers`` (processes that
+    share a NumPy batch, see :mod:`microgpt_xp.parallel`; ``None``: this one alone).
     """
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"the number of samples must be a positive int, got {num_samples!r}")
@@ -81,24 +82,38 @@ def sample_tokens(
         raise ValueError(f"temperature must be a positive number, got {temperature!r}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch size must be positive, got {batch_size!r}")
-    _threads.check_workers(workers)
+    check_workers(workers)
     cfg = params.config
     if not 0 <= bos < cfg.vocab_size:
         raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
+    if workers not in (None, 1) and params.backend != "numpy":
+        raise ValueError(
+            f"workers={workers} shares NumPy batches over processes; backend "
+            f"{params.backend!r} brings its own parallelism (use workers=None)"
+        )
     uniforms = np.random.default_rng(seed).random((num_samples, cfg.block_size))
     batch_size = num_samples if batch_size is None else batch_size
-    out = [
-        decode_batch(
-            params,
-            bos,
-            uniforms[start : start + batch_size],
-            1.0 / temperature,
-            chunks=chunks,
-            workers=workers,
-        )
-        for start in range(0, num_samples, batch_size)
-    ]
+    starts = range(0, num_samples, batch_size)
+    if workers in (None, 1):
+        out = [
+            decode_batch(params, bos, uniforms[s : s + batch_size], 1.0 / temperature, chunks=chunks)
+            for s in starts
+        ]
+    else:
+        with WorkerPool(workers) as pool:
+            out = [
+                part
+                for s in starts
+                for _, part in pool.map(
+                    _decode_rows, params, [uniforms[s : s + batch_size]], bos, 1.0 / temperature
+                )
+            ]
     return np.concatenate(out, axis=0)
+
+
+def _decode_rows(params: Params, uniforms: np.ndarray, bos: int, inv_temperature: float) -> Any:
+    """:func:`decode_batch` with the rows first (the shape :meth:`WorkerPool.map` calls)."""
+    return decode_batch(params, bos, uniforms, inv_temperature)
 
 
 def decode_batch(
@@ -109,7 +124,6 @@ def decode_batch(
     *,
     chunks: int | None = None,
     early_stop: bool = True,
-    workers: int | None = 1,
 ) -> np.ndarray:
     """Generate one batch from BOS through the KV cache with host ``uniforms (b,
     block_size)`` (one per sample and position; row ``i`` drives sample ``i``); returns
@@ -118,27 +132,10 @@ def decode_batch(
     The uniforms are moved to the params' device (on Dask, ``chunks`` rows per chunk);
     on eager backends the loop stops once every row has sampled BOS (unless
     ``early_stop=False``, which always runs ``block_size`` positions, as a benchmark does).
-
-    On NumPy, ``workers`` threads (``None``: chosen by the batch's size and the CPU cores,
-    :func:`microgpt_xp._threads.plan`) each decode a contiguous shard of the rows; the
-    ids do not depend on it. The default ``1`` uses no threads.
     """
     xp, backend, dev = params.xp, params.backend, params.device
     t = params.config.block_size
     b = uniforms.shape[0]
-    _threads.check_workers(workers)
-    plan = _threads.UNCHANGED
-    if workers != 1 and chunks is None and _xp.runs_on_host_threads(params.wte):
-        plan = _threads.decode_plan(params.config, b, workers)
-    if plan != _threads.UNCHANGED:
-        parts = _threads.run(
-            plan,
-            lambda start, stop: decode_batch(
-                params, bos, uniforms[start:stop], inv_temperature, early_stop=early_stop
-            ),
-            b,
-        )
-        return np.concatenate(parts, axis=0)
     dtype = str(params.dtype).split(".")[-1]
     u = _xp.asarray(
         uniforms, backend, device=dev, dtype=dtype, chunks=None if chunks is None else (chunks, -1)
@@ -186,8 +183,8 @@ def sample(
 
     Each starts from BOS at position 0 and stops at the first sampled BOS or after
     ``block_size`` tokens. Draws are made on the host (see :func:`sample_tokens`), so a
-    seed gives the same names whatever the batch size, chunking or ``workers`` (threads
-    sharing a NumPy batch; ``None``: chosen by size). Runs on the params' namespace and
+    seed gives the same names whatever the batch size, chunking or ``workers`` (processes
+    sharing a NumPy batch; ``None``: this one alone). Runs on the params' namespace and
     device.
     """
     if tokenizer.vocab_size != params.config.vocab_size:

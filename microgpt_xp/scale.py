@@ -26,8 +26,6 @@ The computations run on whatever Dask scheduler is active: threads by default, o
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 
 from . import _xp
+from ._files import atomic_write
 from .cluster import computing
 from .data import DataError, Tokenizer, encode_docs
 from .model import score
@@ -671,24 +670,6 @@ def graph_stats(params: Params, *collections: Any) -> GraphStats:
 
 
 # -- outputs ----------------------------------------------------------------------------
-def atomic_write(path: str | Path, data: bytes | str) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename,
-    so that ``path`` is either absent/old or complete."""
-    path = Path(path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_scores(path: str | Path, result: CorpusScore, **compute_kwargs: Any) -> ScoreSummary:
     """Compute ``result`` (per-document losses included) and only then write the losses to
     ``path`` atomically: a ``.npy`` file (``numpy.save``), otherwise text, one loss per

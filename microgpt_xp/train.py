@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _threads, _xp
+import numpy as np
+
+from . import _xp
 from . import checkpoint as ckpt
 from .config import GPTConfig
 from .data import Tokenizer, batch_indices, default_docs, encode_docs, take_batch
-from .model import Reduction, loss_and_grads
+from .model import Reduction, _check_reduction, _loss_and_grads
 from .optim import Adam
+from .parallel import WorkerPool, check_workers
 from .params import Params, init_params, materialize
 
 
@@ -47,6 +50,38 @@ def to_batch(
         _xp.asarray(tokens, backend, device=device, chunks=chunks_t),
         _xp.asarray(lengths, backend, device=device, chunks=chunks_l),
     )
+
+
+def _save(path: str | Path, params: Params, adam: Adam, step: int, tokenizer: Tokenizer) -> None:
+    """Checkpoint the run after ``step`` steps, unless an update has made a weight
+    non-finite (then :class:`TrainingError`, and the last good checkpoint stays)."""
+    if not all(np.isfinite(_xp.to_numpy(a)).all() for a in params.arrays().values()):
+        raise TrainingError(
+            f"the weights are not finite after step {step}; training stopped; "
+            f"the last good checkpoint {str(path)!r} is kept"
+        )
+    ckpt.save(path, params, adam=adam, step=step, tokenizer=tokenizer)
+
+
+def _pooled_loss_and_grads(
+    pool: WorkerPool, params: Params, tokens: np.ndarray, lengths: np.ndarray, reduction: Reduction
+) -> tuple[Any, Params]:
+    """The loss and gradients of a NumPy batch whose rows ``pool`` shares out: each
+    shard's loss and gradients weighted by its share of the rows (``"mean"``) or of the
+    predicted tokens (``"token_mean"``), summed in shard order."""
+    parts = pool.map(_loss_and_grads, params, [tokens, lengths], reduction)
+    n = np.minimum(lengths - 1, params.config.block_size)
+    weights = [
+        (b - a) / len(lengths) if reduction == "mean" else float(n[a:b].sum() / n.sum())
+        for (a, b), _ in parts
+    ]
+    loss = weights[0] * parts[0][1][0]
+    for w, (_, (shard_loss, _)) in zip(weights[1:], parts[1:], strict=True):
+        loss = loss + w * shard_loss
+    grads = parts[0][1][1].map(lambda g: weights[0] * g, check=False)
+    for w, (_, (_, shard_grads)) in zip(weights[1:], parts[1:], strict=True):
+        grads = grads.map(lambda total, g, w=w: total + w * g, shard_grads, check=False)
+    return loss, grads
 
 
 def train(
@@ -85,10 +120,11 @@ def train(
         params: start from these weights instead of fresh ones.
         reduction: the batch loss, see :func:`~microgpt_xp.loss_and_grads`.
         chunk_size: on Dask, documents per chunk of the batch axis.
-        workers: on NumPy, threads that share a step's batch (``None``: chosen by the
-            batch's size and the CPU cores; ``1``: none). See
-            :func:`~microgpt_xp.loss_and_grads`; the run is the same for the same number of
-            threads, and equal to a single-threaded one up to rounding.
+        workers: on NumPy, the number of processes that share each step's batch by rows
+            (this one and ``workers - 1`` spawned worker processes, see
+            :mod:`microgpt_xp.parallel`); ``None`` (default) or ``1``: the calling process
+            alone. The run is the same for the same number of processes, and equal to a
+            one-process run up to rounding. The workers end with the call.
         checkpoint: a path; saved every ``checkpoint_every`` steps (if > 0) and at the end.
         resume: continue from ``checkpoint`` when that file exists; the losses then equal
             those of an uninterrupted run.
@@ -105,7 +141,13 @@ def train(
         raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk size must be positive, got {chunk_size!r}")
-    _threads.check_workers(workers)
+    check_workers(workers)
+    _check_reduction(reduction)
+    if workers not in (None, 1) and backend != "numpy":
+        raise ValueError(
+            f"workers={workers} shares NumPy batches over processes; backend {backend!r} "
+            "brings its own parallelism (use workers=None)"
+        )
     if resume and checkpoint is None:
         raise ValueError("resume=True needs a checkpoint path")
     docs = default_docs() if docs is None else list(docs)
@@ -137,29 +179,38 @@ def train(
         adam = Adam(params, lr=lr, num_steps=steps)
 
     result = TrainResult(params, adam, tokenizer, step=start, start_step=start)
-    for step in range(start, steps):
-        idx = batch_indices(len(docs), batch_size, step, seed)
-        tok, lens = to_batch(
-            *take_batch(tokens, lengths, idx), backend, device=device, chunk_size=chunk_size
-        )
-        loss, grads = loss_and_grads(params, tok, lens, reduction=reduction, workers=workers)
-        prev_moments, prev_t = adam.moments, adam.t
-        new_params = adam.step(params, grads)
-        loss, new_params, new_m, new_v = materialize(loss, new_params, *adam.moments)
-        loss_value = float(_xp.to_numpy(loss))
-        if not math.isfinite(loss_value):
-            adam.moments, adam.t = prev_moments, prev_t
-            kept = f"; the last good checkpoint {str(checkpoint)!r} is kept" if checkpoint else ""
-            raise TrainingError(
-                f"the loss is {loss_value} at step {step + 1}; training stopped{kept}"
-            )
-        params, adam.moments = new_params, (new_m, new_v)
-        result.losses.append(loss_value)
-        result.params, result.step = params, step + 1
-        if callback is not None:
-            callback(step + 1, loss_value)
-        if checkpoint is not None and checkpoint_every > 0 and (step + 1) % checkpoint_every == 0:
-            ckpt.save(checkpoint, params, adam=adam, step=step + 1, tokenizer=tokenizer)
+    pool = WorkerPool(workers) if workers not in (None, 1) else None
+    try:
+        for step in range(start, steps):
+            idx = batch_indices(len(docs), batch_size, step, seed)
+            host_tok, host_lens = take_batch(tokens, lengths, idx)
+            if pool is not None:
+                loss, grads = _pooled_loss_and_grads(pool, params, host_tok, host_lens, reduction)
+            else:
+                tok, lens = to_batch(
+                    host_tok, host_lens, backend, device=device, chunk_size=chunk_size
+                )
+                loss, grads = _loss_and_grads(params, tok, lens, reduction)
+            prev_state, prev_t = adam.state, adam.t
+            new_params = adam.step(params, grads)
+            loss, new_params, new_m, new_v = materialize(loss, new_params, adam.m, adam.v)
+            loss_value = float(_xp.to_numpy(loss))
+            if not math.isfinite(loss_value):
+                adam.state, adam.t = prev_state, prev_t
+                kept = f"; the last good checkpoint {str(checkpoint)!r} is kept" if checkpoint else ""
+                raise TrainingError(
+                    f"the loss is {loss_value} at step {step + 1}; training stopped{kept}"
+                )
+            params, adam.m, adam.v = new_params, new_m, new_v
+            result.losses.append(loss_value)
+            result.params, result.step = params, step + 1
+            if callback is not None:
+                callback(step + 1, loss_value)
+            if checkpoint is not None and checkpoint_every > 0 and (step + 1) % checkpoint_every == 0:
+                _save(checkpoint, params, adam, step + 1, tokenizer)
+    finally:
+        if pool is not None:
+            pool.close()
     if checkpoint is not None:
-        ckpt.save(checkpoint, result.params, adam=adam, step=result.step, tokenizer=tokenizer)
+        _save(checkpoint, result.params, adam, result.step, tokenizer)
     return result

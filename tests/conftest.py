@@ -20,6 +20,7 @@ import pytest
 import reference
 
 from microgpt_xp import GPTConfig, _xp
+from microgpt_xp._backends import BACKENDS
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES_TXT = ROOT.parent / "shared" / "data" / "names.txt"
@@ -50,59 +51,11 @@ def ref_state(config: GPTConfig, seed: int) -> dict[str, list[list[float]]]:
     )
 
 
-#: A model small enough for many shards of tiny batches (tests of threads and processes).
-SHARD_CFG = GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=6)
-
-
-def shard_batch(b: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``b`` right-padded documents of lengths 2..T+1 for :data:`SHARD_CFG` (ids of the
-    padding out of range)."""
-    rng = np.random.default_rng(seed)
-    t = SHARD_CFG.block_size + 1
-    tokens = rng.integers(0, SHARD_CFG.vocab_size, (b, t))
-    lengths = rng.integers(2, t + 1, b)
-    tokens[np.arange(t)[None, :] >= lengths[:, None]] = 99
-    return tokens, lengths
-
-
-def check_shards_match(
-    params: Any, tokens: np.ndarray, lengths: np.ndarray, reduction: str, workers: int | None
-) -> None:
-    """``loss_and_grads`` with ``workers`` equals the unsplit batch's up to rounding, with
-    the same dtypes and shapes, and repeats bit for bit."""
-    from microgpt_xp import loss_and_grads
-    from microgpt_xp.params import FIELDS
-
-    want_loss, want = loss_and_grads(params, tokens, lengths, reduction=reduction)
-    loss, grads = loss_and_grads(params, tokens, lengths, reduction=reduction, workers=workers)
-    assert float(loss) == pytest.approx(float(want_loss), rel=1e-13)
-    for name in FIELDS:
-        got, ref = getattr(grads, name), getattr(want, name)
-        assert got.dtype == ref.dtype and got.shape == ref.shape
-        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
-    again_loss, again = loss_and_grads(
-        params, tokens, lengths, reduction=reduction, workers=workers
-    )
-    assert float(again_loss) == float(loss)
-    for name in FIELDS:
-        np.testing.assert_array_equal(getattr(again, name), getattr(grads, name))
-
-
-_MODULES = {
-    "numpy": "numpy",
-    "array_api_strict": "array_api_strict",
-    "dask": "dask",
-    "torch": "torch",
-    "jax": "jax",
-    "cupy": "cupy",
-}
-
-
-def _cupy_usable() -> bool:
+def gpu_usable(name: str) -> bool:
+    """Whether the GPU backend ``name`` can create an array on its default device."""
     try:
-        import cupy
-
-        return bool(cupy.cuda.is_available())
+        _xp.asarray([0.0], name)
+        return True
     except Exception:
         return False
 
@@ -115,7 +68,7 @@ def selected_backends() -> list[str]:
         for n in names:
             _xp.check_backend(n)
         return names
-    return [n for n, mod in _MODULES.items() if importlib.util.find_spec(mod) is not None]
+    return [n for n, b in BACKENDS.items() if importlib.util.find_spec(b.package) is not None]
 
 
 @dataclass
@@ -140,19 +93,14 @@ class Backend:
         return _xp.to_numpy(x)
 
 
-def _device_for(name: str) -> Any:
-    if name == "array_api_strict":
-        return "device1"
-    return None
-
-
 @pytest.fixture(params=selected_backends())
 def backend(request: pytest.FixtureRequest) -> Backend:
     name = request.param
-    if name == "cupy" and not _cupy_usable():
-        pytest.skip("CuPy needs a CUDA GPU (cupy.cuda.is_available() is False)")
-    if importlib.util.find_spec(_MODULES[name]) is None:
+    spec = BACKENDS[name]
+    if importlib.util.find_spec(spec.package) is None:
         pytest.skip(f"{name} is not installed")
+    if spec.needs_gpu and not gpu_usable(name):
+        pytest.skip(f"{name} needs a GPU, and none is usable here")
     if name == "dask":
         import dask
 
@@ -160,7 +108,7 @@ def backend(request: pytest.FixtureRequest) -> Backend:
         with dask.config.set(scheduler="synchronous"):
             yield Backend(name, None)
         return
-    yield Backend(name, _device_for(name))
+    yield Backend(name, spec.test_device)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from microgpt_xp import GPTConfig, Params, _xp, init_params, loss_and_grads
-from microgpt_xp import checkpoint as ckpt
 from microgpt_xp.checkpoint import CheckpointError, load, save
 from microgpt_xp.data import Tokenizer, encode_docs
 from microgpt_xp.optim import Adam
@@ -143,7 +142,7 @@ def test_crash_in_rename_keeps_previous(
     def crash(*args: Any, **kwargs: Any) -> None:
         raise OSError("simulated crash in rename")
 
-    monkeypatch.setattr(ckpt.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)
     new = init_params(CONFIG, seed=99, dtype="float64")
     with pytest.raises(OSError, match="simulated"):
         save(path, new, adam=adam, step=3)
@@ -183,7 +182,7 @@ def test_crash_mid_write_keeps_previous(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.f, name)
 
-    monkeypatch.setattr(ckpt.os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k)))
+    monkeypatch.setattr(os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k)))
     with pytest.raises(type(exc)):
         save(path, init_params(CONFIG, seed=5, dtype="float64"), adam=adam, step=9)
     monkeypatch.undo()
@@ -196,7 +195,7 @@ def test_first_save_crash_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mon
     def crash(*args: Any, **kwargs: Any) -> None:
         raise OSError("simulated crash in fsync")
 
-    monkeypatch.setattr(ckpt.os, "fsync", crash)
+    monkeypatch.setattr(os, "fsync", crash)
     with pytest.raises(OSError, match="simulated"):
         save(tmp_path / "new.ckpt", init_params(CONFIG))
     monkeypatch.undo()

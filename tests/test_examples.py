@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SPEC_SHAPES, _cupy_usable, selected_backends
+from conftest import SPEC_SHAPES, gpu_usable, selected_backends
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -114,7 +114,7 @@ def test_cupy_example_here(tmp_path: Path) -> None:
     """On this machine: trains when CuPy has a GPU, else exits 0 with the skip message."""
     proc = run_example("cupy_train.py", "--steps", "5", "--samples", "2", cwd=tmp_path)
     out = _ok(proc)
-    if _cupy_usable():
+    if gpu_usable("cupy"):
         assert "trained 5 steps on" in out
         assert len(_samples(out)) == 2
     else:

@@ -1,0 +1,159 @@
+"""Opt-in worker processes that share the rows of a NumPy batch.
+
+``train(..., workers=N)`` and ``sample(..., workers=N)`` split each batch into ``N`` row
+shards: this process computes the first, ``N - 1`` worker processes the others, and the
+results are combined in a fixed order (so a run is the same from run to run, and equal to
+a one-process run up to rounding). By default (``workers=None``) everything runs in the
+calling process; nothing is started.
+
+The workers are a :class:`concurrent.futures.ProcessPoolExecutor` of *spawned* processes
+(no ``fork``: safe in programs with threads, under Jupyter, with CUDA, and the default of
+Python 3.14). Each worker holds its BLAS to one thread and watches its parent: when the
+parent process ends in any way (``SIGKILL`` included) the worker exits at once. A worker
+that dies mid-step makes the step raise one :class:`RuntimeError`; the next step starts a
+fresh pool. Weights and rows travel pickled with each shard, so worker processes pay off
+only where a shard's work is large against that copy (see ``docs/training.md``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .params import Params
+
+R = TypeVar("R")
+
+
+def check_workers(workers: int | None) -> int | None:
+    """Return ``workers`` if it is ``None`` or a positive int, else raise ``ValueError``."""
+    if workers is None:
+        return None
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(
+            f"workers must be a positive int (processes that share a batch) or None, got {workers!r}"
+        )
+    return workers
+
+
+def shard_bounds(rows: int, shards: int) -> list[tuple[int, int]]:
+    """``shards`` contiguous ``(start, stop)`` row ranges of near-equal size covering
+    ``0..rows`` (empty ranges dropped)."""
+    bounds = [(i * rows // shards, (i + 1) * rows // shards) for i in range(shards)]
+    return [(a, b) for a, b in bounds if b > a]
+
+
+# -- in the worker processes ---------------------------------------------------------------
+def _start_worker() -> None:
+    """A worker's initializer: one BLAS thread (the cores are shared by the processes),
+    and a thread that ends the process as soon as its parent is gone."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+
+
+def _exit_with(sentinel: int) -> None:
+    """Block until ``sentinel`` (the parent's end of a pipe) closes, then exit now: a
+    parent killed by a signal runs no clean-up that could stop us."""
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)
+
+
+# -- in this process -------------------------------------------------------------------------
+class WorkerPool:
+    """``processes`` processes that share each batch: this one and ``processes - 1``
+    spawned workers (started on first use). Use as a context manager, or call
+    :meth:`close`; a pool also ends its workers when this process exits."""
+
+    def __init__(self, processes: int) -> None:
+        check_workers(processes)
+        self.processes = processes
+        self._executor: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker processes (waiting for them to exit)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def pids(self) -> list[int]:
+        """Process ids of the running workers."""
+        if self._executor is None:
+            return []
+        return [p.pid for p in self._executor._processes.values() if p.pid is not None]
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            if multiprocessing.current_process().daemon:
+                raise RuntimeError(
+                    f"workers={self.processes} cannot start processes from a daemonic process "
+                    "(such as a multiprocessing.Pool worker); use workers=None there"
+                )
+            self._executor = ProcessPoolExecutor(
+                max_workers=self.processes - 1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_worker,
+            )
+        return self._executor
+
+    def _run(self, first: Any, submit: list[tuple[Any, ...]]) -> list[Any]:
+        """``submit``'s calls on the workers while ``first()`` runs here; the results in
+        order, first's first. A lost worker raises one ``RuntimeError`` (after every
+        shard has finished or failed); the pool is then replaced at the next call."""
+        if not submit:
+            return [first()]
+        pool = self._pool()
+        try:
+            futures: list[Future[Any]] = [pool.submit(*call) for call in submit]
+        except BrokenProcessPool as exc:
+            self._broken()
+            raise RuntimeError(f"a microgpt_xp worker process died: {exc}") from None
+        try:
+            here = first()
+        finally:
+            for f in futures:
+                f.exception()  # wait for every shard before raising any error
+        try:
+            return [here, *(f.result() for f in futures)]
+        except BrokenProcessPool as exc:
+            self._broken()
+            raise RuntimeError(
+                f"a microgpt_xp worker process died during the step ({exc}); "
+                "the step's result is lost, the next step starts new workers"
+            ) from None
+
+    def _broken(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def map(
+        self, fn: Callable[..., R], params: Params, rows: Sequence[np.ndarray], *args: Any
+    ) -> list[tuple[tuple[int, int], R]]:
+        """``fn(params, *shard_rows, *args)`` for each row shard of the NumPy arrays
+        ``rows`` (split alike along their first axis): the first shard here, the others
+        on the workers, all at once. Returns ``[((start, stop), result), ...]`` in shard
+        order. ``fn`` must be a module-level function (it is pickled by name); ``params``
+        and the rows are pickled with each shard."""
+        bounds = shard_bounds(int(rows[0].shape[0]), self.processes)
+        shards = [tuple(r[a:b] for r in rows) for a, b in bounds]
+        calls = [(fn, params, *shard, *args) for shard in shards[1:]]
+        results = self._run(lambda: fn(params, *shards[0], *args), calls)
+        return list(zip(bounds, results, strict=True))

@@ -1,0 +1,249 @@
+"""Opt-in worker processes (``workers=N``): the same results as one process, clear errors,
+and no process left behind, whatever happens to a worker or to the parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from xp_testing import xp_assert_close
+
+import microgpt_xp as mx
+from microgpt_xp.parallel import WorkerPool, shard_bounds
+from microgpt_xp.params import FIELDS
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process tests")
+
+DOCS = mx.default_docs()[:400]
+TOKENIZER = mx.Tokenizer.from_docs(DOCS)
+CONFIG = mx.GPTConfig(TOKENIZER.vocab_size, n_layer=2, n_embd=8, n_head=2, block_size=8)
+
+
+def _pid(params: Any, rows: np.ndarray) -> list[int]:
+    """A shard function: the process that ran it, once per row."""
+    return [os.getpid()] * len(rows)
+
+
+def _fail_on_negative(params: Any, rows: np.ndarray) -> int:
+    if (rows < 0).any():
+        raise ValueError(f"negative row in a shard of {len(rows)}")
+    return len(rows)
+
+
+def _sleep(params: Any, rows: np.ndarray, seconds: float) -> int:
+    time.sleep(seconds)
+    return len(rows)
+
+
+def _run_train(workers: int | None, reduction: str = "mean") -> mx.TrainResult:
+    return mx.train(
+        DOCS,
+        steps=4,
+        batch_size=24,
+        config=CONFIG,
+        dtype="float64",
+        seed=3,
+        reduction=reduction,  # type: ignore[arg-type]
+        workers=workers,
+    )
+
+
+def test_shard_bounds_cover_the_rows() -> None:
+    assert shard_bounds(7, 3) == [(0, 2), (2, 4), (4, 7)]
+    assert shard_bounds(2, 4) == [(0, 1), (1, 2)]  # no empty shards
+
+
+@pytest.mark.parametrize("workers", [0, -1, 1.5, True, "2"])
+def test_bad_workers_are_refused(workers: Any) -> None:
+    with pytest.raises(ValueError, match="workers"):
+        mx.train(DOCS, steps=1, workers=workers)
+    with pytest.raises(ValueError, match="workers"):
+        mx.sample(mx.init_params(CONFIG), TOKENIZER, 2, workers=workers)
+
+
+def test_workers_are_for_numpy_batches() -> None:
+    pytest.importorskip("array_api_strict")
+    with pytest.raises(ValueError, match="NumPy"):
+        mx.train(DOCS, steps=1, backend="array_api_strict", workers=2)
+    with pytest.raises(ValueError, match="NumPy"):
+        mx.sample(mx.init_params(CONFIG, backend="array_api_strict"), TOKENIZER, 2, workers=2)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "token_mean"])
+def test_processes_train_like_one_process(reduction: str) -> None:
+    one = _run_train(None, reduction)
+    two = _run_train(2, reduction)
+    assert len(two.losses) == len(one.losses) == 4
+    np.testing.assert_allclose(two.losses, one.losses, rtol=1e-12)
+    for name in FIELDS:
+        xp_assert_close(getattr(two.params, name), getattr(one.params, name), rtol=1e-12)
+    again = _run_train(2, reduction)
+    assert again.losses == two.losses  # the same shards combine in the same order
+
+
+def test_processes_sample_like_one_process() -> None:
+    params = _run_train(None).params
+    assert mx.sample(params, TOKENIZER, 30, workers=3, seed=5) == mx.sample(
+        params, TOKENIZER, 30, seed=5
+    )
+
+
+def test_shards_run_in_other_processes() -> None:
+    params = mx.init_params(CONFIG)
+    with WorkerPool(3) as pool:
+        parts = pool.map(_pid, params, [np.arange(9)])
+        pids = pool.pids()
+    assert [bounds for bounds, _ in parts] == [(0, 3), (3, 6), (6, 9)]
+    ran = [p for _, shard in parts for p in shard]
+    assert set(ran[:3]) == {os.getpid()}
+    assert len(set(ran[3:])) >= 1 and os.getpid() not in ran[3:]
+    assert set(ran[3:]) <= set(pids)
+    for pid in pids:  # close() waited for them
+        assert not _alive(pid)
+
+
+def test_an_error_in_a_worker_is_raised_here() -> None:
+    params = mx.init_params(CONFIG)
+    rows = np.array([0, 1, 2, -1])
+    with WorkerPool(2) as pool, pytest.raises(ValueError, match="negative row in a shard of 2"):
+        pool.map(_fail_on_negative, params, [rows])
+
+
+def test_a_killed_worker_is_one_runtime_error_then_replaced() -> None:
+    params = mx.init_params(CONFIG)
+    with WorkerPool(2) as pool:
+        pool.map(_pid, params, [np.arange(4)])
+        (victim,) = pool.pids()
+        os.kill(victim, signal.SIGKILL)
+        _wait_gone(victim)
+        with pytest.raises(RuntimeError, match="worker process died"):
+            pool.map(_pid, params, [np.arange(4)])
+        parts = pool.map(_pid, params, [np.arange(4)])  # a fresh worker
+        assert parts[1][1][0] != victim
+
+
+def test_a_worker_killed_mid_step_is_one_runtime_error() -> None:
+    params = mx.init_params(CONFIG)
+    with WorkerPool(2) as pool:
+        pool.map(_pid, params, [np.arange(2)])
+        (victim,) = pool.pids()
+        killer = subprocess.Popen(
+            [sys.executable, "-c", f"import os,time; time.sleep(0.5); os.kill({victim}, 9)"]
+        )
+        with pytest.raises(RuntimeError, match="died during the step"):
+            pool.map(_sleep, params, [np.arange(2)], 5.0)
+        killer.wait()
+
+
+def test_a_daemonic_process_gets_a_clear_error(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import multiprocessing as mp
+        import microgpt_xp as mx
+
+        def job(q):
+            try:
+                mx.train(mx.default_docs()[:100], steps=1, workers=2)
+                q.put("no error")
+            except Exception as exc:
+                q.put(f"{type(exc).__name__}: {exc}")
+
+        if __name__ == "__main__":
+            q = mp.get_context("spawn").Queue()
+            p = mp.get_context("spawn").Process(target=job, args=(q,), daemon=True)
+            p.start()
+            print(q.get(timeout=120))
+            p.join()
+        """
+    )
+    script = tmp_path / "daemonic.py"  # spawn imports the job from its file
+    script.write_text(code)
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180)
+    assert out.stdout.startswith("RuntimeError:"), out.stdout + out.stderr
+    assert "daemonic" in out.stdout
+
+
+_PARENT = textwrap.dedent(
+    """
+    import os, sys, time
+    import microgpt_xp as mx
+
+    how = sys.argv[1]
+    docs = mx.default_docs()
+
+    def progress(step, loss):
+        if step == 2:
+            print("training", flush=True)
+        if step == 3 and how == "exit":
+            os._exit(0)
+        time.sleep(0.05)
+
+    mx.train(docs, steps=100000, batch_size=64, workers=3, callback=progress)
+    """
+)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process whose chain of parents reaches ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_gone(pid: int, seconds: float = 3.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "exit"])
+def test_workers_die_with_their_parent(how: str) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, how], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline().strip() == "training"
+        children = _descendants(parent.pid)
+        assert len(children) >= 2, children  # the workers (and multiprocessing's helper)
+        if how != "exit":
+            parent.send_signal(getattr(signal, how))
+        parent.wait(timeout=30)
+        time.sleep(3.0)
+        left = [pid for pid in children if _alive(pid)]
+        assert not left, f"processes of the dead parent still run: {left}"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
