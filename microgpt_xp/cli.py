@@ -1,5 +1,5 @@
-"""The microgpt-xp command: train microgpt, sample names, score a corpus, export
-weights and run benchmarks, on any supported array backend.
+"""The microgpt-xp command: train microgpt, sample names, score a corpus and export
+weights, on any supported array backend.
 
 Every subcommand has --help. A mistake (a missing file, a bad option value, a corrupt
 checkpoint, ...) prints one "microgpt-xp: error: ..." line to stderr and exits with 2
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import math
 import os
@@ -127,8 +126,7 @@ def _add_scheduler_option(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``microgpt-xp`` and its subcommands (``bench`` is routed to
-    :mod:`microgpt_xp.bench` by :func:`main`, which builds its options lazily)."""
+    """The argument parser of ``microgpt-xp`` and its subcommands."""
     parser = _Parser(prog=PROG, description=__doc__, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -307,14 +305,6 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--checkpoint", metavar="PATH", required=True, help="checkpoint to load")
     x.add_argument("--out", metavar="FILE", required=True, help="JSON file to write ('-': stdout)")
     x.set_defaults(handler=_cmd_export)
-
-    # bench (options come from microgpt_xp.bench; see main) ------------------------------
-    sub.add_parser(
-        "bench",
-        help="benchmarks (see 'microgpt-xp bench --help')",
-        add_help=False,
-        formatter_class=_Formatter,
-    ).set_defaults(handler=lambda args: _run_bench([]))
     return parser
 
 
@@ -801,28 +791,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- bench --------------------------------------------------------------------------------
-def _run_bench(argv: Sequence[str]) -> int:
-    """``microgpt-xp bench ...``: options and work come from :mod:`microgpt_xp.bench`."""
-    try:
-        bench = importlib.import_module(f"{__package__}.bench")
-    except ImportError as exc:
-        raise ImportError(f"the bench subcommand is not available: {_describe(exc)}") from exc
-    missing = [name for name in ("configure_parser", "run") if not hasattr(bench, name)]
-    if missing:
-        raise ImportError(
-            "the bench subcommand is not available: "
-            f"microgpt_xp.bench has no {' or '.join(missing)}"
-        )
-    parser = _Parser(
-        prog=f"{PROG} bench",
-        description=bench.__doc__,
-        formatter_class=_Formatter,
-    )
-    bench.configure_parser(parser)
-    return int(bench.run(parser.parse_args(argv)))
-
-
 # -- entry point --------------------------------------------------------------------------
 def _exit_status(code: object) -> int:
     if code is None:
@@ -841,9 +809,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
-        if arguments[:1] == ["bench"]:
-            # routed before parsing so that only 'bench' imports microgpt_xp.bench
-            return _run_bench(arguments[1:])
         args = build_parser().parse_args(arguments)
         # the command owns its process: keep step temporaries mapped between steps
         tune_malloc()

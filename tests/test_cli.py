@@ -3,7 +3,6 @@ installed console script): every subcommand's output, its files, and one-line er
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import io
@@ -12,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -505,48 +503,14 @@ def test_scheduler_that_does_not_answer_is_one_error_line(
     assert dask.config.get("scheduler", None) == before
 
 
-# -- bench ---------------------------------------------------------------------------------------
-def test_bench_is_wired_to_the_bench_module(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    fake = types.ModuleType("microgpt_xp.bench", "Fake benchmarks.")
-
-    def configure_parser(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--rounds", type=int, default=5, help="rounds to run")
-
-    def run_bench(args: argparse.Namespace) -> int:
-        print(f"rounds={args.rounds}")
-        return 3
-
-    fake.configure_parser = configure_parser  # type: ignore[attr-defined]
-    fake.run = run_bench  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "microgpt_xp.bench", fake)
-    assert run(capsys, "bench", "--rounds", 2)[:2] == (3, "rounds=2\n")
-    rc, out, _ = run(capsys, "bench", "--help")
-    assert rc == 0 and "--rounds" in out and "(default: 5)" in out
-    rc, _, err = run(capsys, "bench", "--rounds", "many")
-    assert rc == 2
-    assert_one_error_line(err, "--rounds")
-
-
-def test_bench_without_the_module_is_one_error_line(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "microgpt_xp.bench", None)
-    rc, _, err = run(capsys, "bench")
-    assert rc == 1
-    assert_one_error_line(err, "bench")
-    # the other subcommands do not need it
-    assert run(capsys, "--version")[0] == 0
-
-
 # -- help and version -----------------------------------------------------------------------------
 def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "--version") == (0, f"microgpt-xp {__version__}\n", "")
     rc, out, _ = run(capsys, "--help")
     assert rc == 0
-    for command in ("train", "sample", "eval", "export", "bench"):
+    for command in ("train", "sample", "eval", "export"):
         assert command in out
+    assert "bench" not in out
 
 
 @pytest.mark.parametrize(
