@@ -30,9 +30,6 @@ if TYPE_CHECKING:
 
 PROG = "microgpt-xp"
 
-#: How long ``--scheduler`` waits for the dask.distributed scheduler to answer.
-SCHEDULER_TIMEOUT = "10s"
-
 # Defaults shared by several subcommands (and compared against in microgpt-exact mode).
 DEFAULT_STEPS = 1000
 DEFAULT_BATCH_SIZE = 32
@@ -324,10 +321,20 @@ def _note(message: str) -> None:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that mean a user mistake (imported only once one is raised)."""
     from .checkpoint import CheckpointError
+    from .cluster import ClusterError
     from .data import DataError
     from .train import TrainingError
 
-    return (ValueError, TypeError, ImportError, OSError, DataError, CheckpointError, TrainingError)
+    return (
+        ValueError,
+        TypeError,
+        ImportError,
+        OSError,
+        DataError,
+        CheckpointError,
+        TrainingError,
+        ClusterError,
+    )
 
 
 def _describe(exc: BaseException) -> str:
@@ -367,51 +374,24 @@ def _read_docs(path: str | None) -> list[str]:
 
 
 def _check_scheduler(args: argparse.Namespace) -> None:
-    """Refuse ``--scheduler`` without ``--backend dask`` or with a malformed address."""
-    if args.scheduler is None:
-        return
-    if args.backend != "dask":
+    """Refuse ``--scheduler`` without ``--backend dask`` (the address itself is checked by
+    :func:`microgpt_xp.cluster.connect`)."""
+    if args.scheduler is not None and args.backend != "dask":
         raise UsageError("--scheduler needs --backend dask")
-    try:
-        from distributed.comm.addressing import parse_address, parse_host_port
-        from distributed.comm.registry import get_backend
-    except ImportError as exc:
-        raise ImportError(
-            f"--scheduler needs dask.distributed: pip install 'microgpt-xp[dask]' ({exc})"
-        ) from exc
-    # A Client built on a malformed address fails half-started, and its finaliser prints a
-    # traceback at exit; check the address before building one.
-    try:
-        scheme, location = parse_address(args.scheduler)
-        get_backend(scheme)
-        if scheme in ("tcp", "tls", "ws", "wss"):
-            parse_host_port(location)
-    except ValueError as exc:
-        raise ValueError(f"bad dask scheduler address {args.scheduler!r}: {exc}") from exc
 
 
 @contextlib.contextmanager
 def _dask_scheduler(address: str | None) -> Iterator[None]:
-    """Compute on the dask.distributed scheduler at ``address`` inside the block (no-op for
-    ``None``; check the address first with :func:`_check_scheduler`). A failure to connect
-    raises ``OSError`` with one clear line."""
+    """Compute on the dask.distributed scheduler at ``address`` inside the block (nothing
+    for ``None``): :func:`microgpt_xp.cluster.connect`, closed when the block ends, with
+    the errors of a scheduler lost mid-computation turned into one ``ClusterError``."""
     if address is None:
         yield
         return
-    import dask
-    from dask.distributed import Client
+    from . import cluster
 
-    # Client() switches dask's default scheduler even when it fails to connect; this
-    # config.set restores the previous setting when the block ends, whatever happens.
-    with dask.config.set(scheduler="dask.distributed"):
-        try:
-            client = Client(address, timeout=SCHEDULER_TIMEOUT)
-        except (OSError, ValueError, TypeError) as exc:  # a timeout is an OSError
-            raise OSError(
-                f"cannot connect to the dask scheduler at {address!r}: {_describe(exc)}"
-            ) from exc
-        with client:
-            yield
+    with cluster.connect(address) as client, cluster.computing(client):
+        yield
 
 
 def _checkpoint_tokenizer(ck: Checkpoint, path: str) -> Tokenizer:
@@ -742,11 +722,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .model import score
     from .train import to_batch
 
-    ck = load(args.checkpoint, backend=args.backend, device=args.device)
-    tokenizer = _checkpoint_tokenizer(ck, args.checkpoint)
-    docs = _read_docs(args.data)
-    tokens, lengths = encode_docs(tokenizer, docs, ck.config.block_size)
+    # connect first: an unreachable scheduler is reported before any work
     with _dask_scheduler(args.scheduler):
+        ck = load(args.checkpoint, backend=args.backend, device=args.device)
+        tokenizer = _checkpoint_tokenizer(ck, args.checkpoint)
+        docs = _read_docs(args.data)
+        tokens, lengths = encode_docs(tokenizer, docs, ck.config.block_size)
         if args.backend == "dask":
             tok, lens = to_batch(tokens, lengths, "dask", chunk_size=args.chunk_size)
             per_doc = _xp.to_numpy(score(ck.params, tok, lens))
@@ -805,7 +786,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``microgpt-xp`` console script; returns the exit status.
 
     ``argv`` defaults to ``sys.argv[1:]``. Usage errors return 2, other user errors
-    (bad files, checkpoints, values) 1, each after one ``microgpt-xp: error:`` line.
+    (bad files, checkpoints, values, an unreachable Dask scheduler) 1, each after one
+    ``microgpt-xp: error:`` line.
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:

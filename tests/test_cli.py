@@ -4,6 +4,7 @@ installed console script): every subcommand's output, its files, and one-line er
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import json
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 import reference
 
-from microgpt_xp import Params, __version__, cli
+from microgpt_xp import Params, __version__, cluster
 from microgpt_xp import _xp as cli_xp
 from microgpt_xp.checkpoint import load
 from microgpt_xp.cli import main
@@ -486,20 +487,26 @@ def test_scheduler_runs_eval_and_train_on_the_cluster(
 
 
 @needs_distributed
+@pytest.mark.parametrize("command", ["eval", "train"])
 def test_scheduler_that_does_not_answer_is_one_error_line(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     checkpoint: Path,
     data_file: Path,
+    command: str,
 ) -> None:
     import dask
 
     before = dask.config.get("scheduler", None)
-    monkeypatch.setattr(cli, "SCHEDULER_TIMEOUT", "1s")
-    argv = ["eval", "--checkpoint", checkpoint, "--data", data_file, "--backend", "dask"]
-    rc, _, err = run(capsys, *argv, "--scheduler", "tcp://127.0.0.1:1")
-    assert rc == 1
-    assert_one_error_line(err, "cannot connect to the dask scheduler at 'tcp://127.0.0.1:1'")
+    # nothing listens on port 1; wait 1 s for it instead of connect's default 10 s
+    monkeypatch.setattr(cluster, "connect", functools.partial(cluster.connect, timeout=1.0))
+    argv = {
+        "eval": ["eval", "--checkpoint", checkpoint, "--data", data_file],
+        "train": ["train", "--data", data_file, "--steps", 1, "--batch-size", 4],
+    }[command]
+    rc, out, err = run(capsys, *argv, "--backend", "dask", "--scheduler", "tcp://127.0.0.1:1")
+    assert rc == 1 and out == ""
+    assert_one_error_line(err, "cannot reach the Dask scheduler at 'tcp://127.0.0.1:1' within 1 s")
     assert dask.config.get("scheduler", None) == before
 
 
