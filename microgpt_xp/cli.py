@@ -285,7 +285,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_EVAL_CHUNK,
         help="documents scored at once; on dask, documents per chunk of the batch axis",
     )
-    _add_workers_option(e)
     _add_scheduler_option(e)
     e.add_argument("--json", action="store_true", help="print JSON instead of text")
     e.set_defaults(handler=_cmd_eval)
@@ -710,38 +709,32 @@ def _sample_exact(args: argparse.Namespace, ck: Checkpoint, tokenizer: Tokenizer
 
 # -- eval ---------------------------------------------------------------------------------
 def _cmd_eval(args: argparse.Namespace) -> int:
-    _check_workers(args)
     _check_scheduler(args)
     _check_device(args.backend, args.device)
-    import numpy as np
-    from tqdm import tqdm
-
-    from . import _xp
     from .checkpoint import load
-    from .data import encode_docs, take_batch
-    from .model import score
-    from .train import to_batch
+    from .scale import score_corpus, score_docs
 
     # connect first: an unreachable scheduler is reported before any work
     with _dask_scheduler(args.scheduler):
         ck = load(args.checkpoint, backend=args.backend, device=args.device)
         tokenizer = _checkpoint_tokenizer(ck, args.checkpoint)
         docs = _read_docs(args.data)
-        tokens, lengths = encode_docs(tokenizer, docs, ck.config.block_size)
         if args.backend == "dask":
-            tok, lens = to_batch(tokens, lengths, "dask", chunk_size=args.chunk_size)
-            per_doc = _xp.to_numpy(score(ck.params, tok, lens))
+            scores = score_corpus(ck.params, tokenizer, docs, chunk_size=args.chunk_size)
+            mean_loss = scores.compute().mean
         else:
-            parts = []
-            starts = range(0, len(docs), args.chunk_size)
-            for first in tqdm(starts, desc="eval", unit="chunk", disable=None, file=sys.stderr):
-                idx = np.arange(first, min(first + args.chunk_size, len(docs)))
-                tok, lens = to_batch(
-                    *take_batch(tokens, lengths, idx), args.backend, device=args.device
-                )
-                parts.append(_xp.to_numpy(score(ck.params, tok, lens, workers=args.workers)))
-            per_doc = np.concatenate(parts)
-    mean_loss = float(np.mean(per_doc, dtype=np.float64))
+            from tqdm import tqdm
+
+            with tqdm(
+                total=len(docs), desc="eval", unit="doc", disable=None, file=sys.stderr
+            ) as bar:
+
+                def progress(done: int, total: int) -> None:
+                    bar.update(done - bar.n)
+
+                mean_loss = score_docs(
+                    ck.params, tokenizer, docs, chunk_size=args.chunk_size, callback=progress
+                ).mean
     if args.json:
         _print_json(
             {
