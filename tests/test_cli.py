@@ -589,6 +589,17 @@ def test_installed_console_script() -> None:
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
 
 
+def test_python_dash_m_runs_the_same_program() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "microgpt_xp.cli", "train", "--steps", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert_one_error_line(result.stderr, "--steps")
+
+
 def test_help_imports_no_heavy_module() -> None:
     code = (
         "import sys\n"

@@ -43,10 +43,14 @@ def _plain_terminal() -> Iterator[None]:
 def _build_parser(root: Path) -> argparse.ArgumentParser:
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    # `mkdocs serve` rebuilds after edits: import the CLI package and its subcommand
+    # modules afresh (a reload of the package alone would keep the old subcommands)
+    for name in [
+        n for n in sys.modules if n == "microgpt_xp.cli" or n.startswith("microgpt_xp.cli.")
+    ]:
+        del sys.modules[name]
     try:
-        module = importlib.import_module("microgpt_xp.cli")
-        module = importlib.reload(module)  # `mkdocs serve` rebuilds after edits
-        parser = module.build_parser()
+        parser = importlib.import_module("microgpt_xp.cli").build_parser()
     except Exception as exc:
         raise PluginError(f"cannot build the CLI parser for the reference: {exc!r}") from exc
     if not isinstance(parser, argparse.ArgumentParser):
