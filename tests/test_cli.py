@@ -3,8 +3,8 @@ installed console script): every subcommand's output, its files, and one-line er
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import functools
 import importlib.util
 import io
 import json
@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 import reference
 
-from microgpt_xp import Params, __version__, cli
+from microgpt_xp import Params, __version__, cluster
 from microgpt_xp import _xp as cli_xp
 from microgpt_xp.checkpoint import load
 from microgpt_xp.cli import main
@@ -29,6 +28,7 @@ from microgpt_xp.exact import INFERENCE_HEADER
 from microgpt_xp.model import score
 from microgpt_xp.params import state_dict_keys
 from microgpt_xp.sample import sample
+from microgpt_xp.scale import score_docs
 from microgpt_xp.train import train
 
 train_module = importlib.import_module("microgpt_xp.train")
@@ -114,7 +114,7 @@ def test_train_json_matches_the_library(
     assert summary["samples"] == sample(expected.params, expected.tokenizer, 3, seed=5)
 
 
-def test_workers_option_reaches_training_sampling_and_eval(
+def test_workers_option_reaches_training_and_sampling(
     capsys: pytest.CaptureFixture[str], data_file: Path, checkpoint: Path
 ) -> None:
     argv = ["train", "--data", data_file, "--steps", 3, "--batch-size", 4, "--workers", 2]
@@ -125,22 +125,25 @@ def test_workers_option_reaches_training_sampling_and_eval(
     rc, out, _ = run(capsys, "sample", "--checkpoint", checkpoint, "--workers", 3, "--json")
     saved = load(checkpoint)
     assert json.loads(out)["samples"] == sample(saved.params, saved.tokenizer, 20, seed=0)
-    rc, one, _ = run(capsys, "eval", "--checkpoint", checkpoint, "--data", data_file)
-    rc, three, _ = run(
-        capsys, "eval", "--checkpoint", checkpoint, "--data", data_file, "--workers", 3
-    )
-    assert rc == 0 and one == three
+
+
+def fake_terminal(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
+    """Replace ``sys.stderr`` by a buffer that says it is a terminal, so that tqdm draws
+    its bar there (call it in the test body, after capsys has set its own stderr)."""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    monkeypatch.setattr(sys, "stderr", stream)
+    return stream
 
 
 def test_progress_bar_shows_the_loss_on_a_terminal(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, data_file: Path
 ) -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stderr", terminal)
+    terminal = fake_terminal(monkeypatch)
     rc = main(["train", "--data", str(data_file), "--steps", "3", "--batch-size", "2"])
     assert rc == 0
     shown = terminal.getvalue()
@@ -247,6 +250,35 @@ def test_eval_prints_the_mean_per_document_loss(
     result = json.loads(out)
     assert result["num_docs"] == len(NAMES)
     np.testing.assert_allclose(result["mean_loss"], expected, rtol=1e-6)  # float32, other shapes
+
+
+@pytest.mark.parametrize("chunk_size", [3, 1024])
+def test_eval_on_numpy_gives_the_mean_of_score_docs(
+    capsys: pytest.CaptureFixture[str], checkpoint: Path, data_file: Path, chunk_size: int
+) -> None:
+    saved = load(checkpoint)
+    assert saved.tokenizer is not None
+    expected = score_docs(saved.params, saved.tokenizer, NAMES, chunk_size=chunk_size)
+    argv = ["eval", "--checkpoint", checkpoint, "--data", data_file, "--json"]
+    rc, out, err = run(capsys, *argv, "--chunk-size", chunk_size)
+    assert rc == 0 and err == ""
+    result = json.loads(out)
+    assert result["mean_loss"] == expected.mean
+    assert result["num_docs"] == expected.num_docs == len(NAMES)
+    assert result["step"] == 8 and result["data"] == str(data_file)
+
+
+def test_eval_progress_bar_counts_documents_on_a_terminal(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    checkpoint: Path,
+    data_file: Path,
+) -> None:
+    terminal = fake_terminal(monkeypatch)
+    argv = ["eval", "--checkpoint", str(checkpoint), "--data", str(data_file), "--chunk-size", "5"]
+    assert main(argv) == 0
+    shown = terminal.getvalue()
+    assert "eval" in shown and f"{len(NAMES)}/{len(NAMES)}" in shown
 
 
 def test_eval_defaults_to_the_embedded_corpus(
@@ -387,8 +419,7 @@ needs_distributed = pytest.mark.skipif(not HAS_DISTRIBUTED, reason="needs dask.d
          "--backend numpy"),
         (["sample", "--checkpoint", "{ckpt}", "--workers", "2", "--microgpt-exact"], 2,
          "--workers"),
-        (["eval", "--checkpoint", "{ckpt}", "--workers", "2", "--backend", "dask"], 2,
-         "--backend numpy"),
+        (["eval", "--checkpoint", "{ckpt}", "--workers", "2"], 2, "unrecognized arguments"),
         (["train", "--microgpt-exact", "--batch-size", "4"], 2, "--batch-size"),
         (["train", "--scheduler", "tcp://127.0.0.1:8786"], 2, "--backend dask"),
         (["train", "--device", "gpu7"], 1, "gpu7"),
@@ -488,56 +519,27 @@ def test_scheduler_runs_eval_and_train_on_the_cluster(
 
 
 @needs_distributed
+@pytest.mark.parametrize("command", ["eval", "train"])
 def test_scheduler_that_does_not_answer_is_one_error_line(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     checkpoint: Path,
     data_file: Path,
+    command: str,
 ) -> None:
     import dask
 
     before = dask.config.get("scheduler", None)
-    monkeypatch.setattr(cli, "SCHEDULER_TIMEOUT", "1s")
-    argv = ["eval", "--checkpoint", checkpoint, "--data", data_file, "--backend", "dask"]
-    rc, _, err = run(capsys, *argv, "--scheduler", "tcp://127.0.0.1:1")
-    assert rc == 1
-    assert_one_error_line(err, "cannot connect to the dask scheduler at 'tcp://127.0.0.1:1'")
+    # nothing listens on port 1; wait 1 s for it instead of connect's default 10 s
+    monkeypatch.setattr(cluster, "connect", functools.partial(cluster.connect, timeout=1.0))
+    argv = {
+        "eval": ["eval", "--checkpoint", checkpoint, "--data", data_file],
+        "train": ["train", "--data", data_file, "--steps", 1, "--batch-size", 4],
+    }[command]
+    rc, out, err = run(capsys, *argv, "--backend", "dask", "--scheduler", "tcp://127.0.0.1:1")
+    assert rc == 1 and out == ""
+    assert_one_error_line(err, "cannot reach the Dask scheduler at 'tcp://127.0.0.1:1' within 1 s")
     assert dask.config.get("scheduler", None) == before
-
-
-# -- bench ---------------------------------------------------------------------------------------
-def test_bench_is_wired_to_the_bench_module(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    fake = types.ModuleType("microgpt_xp.bench", "Fake benchmarks.")
-
-    def configure_parser(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--rounds", type=int, default=5, help="rounds to run")
-
-    def run_bench(args: argparse.Namespace) -> int:
-        print(f"rounds={args.rounds}")
-        return 3
-
-    fake.configure_parser = configure_parser  # type: ignore[attr-defined]
-    fake.run = run_bench  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "microgpt_xp.bench", fake)
-    assert run(capsys, "bench", "--rounds", 2)[:2] == (3, "rounds=2\n")
-    rc, out, _ = run(capsys, "bench", "--help")
-    assert rc == 0 and "--rounds" in out and "(default: 5)" in out
-    rc, _, err = run(capsys, "bench", "--rounds", "many")
-    assert rc == 2
-    assert_one_error_line(err, "--rounds")
-
-
-def test_bench_without_the_module_is_one_error_line(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "microgpt_xp.bench", None)
-    rc, _, err = run(capsys, "bench")
-    assert rc == 1
-    assert_one_error_line(err, "bench")
-    # the other subcommands do not need it
-    assert run(capsys, "--version")[0] == 0
 
 
 # -- help and version -----------------------------------------------------------------------------
@@ -545,8 +547,9 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "--version") == (0, f"microgpt-xp {__version__}\n", "")
     rc, out, _ = run(capsys, "--help")
     assert rc == 0
-    for command in ("train", "sample", "eval", "export", "bench"):
+    for command in ("train", "sample", "eval", "export"):
         assert command in out
+    assert "bench" not in out
 
 
 @pytest.mark.parametrize(
@@ -584,6 +587,17 @@ def test_installed_console_script() -> None:
         [script, "train", "--steps", "0"], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_python_dash_m_runs_the_same_program() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "microgpt_xp.cli", "train", "--steps", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert_one_error_line(result.stderr, "--steps")
 
 
 def test_help_imports_no_heavy_module() -> None:

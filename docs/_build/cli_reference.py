@@ -12,14 +12,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import io
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
-from unittest import mock
 
 from mkdocs.exceptions import PluginError
 
@@ -43,49 +40,22 @@ def _plain_terminal() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _build_parser(root: Path) -> tuple[ModuleType, argparse.ArgumentParser]:
+def _build_parser(root: Path) -> argparse.ArgumentParser:
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    # `mkdocs serve` rebuilds after edits: import the CLI package and its subcommand
+    # modules afresh (a reload of the package alone would keep the old subcommands)
+    for name in [
+        n for n in sys.modules if n == "microgpt_xp.cli" or n.startswith("microgpt_xp.cli.")
+    ]:
+        del sys.modules[name]
     try:
-        module = importlib.import_module("microgpt_xp.cli")
-        module = importlib.reload(module)  # `mkdocs serve` rebuilds after edits
-        parser = module.build_parser()
+        parser = importlib.import_module("microgpt_xp.cli").build_parser()
     except Exception as exc:
         raise PluginError(f"cannot build the CLI parser for the reference: {exc!r}") from exc
     if not isinstance(parser, argparse.ArgumentParser):
         raise PluginError(f"build_parser() returned {type(parser).__name__}, not an ArgumentParser")
-    return module, parser
-
-
-def _is_lazy(parser: argparse.ArgumentParser) -> bool:
-    """A placeholder sub-parser (no arguments at all, not even ``-h``) whose real options
-    the program builds only when the subcommand runs (``microgpt-xp bench``)."""
-    return not parser._actions
-
-
-def _parser_behind_help(module: ModuleType, path: list[str]) -> argparse.ArgumentParser:
-    """Run ``main([*path, "--help"])`` in-process and return the parser that printed the
-    help, so that lazily built subcommands are documented from their real parser."""
-    printed: list[argparse.ArgumentParser] = []
-
-    def grab(self: argparse.ArgumentParser, file: Any = None) -> None:
-        printed.append(self)
-
-    err = io.StringIO()
-    with (
-        mock.patch.object(argparse.ArgumentParser, "print_help", grab),
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(err),
-    ):
-        try:
-            module.main([*path, "--help"])
-        except SystemExit:
-            pass
-        except Exception as exc:
-            raise PluginError(f"'{' '.join(path)} --help' failed: {exc!r}") from exc
-    if not printed:
-        raise PluginError(f"'{' '.join(path)} --help' printed no help: {err.getvalue().strip()}")
-    return printed[-1]
+    return parser
 
 
 def _subcommands(
@@ -157,14 +127,8 @@ def _argument_table(parser: argparse.ArgumentParser) -> str:
 
 
 def _section(
-    module: ModuleType,
-    parser: argparse.ArgumentParser,
-    path: list[str],
-    summary: str | None,
-    level: int,
+    parser: argparse.ArgumentParser, path: list[str], summary: str | None, level: int
 ) -> list[str]:
-    if path and _is_lazy(parser) and hasattr(module, "main"):
-        parser = _parser_behind_help(module, path)
     _no_colour(parser)
     with _plain_terminal():
         help_text = parser.format_help().rstrip()
@@ -176,7 +140,7 @@ def _section(
         out += [table]
     out += ["```text", help_text, "```", ""]
     for name, sub_help, sub in _subcommands(parser):
-        out += _section(module, sub, [*path, name], sub_help or sub.description, min(level + 1, 6))
+        out += _section(sub, [*path, name], sub_help or sub.description, min(level + 1, 6))
     return out
 
 
@@ -188,8 +152,7 @@ def _no_colour(parser: argparse.ArgumentParser) -> None:
 
 def render(root: Path) -> str:
     """The Markdown of the whole CLI reference."""
-    module, parser = _build_parser(root)
-    return "\n".join(_section(module, parser, [], None, 2))
+    return "\n".join(_section(_build_parser(root), [], None, 2))
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:

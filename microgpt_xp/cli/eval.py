@@ -1,0 +1,98 @@
+"""``microgpt-xp eval``: the mean per-document loss of a checkpoint over a corpus, scored
+by :func:`microgpt_xp.scale.score_docs` (eager, a chunk at a time) or, on Dask, by
+:func:`microgpt_xp.scale.score_corpus` (one Dask computation)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ._common import (
+    Subcommands,
+    add_backend_options,
+    add_checkpoint_option,
+    add_command,
+    add_json_option,
+    add_scheduler_option,
+    check_device,
+    check_scheduler,
+    checkpoint_tokenizer,
+    dask_client,
+    positive_int,
+    print_json,
+    read_docs,
+)
+
+DEFAULT_EVAL_CHUNK = 1024
+
+
+def add_parser(sub: Subcommands) -> None:
+    """Add the ``eval`` subcommand to ``sub`` (the result of ``add_subparsers``)."""
+    e = add_command(
+        sub,
+        "eval",
+        "mean loss of a checkpoint over a corpus",
+        "Score every document of a corpus with a checkpoint and print the mean "
+        "of the\nper-document losses (mean negative log-likelihood per predicted token).",
+    )
+    add_checkpoint_option(e)
+    e.add_argument(
+        "--data",
+        metavar="FILE",
+        default=None,
+        help="UTF-8 text file, one document per line. None: the embedded corpus",
+    )
+    add_backend_options(e)
+    e.add_argument(
+        "--chunk-size",
+        metavar="N",
+        type=positive_int,
+        default=DEFAULT_EVAL_CHUNK,
+        help="documents scored at once; on dask, documents per chunk of the batch axis",
+    )
+    add_scheduler_option(e)
+    add_json_option(e)
+    e.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Score the corpus (on the ``--scheduler`` cluster if given) and print the mean."""
+    check_scheduler(args)
+    check_device(args.backend, args.device)
+    from ..checkpoint import load
+    from ..scale import score_corpus, score_docs
+
+    # connect first: an unreachable scheduler is reported before any work
+    with dask_client(args.scheduler):
+        ck = load(args.checkpoint, backend=args.backend, device=args.device)
+        tokenizer = checkpoint_tokenizer(ck, args.checkpoint)
+        docs = read_docs(args.data)
+        if args.backend == "dask":
+            scores = score_corpus(ck.params, tokenizer, docs, chunk_size=args.chunk_size)
+            mean_loss = scores.compute().mean
+        else:
+            from tqdm import tqdm
+
+            with tqdm(
+                total=len(docs), desc="eval", unit="doc", disable=None, file=sys.stderr
+            ) as bar:
+
+                def progress(done: int, total: int) -> None:
+                    bar.update(done - bar.n)
+
+                mean_loss = score_docs(
+                    ck.params, tokenizer, docs, chunk_size=args.chunk_size, callback=progress
+                ).mean
+    if args.json:
+        print_json(
+            {
+                "mean_loss": mean_loss,
+                "num_docs": len(docs),
+                "checkpoint": args.checkpoint,
+                "data": args.data,
+                "step": ck.step,
+            }
+        )
+    else:
+        print(f"mean loss {mean_loss:.4f} over {len(docs)} documents")
+    return 0

@@ -1,0 +1,138 @@
+"""``microgpt-xp sample``: names from a checkpoint (:func:`microgpt_xp.sample`), or with
+``--microgpt-exact`` the original's sampling (:func:`microgpt_xp.sample_exact`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ._common import (
+    DEFAULT_NUM_SAMPLES,
+    DEFAULT_SEED,
+    DEFAULT_TEMPERATURE,
+    Subcommands,
+    UsageError,
+    add_backend_options,
+    add_checkpoint_option,
+    add_command,
+    add_json_option,
+    add_workers_option,
+    check_device,
+    check_workers,
+    checkpoint_tokenizer,
+    positive_float,
+    positive_int,
+    print_json,
+    print_samples,
+)
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
+    from ..data import Tokenizer
+
+
+def add_parser(sub: Subcommands) -> None:
+    """Add the ``sample`` subcommand to ``sub`` (the result of ``add_subparsers``)."""
+    s = add_command(
+        sub,
+        "sample",
+        "sample names from a checkpoint",
+        "Sample documents (names) from a trained checkpoint through the KV "
+        "cache.\n\nWith --microgpt-exact, continue the random state that "
+        "'train --microgpt-exact\n--checkpoint' saved, and print the names that run printed.",
+    )
+    add_checkpoint_option(s)
+    s.add_argument(
+        "--num-samples", type=positive_int, default=DEFAULT_NUM_SAMPLES, help="names to sample"
+    )
+    s.add_argument(
+        "--temperature",
+        type=positive_float,
+        default=DEFAULT_TEMPERATURE,
+        help="sampling temperature",
+    )
+    s.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the sampling draws")
+    add_backend_options(s)
+    s.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="samples generated at once (the names do not depend on it). None: all",
+    )
+    add_workers_option(s)
+    add_json_option(s)
+    s.add_argument(
+        "--microgpt-exact",
+        action="store_true",
+        help="sample as the original does, from the random state saved by "
+        "'train --microgpt-exact --checkpoint'",
+    )
+    s.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the checkpoint onto ``--backend``/``--device`` and print its samples."""
+    check_workers(args)
+    check_device(args.backend, args.device)
+    from ..checkpoint import load
+
+    ck = load(args.checkpoint, backend=args.backend, device=args.device)
+    tokenizer = checkpoint_tokenizer(ck, args.checkpoint)
+    if args.microgpt_exact:
+        names = _sample_exact(args, ck, tokenizer)
+    else:
+        from ..sample import sample
+
+        names = sample(
+            ck.params,
+            tokenizer,
+            args.num_samples,
+            temperature=args.temperature,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            workers=args.workers,
+        )
+    if args.json:
+        print_json(
+            {
+                "checkpoint": args.checkpoint,
+                "step": ck.step,
+                "temperature": args.temperature,
+                "seed": None if args.microgpt_exact else args.seed,
+                "microgpt_exact": args.microgpt_exact,
+                "samples": names,
+            }
+        )
+    else:
+        print_samples(names)
+    return 0
+
+
+def _sample_exact(args: argparse.Namespace, ck: Checkpoint, tokenizer: Tokenizer) -> list[str]:
+    """``sample --microgpt-exact``: the original's sampling from the saved random state."""
+    import random
+
+    from ..checkpoint import CheckpointError
+    from ..exact import sample_exact
+
+    if args.seed != DEFAULT_SEED or args.batch_size is not None or args.workers is not None:
+        raise UsageError(
+            "--seed, --batch-size and --workers cannot be used with --microgpt-exact "
+            "(it continues the saved random state, one name at a time)"
+        )
+    exact = ck.meta.get("microgpt_exact") if isinstance(ck.meta, dict) else None
+    state = exact.get("sample_rng_state") if isinstance(exact, dict) else None
+    if state is None:
+        raise CheckpointError(
+            f"checkpoint {args.checkpoint!r} holds no microgpt-exact random state; "
+            "write one with 'microgpt-xp train --microgpt-exact --checkpoint PATH'"
+        )
+    rng = random.Random()
+    try:
+        version, internal, gauss_next = state
+        rng.setstate((version, tuple(internal), gauss_next))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"checkpoint {args.checkpoint!r}: malformed microgpt-exact random state ({exc})"
+        ) from exc
+    return sample_exact(ck.params, tokenizer, rng, args.num_samples, args.temperature)
