@@ -7,28 +7,36 @@ nox -s lint typecheck
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
-BACKENDS = ["numpy", "array_api_strict", "dask", "torch", "jax", "cupy"]
-EXTRAS = {
-    "numpy": "test,dask,plot",
-    "array_api_strict": "test,strict",
-    "dask": "test,dask",
-    "torch": "test",
-    "jax": "test,jax",
-    "cupy": "test,cupy",
-}
+def _backends() -> dict[str, object]:
+    """The package's table of backends (microgpt_xp/_backends.py, stdlib-only), loaded by
+    path: nox runs outside the environments it builds."""
+    path = Path(__file__).parent / "microgpt_xp" / "_backends.py"
+    spec = importlib.util.spec_from_file_location("_microgpt_xp_backends", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return dict(module.BACKENDS)
+
+
+BACKENDS = _backends()
 
 
 def _tests(session: nox.Session, backend: str) -> None:
     """Run the tests on one array namespace (``MICROGPT_XP_BACKENDS=<backend>``)."""
-    if backend == "torch":
-        # the CPU build; a bare "torch" would pull a multi-GB CUDA build
-        session.install("torch==2.13.0")
-    session.install("-e", f".[{EXTRAS[backend]}]")
+    spec = BACKENDS[backend]
+    if spec.test_install:  # type: ignore[attr-defined]
+        session.install(*spec.test_install)  # type: ignore[attr-defined]
+    session.install("-e", f".[{spec.test_extras}]")  # type: ignore[attr-defined]
     env = {"MICROGPT_XP_BACKENDS": backend}
     if backend != "numpy":
         env["MICROGPT_XP_BACKEND_ONLY"] = "1"

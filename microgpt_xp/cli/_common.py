@@ -103,14 +103,15 @@ def add_backend_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_workers_option(p: argparse.ArgumentParser) -> None:
-    """``--workers N``: NumPy threads per batch (check it with :func:`check_workers`)."""
+    """``--workers N``: processes that share each NumPy batch (check it with
+    :func:`check_workers`)."""
     p.add_argument(
         "--workers",
         metavar="N",
         type=positive_int,
         default=None,
-        help="numpy: threads that share each batch (1: none). None: chosen by the batch's "
-        "size and the CPU cores",
+        help="numpy: N processes share each batch by rows (this one and N-1 spawned worker "
+        "processes, ended with the command). None: this process alone",
     )
 
 
@@ -121,8 +122,9 @@ def add_scheduler_option(p: argparse.ArgumentParser) -> None:
         "--scheduler",
         metavar="ADDRESS",
         default=None,
-        help="address of a running dask.distributed scheduler (e.g. tcp://host:8786) to "
-        "compute on; only with --backend dask. None: dask's local threads",
+        help="a running dask.distributed scheduler to compute on (tcp://host:8786, or the "
+        "JSON file of 'dask scheduler --scheduler-file'; 'local' starts a local cluster); "
+        "only with --backend dask. None: dask's local threads",
     )
 
 
