@@ -43,6 +43,12 @@ class Backend:
         test_install: packages the nox session installs before the project (a pinned CPU
             build, where a plain install would pull a GPU build).
         setup: called once, right after the namespace is first imported.
+        lazy: its arrays are computed only when asked (Dask): values are not known
+            without a compute.
+        is_traced: for backends with a tracing compiler, whether an array is a tracer
+            (its values unknown until the compiled function runs); ``None`` elsewhere.
+        compile: the backend's compiler, ``fn -> compiled fn`` for pure functions of
+            arrays and records (``jax.jit``); ``None`` where there is none worth using.
         attach_check: for chunked lazy backends, ``(x, check, message) -> x`` with
             ``check(block)`` run on every block when computed (``ValueError(message)``
             if it returns False); ``None`` elsewhere.
@@ -65,6 +71,9 @@ class Backend:
     setup: Callable[[], None] | None = None
     persist: Callable[[list[Any]], list[Any]] | None = None
     attach_check: Callable[[Any, Callable[[Any], bool], str], Any] | None = None
+    compile: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+    lazy: bool = False
+    is_traced: Callable[[Any], bool] | None = None
 
     def namespace_module(self) -> str:
         """The name of the namespace module."""
@@ -242,6 +251,18 @@ def _jax_from_host(host: Any, device: Any, chunks: Any) -> Any:
     return jax.device_put(host, device)
 
 
+def _jax_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    import jax
+
+    return jax.jit(fn)  # type: ignore[no-any-return]
+
+
+def _jax_is_traced(x: Any) -> bool:
+    import jax
+
+    return isinstance(x, jax.core.Tracer)
+
+
 def _is_jax(x: Any) -> bool:
     import array_api_compat
 
@@ -277,6 +298,7 @@ BACKENDS: dict[str, Backend] = {
             is_array=_is_dask,
             persist=_dask_persist,
             attach_check=_dask_attach_check,
+            lazy=True,
         ),
         Backend(
             name="cupy",
@@ -327,6 +349,8 @@ BACKENDS: dict[str, Backend] = {
             to_host=lambda x: _np().asarray(x),
             is_array=_is_jax,
             setup=_jax_setup,
+            compile=_jax_compile,
+            is_traced=_jax_is_traced,
         ),
     )
 }

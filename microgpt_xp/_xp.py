@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import array_api_compat
 import numpy as np
 
 from ._backends import BACKENDS as TABLE
 from ._backends import Backend
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: Backend names accepted by ``backend=`` arguments and the ``--backend`` option.
 BACKENDS: tuple[str, ...] = tuple(TABLE)
@@ -105,13 +108,23 @@ def to_numpy(x: Any) -> np.ndarray:
 
 
 def is_lazy(x: Any) -> bool:
-    """True for arrays whose values are not known without a compute (Dask, traced JAX)."""
-    if array_api_compat.is_jax_array(x):
-        # array-api-compat calls every JAX array lazy; only tracers (under jit) are
-        import jax
+    """True for arrays whose values are not known without a compute (Dask) or at all
+    (tracers under a compiler such as ``jax.jit``); False for eager arrays and Python
+    numbers."""
+    try:
+        spec = TABLE[backend_of(x)]
+    except TypeError:
+        return False
+    return spec.lazy or (spec.is_traced is not None and spec.is_traced(x))
 
-        return isinstance(x, jax.core.Tracer)
-    return bool(array_api_compat.is_lazy_array(x))
+
+def is_traced(x: Any) -> bool:
+    """True for tracers of a compiler (``jax.jit``), whose values cannot be read at all."""
+    try:
+        spec = TABLE[backend_of(x)]
+    except TypeError:
+        return False
+    return spec.is_traced is not None and spec.is_traced(x)
 
 
 def lazy_value_check(x: Any, check: Any, message: str) -> Any:
@@ -123,18 +136,57 @@ def lazy_value_check(x: Any, check: Any, message: str) -> Any:
 
 
 def persist(arrays: list[Any]) -> list[Any]:
-    """Evaluate lazy arrays in one computation per backend and keep the results as arrays
-    of that backend held in memory (Dask's ``persist``), so that the graph of a training
-    loop does not grow step after step; arrays of eager backends are returned as they are."""
+    """Evaluate the lazy arrays among ``arrays`` in one computation per backend and keep the
+    results as arrays of that backend held in memory (Dask's ``persist``), so that the
+    graph of a training loop does not grow step after step; everything else (eager arrays,
+    Python numbers) is returned as it is."""
     out = list(arrays)
-    for name in {backend_of(a) for a in arrays}:
+    lazy = {i: backend_of(a) for i, a in enumerate(arrays) if is_lazy(a)}
+    for name in set(lazy.values()):
         spec = TABLE[name]
         if spec.persist is None:
             continue
-        picked = [i for i, a in enumerate(arrays) if backend_of(a) == name]
+        picked = [i for i, b in lazy.items() if b == name]
         for i, done in zip(picked, spec.persist([arrays[i] for i in picked]), strict=True):
             out[i] = done
     return out
+
+
+def check_jit(jit: Any) -> bool | None:
+    """Return ``jit`` if it is ``None``, ``True`` or ``False``, else raise ``TypeError``."""
+    if jit is not None and not isinstance(jit, bool):
+        raise TypeError(f"jit must be None, True or False, got {jit!r}")
+    return jit
+
+
+def compiler(backend: str, jit: bool | None) -> Callable[[F], F] | None:
+    """The compiler to use for ``backend`` (``fn -> compiled fn``), or ``None`` to run
+    eagerly: ``jit=None`` compiles where the backend has a compiler, ``False`` never,
+    ``True`` always (``ValueError`` on a backend without one)."""
+    check_jit(jit)
+    spec = entry(backend)
+    if jit is False:
+        return None
+    if spec.compile is None:
+        if jit:
+            have = [name for name, b in TABLE.items() if b.compile is not None]
+            raise ValueError(
+                f"jit=True: backend {backend!r} has no compiler (backends with one: "
+                f"{', '.join(have)}); use jit=None or jit=False"
+            )
+        return None
+    namespace(backend)  # the backend's setup runs before anything is traced
+    return spec.compile  # type: ignore[return-value]
+
+
+@functools.cache
+def compiled(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
+    """``fn`` compiled by ``backend``'s compiler, built once per function and backend (so
+    that the compiler's cache of traced shapes is kept between calls). Only for
+    module-level functions; ``backend`` must have a compiler."""
+    compile_fn = entry(backend).compile
+    assert compile_fn is not None
+    return compile_fn(fn)
 
 
 _NAMESPACES: dict[type, Any] = {}

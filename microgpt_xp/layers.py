@@ -13,84 +13,15 @@ Shapes: ``N`` rows (``N = B*T`` flattened positions), ``C`` channels, ``V`` voca
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from array_api_compat import device
-
+from . import primitives as P
 from ._xp import array_namespace
 
 #: Added to the mean square in RMSNorm (the spec's 1e-5).
 RMSNORM_EPS = 1e-5
 
 Array = Any
-
-
-def one_hot(ids: Array, num_classes: int, dtype: Any, *, axis: int = -1) -> Array:
-    """``(…,)`` integer ids -> ``(…, num_classes)`` one-hot rows of ``dtype``, on ids' device;
-    with ``axis=0``, 1-d ``ids (N,)`` -> ``(num_classes, N)`` one-hot columns."""
-    xp = array_namespace(ids)
-    classes = xp.arange(num_classes, dtype=ids.dtype, device=device(ids))
-    if axis == 0:
-        return xp.astype(classes[:, None] == ids[None, :], dtype)
-    return xp.astype(ids[..., None] == classes, dtype)
-
-
-# -- reductions over the last axis ----------------------------------------------------------
-# NumPy reduces a short contiguous last axis (16 or 27 long) one row at a time, at several
-# times the cost of the whole rest of a softmax or a norm. A matmul with a column of ones
-# sums the rows at BLAS speed, and a max over a *middle* axis of a relaid copy runs as
-# vectorized elementwise maxima. Both are plain Array API calls on every namespace; the
-# relayout keeps the leading (batch) axis in front, so Dask chunks along it stay as they are.
-def sum_last(x: Array) -> Array:
-    """``(…, n)`` -> ``(…, 1)``: the sum over the last axis, as ``x @ ones((n, 1))``.
-
-    A 2-d ``x`` is multiplied by two columns of ones instead, of which the first is kept:
-    BLAS rounds a matrix-vector product of a row differently depending on how many rows
-    there are, and a matrix-matrix product does not, so a row's sum stays the same
-    whatever the batch or the Dask chunk it comes in (stacked inputs are one product per
-    matrix, so they are batch-independent already).
-    """
-    xp = array_namespace(x)
-    cols = 2 if x.ndim == 2 else 1
-    ones = xp.ones((x.shape[-1], cols), dtype=x.dtype, device=device(x))
-    return (x @ ones)[..., :1]
-
-
-def max_last(x: Array) -> Array:
-    """``(B, …, n)`` -> ``(B, …, 1)``: the max over the last axis (exact, NaN-propagating).
-
-    For ``x.ndim >= 3`` the max is taken over axis 1 of a ``(B, n, M)`` copy (``M`` the
-    product of the middle axes) by halving: each step takes the elementwise maximum of
-    the first and the last ``ceil(n/2)`` rows (overlapping by one when ``n`` is odd), so
-    that every comparison runs over ``M`` contiguous values and ``log2(n)`` steps do it.
-    """
-    xp = array_namespace(x)
-    if x.ndim < 3:
-        return xp.max(x, axis=-1, keepdims=True)
-    b, n = x.shape[0], x.shape[-1]
-    mid = tuple(x.shape[1:-1])
-    m = math.prod(mid)
-    moved = xp.permute_dims(x, (0, x.ndim - 1, *range(1, x.ndim - 1)))
-    # merging (B, n) cannot be a view of the permuted strides, so this is the copy
-    relaid = xp.reshape(xp.reshape(moved, (b * n, m)), (b, n, m))
-    while n > 1:
-        half = (n + 1) // 2
-        relaid = xp.maximum(relaid[:, :half, :], relaid[:, n - half :, :])
-        n = half
-    return xp.reshape(relaid, (b, *mid, 1))
-
-
-def transposed_copy(x: Array) -> Array:
-    """``(…, m, n)`` -> ``(…, n, m)``, the matrix transpose laid out row-major.
-
-    NumPy's batched matmul is several times slower when its second operand is a
-    transposed view; merging the two swapped axes cannot be a view, so the reshape copies.
-    """
-    xp = array_namespace(x)
-    *lead, m, n = x.shape
-    flat = xp.reshape(xp.matrix_transpose(x), (*lead, n * m))
-    return xp.reshape(flat, (*lead, n, m))
 
 
 # -- embedding ------------------------------------------------------------------------
@@ -111,14 +42,14 @@ def embedding_forward(tokens: Array, wte: Array, wpe_rows: Array) -> tuple[Array
 def embedding_backward(de: Array, cache: Any) -> tuple[Array, Array]:
     """``de (B*T, C)`` -> ``(dwte (V, C), dwpe_rows (T, C))``.
 
-    ``dwte`` is the scatter-add of ``de`` into the rows of the used tokens, computed as
-    ``onehot @ de`` with the one-hot laid out ``(V, B*T)`` (the standard has no
-    scatter-add); rows of unused tokens are exactly zero.
+    ``dwte`` is the scatter-add of ``de`` into the rows of the used tokens
+    (:func:`~microgpt_xp.primitives.scatter_add_rows`); rows of unused tokens are exactly
+    zero.
     """
     xp = array_namespace(de)
     tokens, vocab = cache
     b, t = tokens.shape
-    dwte = one_hot(xp.reshape(tokens, (b * t,)), vocab, de.dtype, axis=0) @ de
+    dwte = P.scatter_add_rows(xp.reshape(tokens, (b * t,)), de, vocab)
     dwpe_rows = xp.sum(xp.reshape(de, (b, t, de.shape[-1])), axis=0)
     return dwte, dwpe_rows
 
@@ -131,17 +62,9 @@ def linear_forward(x: Array, w: Array) -> tuple[Array, Any]:
 
 
 def linear_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
-    """``dy (N, n_out)`` -> ``(dx (N, n_in), dw (n_out, n_in))``.
-
-    ``dw`` is computed as ``dy.T @ x`` or as ``(x.T @ dy).T``, whichever puts the longer
-    side first: BLAS is up to twice as fast on a ``(64, N) @ (N, 16)`` product as on a
-    ``(16, N) @ (N, 64)`` one (the same sums either way).
-    """
-    xp = array_namespace(dy)
+    """``dy (N, n_out)`` -> ``(dx (N, n_in), dw (n_out, n_in))``."""
     x, w = cache
-    mt = xp.matrix_transpose
-    dw = mt(dy) @ x if dy.shape[-1] >= x.shape[-1] else mt(mt(x) @ dy)
-    return dy @ w, dw
+    return dy @ w, P.weight_grad(dy, x)
 
 
 def linear_t_forward(x: Array, w: Array) -> tuple[Array, Any]:
@@ -166,7 +89,7 @@ def rmsnorm_forward(x: Array) -> tuple[Array, Any]:
     ``x (N, C)`` -> ``y (N, C)``. The mean is ``sum * (1/C)`` and the scale uses
     ``** -0.5`` as the original does.
     """
-    ms = sum_last(x * x) * (1.0 / x.shape[-1])
+    ms = P.sum_last(x * x) * (1.0 / x.shape[-1])
     s = (ms + RMSNORM_EPS) ** -0.5
     return x * s, (x, s)
 
@@ -182,7 +105,7 @@ def rmsnorm_columns(x_t: Array) -> Array:
 def rmsnorm_backward(dy: Array, cache: Any) -> Array:
     """``dy (N, C)`` -> ``dx (N, C)``: ``dx = s·(dy − (s²/C)·Σ(dy·x)·x)``."""
     x, s = cache
-    dot = sum_last(dy * x)
+    dot = P.sum_last(dy * x)
     return s * (dy - (s * s * (1.0 / x.shape[-1]) * dot) * x)
 
 
@@ -205,8 +128,8 @@ def softmax(z: Array, axis: int = -1) -> Array:
     with ``e = exp(z - max(z))``. Entries of ``-inf`` get probability 0."""
     xp = array_namespace(z)
     if axis == -1:
-        e = xp.exp(z - max_last(z))
-        return e * sum_last(e) ** -1
+        e = xp.exp(z - P.max_last(z))
+        return e * P.sum_last(e) ** -1
     if axis != 0:
         raise ValueError(f"softmax runs over axis -1 or 0, not {axis}")
     # a reduction over the leading axis is already one vectorized pass per row
@@ -220,8 +143,8 @@ def causal_bias(t: int, like: Array) -> Array:
     Created on ``like``'s device with its dtype.
     """
     xp = array_namespace(like)
-    pos = xp.arange(t, device=device(like))
-    zero = xp.zeros((t, t), dtype=like.dtype, device=device(like))
+    pos = P.arange(t, like)
+    zero = P.full((t, t), 0.0, like)
     return xp.where(pos[:, None] >= pos[None, :], zero, zero - xp.inf)
 
 
@@ -247,7 +170,7 @@ def attend_forward(q: Array, k: Array, v: Array, bias: Array | None) -> tuple[Ar
     """
     scale = float(q.shape[-1]) ** -0.5
     qs = q * scale
-    scores = qs @ transposed_copy(k)
+    scores = P.matmul_nt(qs, k)
     if bias is not None:
         scores = scores + bias
     att = softmax(scores)
@@ -258,9 +181,9 @@ def attend_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array]:
     """``dy (B, H, Tq, D)`` -> ``(dq, dk, dv)`` with the shapes of ``q, k, v``."""
     xp = array_namespace(dy)
     qs, k, v, att, scale = cache
-    datt = dy @ transposed_copy(v)
+    datt = P.matmul_nt(dy, v)
     dv = xp.matrix_transpose(att) @ dy
-    dscores = att * (datt - sum_last(datt * att))
+    dscores = att * (datt - P.sum_last(datt * att))
     return (dscores @ k) * scale, xp.matrix_transpose(dscores) @ qs, dv
 
 
@@ -288,23 +211,29 @@ def causal_attention_backward(dy: Array, cache: Any) -> Array:
     return xp.reshape(stacked, (b * t, 3 * h * dq.shape[-1]))
 
 
-def decode_attention(q_t: Array, keys: Array, values: Array, n_head: int) -> Array:
+def decode_attention(
+    q_t: Array, keys: Array, values: Array, n_head: int, visible: Array | None = None
+) -> Array:
     """One query per sequence over the cached positions, in decoding's column layout:
     ``q_t (C, B)``, ``keys, values (P, C, B)`` (positions first) -> ``(C, B)``, the heads'
-    outputs stacked in head order.
+    outputs stacked in head order. ``visible (P,)``, where given, marks the positions to
+    attend to (the others, e.g. cache slots not written yet, get weight exactly 0).
 
     The same attention as :func:`attend_forward` with ``Tq = 1``. With the batch along
     the last axis, a head's ``D`` channels are ``D`` contiguous planes of ``B`` values, so
     the scores are one product and a sum over the head-channel axis, the softmax runs
     over the leading position axis and the output is one product and a sum over
     positions: every step is a vectorized pass over the whole batch, summing in the
-    original's order (channel by channel, position by position).
+    original's order (channel by channel, position by position; the hidden positions
+    add exact zeros after the visible ones).
     """
     xp = array_namespace(q_t, keys, values)
     c, b = q_t.shape
     p, d = keys.shape[0], c // n_head
     qs = q_t * float(d) ** -0.5
     scores = xp.sum(xp.reshape(keys * qs, (p, n_head, d, b)), axis=2)  # (P, H, B)
+    if visible is not None:
+        scores = xp.where(visible[:, None, None], scores, xp.full_like(scores, -xp.inf))
     att = softmax(scores, axis=0)
     y = xp.sum(att[:, :, None, :] * xp.reshape(values, (p, n_head, d, b)), axis=0)
     return xp.reshape(y, (c, b))
@@ -331,7 +260,7 @@ def cross_entropy_forward(
     e = xp.exp(shifted)
     total = xp.sum(e, axis=0)
     p = e * total[None, :] ** -1
-    onehot = one_hot(targets, logits_t.shape[0], logits_t.dtype, axis=0)
+    onehot = P.one_hot(targets, logits_t.shape[0], logits_t.dtype, axis=0)
     losses = xp.log(total) - xp.sum(shifted * onehot, axis=0)
     if valid is not None:
         losses = xp.where(valid != 0, losses, xp.zeros_like(losses))

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from array_api_compat import device
-
+from . import _pytree, _xp
 from . import layers as L
+from . import primitives as P
 from ._checks import check_tokens as _check_tokens
 from ._xp import array_namespace
+from .optim import BETA1, BETA2, EPS, LR, NUM_STEPS, AdamState, adam_update
 from .params import LAYER_FIELDS, Params
 
 Array = Any
@@ -24,7 +25,7 @@ Reduction = Literal["mean", "token_mean"]
 def _real_mask(lengths: Array, t: int, dtype: Any) -> Array:
     """``(B, T)`` 1.0 at positions ``< lengths[b]``, else 0.0."""
     xp = array_namespace(lengths)
-    pos = xp.arange(t, dtype=lengths.dtype, device=device(lengths))
+    pos = P.arange(t, lengths, dtype=lengths.dtype)
     return xp.astype(pos[None, :] < lengths[:, None], dtype)
 
 
@@ -68,7 +69,6 @@ def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
 def _backward(params: Params, dx: Array, caches: list[Any]) -> dict[str, Array]:
     """Gradients of every weight but ``lm_head`` from ``dx (B*T, C)``, the gradient of the
     last hidden state, walking the caches in reverse."""
-    xp = params.xp
     cfg = params.config
     c = cfg.n_embd
     per_layer: dict[str, list[Array]] = {name: [] for name in LAYER_FIELDS}
@@ -91,15 +91,8 @@ def _backward(params: Params, dx: Array, caches: list[Any]) -> dict[str, Array]:
             per_layer[name].insert(0, g)
     de = L.rmsnorm_backward(dx, caches[1])
     dwte, dwpe_rows = L.embedding_backward(de, caches[0])
-    t = dwpe_rows.shape[0]
-    dwpe = dwpe_rows
-    if t < cfg.block_size:
-        # zero rows for the unused positions, as a one-hot product rather than a concat:
-        # on Dask a concat would leave wpe's gradient (and so wpe) in two chunks, and the
-        # position slices of later steps would then split every activation along T
-        positions = xp.arange(t, device=device(dwpe_rows))
-        dwpe = L.one_hot(positions, cfg.block_size, dwpe_rows.dtype, axis=0) @ dwpe_rows
-    grads = {"wte": dwte, "wpe": dwpe}
+    # the positions this batch does not reach get zero gradient
+    grads = {"wte": dwte, "wpe": P.pad_rows(dwpe_rows, cfg.block_size)}
     grads.update({name: _stack_layers(gs) for name, gs in per_layer.items()})
     return grads
 
@@ -247,15 +240,91 @@ def _loss_and_grads(
     return loss, Params.trusted(params.config, {**grads, "lm_head": dlm_head})
 
 
-def score(params: Params, tokens: Array, lengths: Array) -> Array:
-    """Each document's mean negative log-likelihood per predicted token (the spec's loss
-    of that document), with the same ``tokens (B, L)`` / ``lengths (B,)`` conventions and
-    checks as :func:`loss_and_grads`. Returns ``(B,)`` in the params' dtype; lazy on Dask."""
+def train_step(
+    params: Params,
+    state: AdamState,
+    tokens: Array,
+    lengths: Array,
+    *,
+    reduction: Reduction = "mean",
+    lr: float = LR,
+    beta1: float = BETA1,
+    beta2: float = BETA2,
+    eps: float = EPS,
+    num_steps: int = NUM_STEPS,
+) -> tuple[Params, AdamState, Array]:
+    """One training step, as a pure function: the batch's loss and gradients
+    (:func:`loss_and_grads`), then one Adam update (:func:`~microgpt_xp.adam_update`).
+
+    Args:
+        params, state: the weights and the optimizer state (:func:`~microgpt_xp.adam_init`).
+        tokens, lengths: the batch, as for :func:`loss_and_grads`.
+        reduction, lr, beta1, beta2, eps, num_steps: as for :func:`loss_and_grads` and
+            :func:`~microgpt_xp.adam_update`.
+
+    Returns:
+        ``(new_params, new_state, loss)``, ``loss`` the batch's loss before the update.
+
+    Nothing is read to the host but the edge checks of eager inputs, and nothing is
+    modified, so ``jax.jit(train_step)`` compiles it as it is (once per batch shape).
+    """
+    _check_reduction(reduction)
     cfg = params.config
     tokens, lengths = _check_tokens(
         params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
     )
-    return _score(params, tokens, lengths)
+    return _train_step(
+        params,
+        state,
+        tokens,
+        lengths,
+        reduction=reduction,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        num_steps=num_steps,
+    )
+
+
+def _train_step(
+    params: Params,
+    state: AdamState,
+    tokens: Array,
+    lengths: Array,
+    *,
+    reduction: Reduction,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    num_steps: int,
+) -> tuple[Params, AdamState, Array]:
+    """:func:`train_step` of a checked batch: the math alone (what the drivers compile)."""
+    loss, grads = _loss_and_grads(params, tokens, lengths, reduction)
+    new_params, new_state = adam_update(
+        params, grads, state, lr=lr, beta1=beta1, beta2=beta2, eps=eps, num_steps=num_steps
+    )
+    return new_params, new_state, loss
+
+
+def score(params: Params, tokens: Array, lengths: Array, *, jit: bool | None = None) -> Array:
+    """Each document's mean negative log-likelihood per predicted token (the spec's loss
+    of that document), with the same ``tokens (B, L)`` / ``lengths (B,)`` conventions and
+    checks as :func:`loss_and_grads`. Returns ``(B,)`` in the params' dtype; lazy on Dask.
+
+    ``jit=None`` compiles the computation where the namespace has a compiler (JAX:
+    ``jax.jit``, once per batch shape), ``False`` runs it eagerly, ``True`` insists
+    (``ValueError`` on a namespace without a compiler). The inputs are checked first,
+    outside anything compiled."""
+    cfg = params.config
+    compile_fn = _xp.compiler(params.backend, jit)
+    tokens, lengths = _check_tokens(
+        params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
+    )
+    if compile_fn is None:
+        return _score(params, tokens, lengths)
+    return _xp.compiled(_score, params.backend)(params, tokens, lengths)
 
 
 def _score(params: Params, tokens: Array, lengths: Array) -> Array:
@@ -268,22 +337,45 @@ def _score(params: Params, tokens: Array, lengths: Array) -> Array:
 # -- token-by-token decoding ----------------------------------------------------------------
 @dataclass(frozen=True)
 class KVCache:
-    """Keys and values of the positions decoded so far, for a batch.
+    """Keys and values of the positions decoded so far, for a batch, in fixed-size buffers.
 
-    ``keys[l]`` and ``values[l]`` are ``(pos, C, B)`` arrays of layer ``l``: positions
-    first, then channels, with one column per sequence of the batch (empty tuples before
-    the first step); each step appends one ``(1, C, B)`` slice. ``pos`` is the number of
-    positions already decoded, which is also the position of the next token.
+    ``keys[l]`` and ``values[l]`` are ``(block_size, C, B)`` arrays of layer ``l``:
+    positions first, then channels, with one column per sequence of the batch; the slots
+    of positions not decoded yet hold zeros. ``pos`` is a 0-d integer array, the number
+    of positions decoded so far (the position of the next token). Every step writes one
+    slot (with ``where``, no in-place write and no ``concat``), so the shapes never change
+    and a compiled decoding step (``jax.jit``) compiles once per batch size. A JAX pytree
+    when JAX is installed.
+
+    ``KVCache()`` (no buffers yet) is a fresh cache that the first :func:`decode_step`
+    allocates for its batch; :meth:`zeros` allocates one up front.
     """
 
     keys: tuple[Array, ...] = ()
     values: tuple[Array, ...] = ()
-    pos: int = 0
+    pos: Any = 0
 
     @classmethod
     def empty(cls) -> KVCache:
-        """A cache for a fresh sequence (position 0)."""
+        """A fresh cache, allocated by the first :func:`decode_step` (position 0)."""
         return cls()
+
+    @classmethod
+    def zeros(cls, params: Params, batch_size: int) -> KVCache:
+        """A fresh cache for ``batch_size`` sequences on the params' namespace and device:
+        ``n_layer`` pairs of ``(block_size, C, batch_size)`` zero buffers, ``pos = 0``."""
+        cfg = params.config
+        shape = (cfg.block_size, cfg.n_embd, batch_size)
+        bufs = tuple(P.full(shape, 0.0, params.wte) for _ in range(2 * cfg.n_layer))
+        pos = P.full((), 0, params.wte, dtype=params.xp.int64)
+        return cls(bufs[: cfg.n_layer], bufs[cfg.n_layer :], pos)
+
+
+_pytree.register(
+    KVCache,
+    lambda c: ((c.keys, c.values, c.pos), None),
+    lambda _, children: KVCache(*children),
+)
 
 
 def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array, KVCache]:
@@ -296,24 +388,32 @@ def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array
 
     Returns:
         ``(logits (B, V), new_cache)``. The logits equal :func:`forward`'s at that position.
-        This is the spec's token-by-token forward: the new key and value are appended
+        This is the spec's token-by-token forward: the new key and value are written
         before attending, so the position attends to itself.
+
+    Raises ``TypeError``/``ValueError`` for a bad cache, ids of another shape, namespace or
+    device, ids outside ``[0, V)`` and a full cache (checked on eager arrays; a traced
+    ``pos`` under ``jax.jit`` is not read).
     """
     cfg = params.config
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
-    if cache.pos >= cfg.block_size:
-        raise ValueError(
-            f"the cache is full: position {cache.pos} is past block_size {cfg.block_size}"
-        )
     if getattr(token_ids, "ndim", None) != 1:
         raise ValueError(
             f"token_ids must be 1-d (batch,), got {getattr(token_ids, 'shape', token_ids)}"
         )
-    if cache.pos and tuple(cache.keys[0].shape[2:]) != tuple(token_ids.shape):
+    if not cache.keys:
+        cache = KVCache.zeros(params, token_ids.shape[0])
+    if tuple(cache.keys[0].shape[2:]) != tuple(token_ids.shape):
         raise ValueError(
             f"token_ids hold {token_ids.shape[0]} rows but the cache {cache.keys[0].shape[2]}"
         )
+    if not _xp.is_traced(cache.pos):  # the edge check of an eager (or Dask) cache
+        pos = cache.pos if isinstance(cache.pos, int) else int(_xp.to_numpy(cache.pos))
+        if pos >= cfg.block_size:
+            raise ValueError(
+                f"the cache is full: position {pos} is past block_size {cfg.block_size}"
+            )
     # on Dask the value check rides along with the returned (lazy) ids
     checked, _ = _check_tokens(
         params, token_ids[:, None], None, max_len=cfg.block_size, min_length=1
@@ -324,29 +424,34 @@ def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array
 
 def decode_hidden(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array, KVCache]:
     """:func:`decode_step` up to the last hidden state, without the input checks (for ids
-    the model itself sampled): returns ``(x_t (C, B), new_cache)``, one column per
-    sequence, so that ``lm_head @ x_t`` gives the logits laid out ``(V, B)``.
+    the model itself sampled, and an allocated cache, see :meth:`KVCache.zeros`): returns
+    ``(x_t (C, B), new_cache)``, one column per sequence, so that ``lm_head @ x_t`` gives
+    the logits laid out ``(V, B)``.
 
     The whole step runs in this column layout: the linear layers are ``w @ x_t``, the
     norms and the attention's softmax reduce over leading axes (see
     :func:`~microgpt_xp.layers.decode_attention`), and the ``q``, ``k`` and ``v`` of a step
-    are contiguous row blocks of one ``(3C, B)`` product.
+    are contiguous row blocks of one ``(3C, B)`` product. The new key and value are
+    written into slot ``pos`` with ``where``; positions after ``pos`` are hidden from the
+    attention.
     """
     cfg = params.config
     xp = params.xp
-    pos, c = cache.pos, cfg.n_embd
+    c = cfg.n_embd
+    pos = cache.pos
+    slots = P.arange(cfg.block_size, token_ids, dtype=pos.dtype)
+    here, visible = slots == pos, slots <= pos
     wte_t = xp.matrix_transpose(params.wte)
-    x = L.rmsnorm_columns(xp.take(wte_t, token_ids, axis=1) + params.wpe[pos, :][:, None])
+    wpe_t = xp.matrix_transpose(xp.take(params.wpe, xp.reshape(pos, (1,)), axis=0))  # (C, 1)
+    x = L.rmsnorm_columns(xp.take(wte_t, token_ids, axis=1) + wpe_t)
     keys, values = [], []
     for layer in range(cfg.n_layer):
         qkv = _qkv_weight(params, layer) @ L.rmsnorm_columns(x)
-        k, v = qkv[None, c : 2 * c, :], qkv[None, 2 * c :, :]
-        if pos:
-            k = xp.concat([cache.keys[layer], k], axis=0)
-            v = xp.concat([cache.values[layer], v], axis=0)
+        k = xp.where(here[:, None, None], qkv[None, c : 2 * c, :], cache.keys[layer])
+        v = xp.where(here[:, None, None], qkv[None, 2 * c :, :], cache.values[layer])
         keys.append(k)
         values.append(v)
-        y = L.decode_attention(qkv[:c, :], k, v, cfg.n_head)
+        y = L.decode_attention(qkv[:c, :], k, v, cfg.n_head, visible)
         x = x + params.attn_wo[layer, ...] @ y
         h = L.relu_forward(params.mlp_fc1[layer, ...] @ L.rmsnorm_columns(x))[0]
         x = x + params.mlp_fc2[layer, ...] @ h

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from . import _pytree
+from . import primitives as P
 from .params import Params, flatten, unflatten
 
 #: The spec's hyperparameters.
@@ -31,13 +33,20 @@ class AdamState:
     step: Any
 
 
+_pytree.register(
+    AdamState,
+    lambda s: ((s.m, s.v, s.step), None),
+    lambda _, children: AdamState(*children),
+)
+
+
 def adam_init(params: Params) -> AdamState:
     """The state before the first update: zero moments, ``step = 0``."""
     if not isinstance(params, Params):
         raise TypeError(f"adam_init needs a Params, got {type(params).__name__}")
     xp = params.xp
     zeros = params.map(xp.zeros_like, check=False)
-    return AdamState(zeros, zeros, xp.asarray(0, dtype=xp.int64, device=params.device))
+    return AdamState(zeros, zeros, P.full((), 0, params.wte, dtype=xp.int64))
 
 
 def adam_update(
@@ -158,8 +167,8 @@ class Adam:
     def t(self, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= self.num_steps:
             raise ValueError(f"t must be an int in [0, {self.num_steps}], got {value!r}")
-        xp = self.state.m.xp
-        step = xp.asarray(value, dtype=xp.int64, device=self.state.m.device)
+        like = self.state.m.wte
+        step = P.full((), value, like, dtype=self.state.m.xp.int64)
         self.state = AdamState(self.state.m, self.state.v, step)
         self._t = value
 
@@ -203,6 +212,14 @@ class Adam:
         params, self.state = adam_update(params, grads, self.state, **self.hyperparameters)
         self._t += 1
         return params
+
+    def advance(self, state: AdamState) -> None:
+        """Take ``state`` as the state after one more update (what a training loop does
+        with the state that :func:`adam_update` or a compiled step returned)."""
+        if self._t >= self.num_steps:
+            raise ValueError(f"Adam has taken all its num_steps={self.num_steps} steps")
+        self.state = state
+        self._t += 1
 
     def state_dict(self) -> dict[str, Any]:
         """Hyperparameters and step count (the moments are ``self.m`` / ``self.v``)."""

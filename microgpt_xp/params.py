@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -11,7 +12,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from . import _xp
+from . import _pytree, _xp
 from .config import GPTConfig
 
 #: Global weights, in the spec's state-dict order.
@@ -232,6 +233,13 @@ class Params:
         return from_host(stacked, config, backend=backend, device=device, dtype=dtype)
 
 
+_pytree.register(
+    Params,
+    lambda p: (tuple(getattr(p, name) for name in FIELDS), p.config),
+    lambda config, arrays: Params.trusted(config, dict(zip(FIELDS, arrays, strict=True))),
+)
+
+
 def _is_array(v: Any) -> bool:
     return bool(array_api_compat.is_array_api_obj(v)) and not isinstance(v, np.ndarray)
 
@@ -325,19 +333,39 @@ def unflatten(flat: Any, config: GPTConfig) -> Params:
 
 
 def materialize(*items: Any) -> tuple[Any, ...]:
-    """Evaluate arrays and ``Params`` records together — one Dask computation whose
-    results stay in memory (``dask.persist``) — so that a training loop's graph does not
-    grow; a no-op on eager backends. Returns the items in the same order and structure."""
+    """Evaluate arrays and records (``Params``, ``AdamState``, any dataclass of arrays and
+    records) together — one Dask computation whose results stay in memory — so that a
+    training loop's graph does not grow; a no-op on eager backends. Returns the items in
+    the same order and structure."""
     flat: list[Any] = []
     for item in items:
-        flat.extend(item.arrays().values() if isinstance(item, Params) else [item])
+        _collect(item, flat)
     if not any(_xp.is_lazy(a) for a in flat):
-        return items  # the very same objects, so that caches keyed on them keep working
+        return items  # the very same objects
     done = iter(_xp.persist(flat))
-    out: list[Any] = []
-    for item in items:
-        if isinstance(item, Params):
-            out.append(Params.trusted(item.config, {name: next(done) for name in FIELDS}))
-        else:
-            out.append(next(done))
-    return tuple(out)
+    return tuple(_rebuild(item, done) for item in items)
+
+
+def _collect(item: Any, out: list[Any]) -> None:
+    if isinstance(item, Params):
+        out.extend(item.arrays().values())
+    elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+        for f in dataclasses.fields(item):
+            _collect(getattr(item, f.name), out)
+    elif isinstance(item, tuple):
+        for x in item:
+            _collect(x, out)
+    else:
+        out.append(item)
+
+
+def _rebuild(item: Any, done: Any) -> Any:
+    if isinstance(item, Params):
+        return Params.trusted(item.config, {name: next(done) for name in FIELDS})
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return dataclasses.replace(
+            item, **{f.name: _rebuild(getattr(item, f.name), done) for f in dataclasses.fields(item)}
+        )
+    if isinstance(item, tuple):
+        return tuple(_rebuild(x, done) for x in item)
+    return next(done)

@@ -6,9 +6,9 @@ import math
 from typing import Any
 
 import numpy as np
-from array_api_compat import device
 
 from . import _xp
+from . import primitives as P
 from ._xp import array_namespace
 from .data import Tokenizer
 from .model import KVCache, decode_hidden
@@ -28,27 +28,9 @@ def choose(probs: Any, u: Any) -> Any:
 
 
 def choose_columns(probs_t: Any, u: Any) -> Any:
-    """:func:`choose` for probabilities laid out ``(V, B)``, one column per draw.
-
-    The running sums are one matmul with a lower-triangular matrix of ones (NumPy's
-    ``cumulative_sum`` over this axis costs several times more), and the counts run over the
-    leading axis, a vectorized pass per id.
-    """
-    return _draw(probs_t, u, _lower_ones(probs_t))
-
-
-def _lower_ones(like: Any) -> Any:
-    """``(V, V)`` ones on and below the diagonal, for running sums over the leading axis of
-    ``like (V, B)`` (its dtype and device)."""
-    xp = array_namespace(like)
-    ids = xp.arange(like.shape[0], device=device(like))
-    return xp.astype(ids[:, None] >= ids[None, :], like.dtype)
-
-
-def _draw(weights_t: Any, u: Any, lower: Any) -> Any:
-    """:func:`choose_columns` with the ``(V, V)`` :func:`_lower_ones` given; ``weights_t
-    (V, B)`` need not be normalised. Returns ``(B,)`` int64 ids."""
-    c = lower @ weights_t
+    """:func:`choose` for probabilities laid out ``(V, B)``, one column per draw (the
+    running sums and the counts run over the leading axis, a vectorized pass per id)."""
+    c = P.cumulative_sum0(probs_t)
     hits = c[:-1, :] <= (u * c[-1, :])[None, :]
     xp = array_namespace(hits)
     return xp.sum(xp.astype(hits, xp.int64), axis=0)
@@ -124,6 +106,7 @@ def decode_batch(
     *,
     chunks: int | None = None,
     early_stop: bool = True,
+    jit: bool | None = None,
 ) -> np.ndarray:
     """Generate one batch from BOS through the KV cache with host ``uniforms (b,
     block_size)`` (one per sample and position; row ``i`` drives sample ``i``); returns
@@ -132,8 +115,12 @@ def decode_batch(
     The uniforms are moved to the params' device (on Dask, ``chunks`` rows per chunk);
     on eager backends the loop stops once every row has sampled BOS (unless
     ``early_stop=False``, which always runs ``block_size`` positions, as a benchmark does).
+    Each position is one call of a function of fixed shapes (the KV cache is
+    preallocated), compiled once per batch size where the namespace has a compiler and
+    ``jit`` allows (see :func:`microgpt_xp.score`).
     """
     xp, backend, dev = params.xp, params.backend, params.device
+    compile_fn = _xp.compiler(backend, jit)
     t = params.config.block_size
     b = uniforms.shape[0]
     dtype = str(params.dtype).split(".")[-1]
@@ -146,26 +133,39 @@ def decode_batch(
         device=dev,
         chunks=None if chunks is None else (chunks,),
     )
-    done = xp.zeros((b,), dtype=xp.bool, device=dev)
-    cache, rows = KVCache(), []
-    # logits / temperature = (lm_head / temperature) @ x_t, laid out (V, B), so that the
-    # softmax and the draw reduce over the leading axis
-    head = params.lm_head * inv_temperature
-    lower = _lower_ones(head)
+    bos_id = P.full((), bos, token)
+    inv_t = P.full((), inv_temperature, params.wte)
+    done = token != token
+    cache = KVCache.zeros(params, b)
+    step = _sample_position if compile_fn is None else _xp.compiled(_sample_position, backend)
+    rows = []
     for pos in range(t):
-        # the ids are the model's own draws (checked once, at the start, by bos)
-        x_t, cache = decode_hidden(params, token, cache)
-        z = head @ x_t
-        # the draw is scale-free, so it takes softmax's exponentials unnormalised
-        token = _draw(xp.exp(z - xp.max(z, axis=0, keepdims=True)), u[:, pos], lower)
-        done = done | (token == bos)
-        rows.append(xp.where(done, xp.full_like(token, bos), token))
+        token, cache, done, row = step(params, cache, token, u[:, pos], done, bos_id, inv_t)
+        rows.append(row)
         if early_stop and not _xp.is_lazy(done) and bool(xp.all(done)):
             break
     ids = _xp.to_numpy(xp.stack(rows, axis=1))
     full = np.full((b, t), bos, dtype=np.int64)
     full[:, : ids.shape[1]] = ids
     return full
+
+
+def _sample_position(
+    params: Params, cache: KVCache, token: Any, u: Any, done: Any, bos: Any, inv_t: Any
+) -> tuple[Any, KVCache, Any, Any]:
+    """One position of :func:`decode_batch`: ``token (B,)`` in, the next ``token``, the
+    cache, ``done (B,)`` (rows that have drawn BOS) and the ``row (B,)`` to record (BOS from
+    a row's first BOS on). ``u (B,)`` uniforms, ``bos`` and ``inv_t`` 0-d arrays."""
+    xp = params.xp
+    # the ids are the model's own draws (checked once, at the start, by bos)
+    x_t, cache = decode_hidden(params, token, cache)
+    # logits / temperature = (lm_head / temperature) @ x_t, laid out (V, B), so that the
+    # softmax and the draw reduce over the leading axis; the draw is scale-free, so it
+    # takes softmax's exponentials unnormalised
+    z = (params.lm_head * inv_t) @ x_t
+    token = choose_columns(xp.exp(z - xp.max(z, axis=0, keepdims=True)), u)
+    done = done | (token == bos)
+    return token, cache, done, xp.where(done, bos, token)
 
 
 def sample(

@@ -3,6 +3,7 @@ Adam with linear decay, per-step callbacks and atomic checkpoints."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,8 +16,8 @@ from . import _xp
 from . import checkpoint as ckpt
 from .config import GPTConfig
 from .data import Tokenizer, batch_indices, default_docs, encode_docs, take_batch
-from .model import Reduction, _check_reduction, _loss_and_grads
-from .optim import Adam
+from .model import Reduction, _check_reduction, _loss_and_grads, _train_step
+from .optim import Adam, adam_update
 from .parallel import WorkerPool, check_workers
 from .params import Params, init_params, materialize
 
@@ -104,6 +105,7 @@ def train(
     checkpoint_every: int = 0,
     resume: bool = False,
     callback: Callable[[int, float], None] | None = None,
+    jit: bool | None = None,
 ) -> TrainResult:
     """Train microgpt on a list of documents, ``batch_size`` documents a step.
 
@@ -129,6 +131,11 @@ def train(
         resume: continue from ``checkpoint`` when that file exists; the losses then equal
             those of an uninterrupted run.
         callback: called as ``callback(step, loss)`` after every step (``step`` 1-based).
+        jit: ``None`` (default) compiles the training step where the namespace has a
+            compiler (JAX: ``jax.jit``; every batch is then padded to the corpus's longest
+            document, so the run compiles once), ``False`` runs eagerly, ``True`` insists
+            (``ValueError`` on a namespace without a compiler). The losses are the eager
+            ones up to rounding.
 
     Raises ``ValueError`` for bad arguments and :class:`TrainingError` when a loss is not
     finite (the last good checkpoint is kept).
@@ -143,6 +150,7 @@ def train(
         raise ValueError(f"chunk size must be positive, got {chunk_size!r}")
     check_workers(workers)
     _check_reduction(reduction)
+    compile_fn = _xp.compiler(backend, None if jit is None and workers not in (None, 1) else jit)
     if workers not in (None, 1) and backend != "numpy":
         raise ValueError(
             f"workers={workers} shares NumPy batches over processes; backend {backend!r} "
@@ -180,28 +188,33 @@ def train(
 
     result = TrainResult(params, adam, tokenizer, step=start, start_step=start)
     pool = WorkerPool(workers) if workers not in (None, 1) else None
+    step_fn = functools.partial(_train_step, reduction=reduction, **adam.hyperparameters)
+    if compile_fn is not None and pool is None:
+        step_fn = compile_fn(step_fn)
     try:
         for step in range(start, steps):
             idx = batch_indices(len(docs), batch_size, step, seed)
-            host_tok, host_lens = take_batch(tokens, lengths, idx)
+            if compile_fn is None:
+                host_tok, host_lens = take_batch(tokens, lengths, idx)
+            else:  # one shape for the whole run: one compilation
+                host_tok, host_lens = tokens[idx], lengths[idx]
             if pool is not None:
                 loss, grads = _pooled_loss_and_grads(pool, params, host_tok, host_lens, reduction)
+                new_params, new_state = adam_update(params, grads, adam.state, **adam.hyperparameters)
             else:
                 tok, lens = to_batch(
                     host_tok, host_lens, backend, device=device, chunk_size=chunk_size
                 )
-                loss, grads = _loss_and_grads(params, tok, lens, reduction)
-            prev_state, prev_t = adam.state, adam.t
-            new_params = adam.step(params, grads)
-            loss, new_params, new_m, new_v = materialize(loss, new_params, adam.m, adam.v)
+                new_params, new_state, loss = step_fn(params, adam.state, tok, lens)
+            loss, new_params, new_state = materialize(loss, new_params, new_state)
             loss_value = float(_xp.to_numpy(loss))
             if not math.isfinite(loss_value):
-                adam.state, adam.t = prev_state, prev_t
                 kept = f"; the last good checkpoint {str(checkpoint)!r} is kept" if checkpoint else ""
                 raise TrainingError(
                     f"the loss is {loss_value} at step {step + 1}; training stopped{kept}"
                 )
-            params, adam.m, adam.v = new_params, new_m, new_v
+            params = new_params
+            adam.advance(new_state)
             result.losses.append(loss_value)
             result.params, result.step = params, step + 1
             if callback is not None:
