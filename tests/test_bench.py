@@ -20,10 +20,13 @@ import pytest
 import reference
 
 from microgpt_xp import GPTConfig, _procs, _threads, init_params, loss_and_grads
-from microgpt_xp.bench import configure_parser, main
-from microgpt_xp.bench import timing as T
-from microgpt_xp.bench import workloads as W
-from microgpt_xp.bench.scalar import ScalarGPT, grads_of
+
+# the benchmarks live in the repository, outside the installed package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench import configure_parser, main
+from benchmarks.bench import timing as T
+from benchmarks.bench import workloads as W
+from benchmarks.bench.scalar import ScalarGPT, grads_of
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
@@ -77,7 +80,7 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
 
     result = json.loads(out.read_text())
     assert result["schema"] == "microgpt-xp-bench/1"
-    assert "microgpt_xp.bench" in result["command"] and "--json" in result["command"]
+    assert "benchmarks.bench" in result["command"] and "--json" in result["command"]
     m = result["machine"]
     assert m["cpus"] >= 1 and m["square_matmul_gflops"] > 0
     assert m["malloc_tuned"] is False  # --no-tune-malloc
@@ -245,7 +248,7 @@ def test_scalar_peer_samples_the_requested_number_of_tokens() -> None:
 def test_torch_peer_is_the_same_model(attention: str) -> None:
     import torch
 
-    from microgpt_xp.bench.torch_peer import TorchGPT
+    from benchmarks.bench.torch_peer import TorchGPT
 
     case = W.Case("train", "tiny", TINY, 3, "float64", "numpy", seed=2)
     params = case.params()
@@ -276,7 +279,7 @@ def test_torch_peer_is_the_same_model(attention: str) -> None:
 def test_torch_peer_decodes_what_sample_tokens_samples() -> None:
     import torch
 
-    from microgpt_xp.bench.torch_peer import TorchGPT
+    from benchmarks.bench.torch_peer import TorchGPT
     from microgpt_xp.sample import sample_tokens
 
     cfg = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=6)
@@ -359,7 +362,7 @@ def test_summary_statistics() -> None:
 
 def test_tune_malloc_runs_in_a_child_process() -> None:
     # mallopt changes the whole process, so try it in a child, not in the test runner
-    code = "from microgpt_xp.bench.timing import tune_malloc; print(tune_malloc())"
+    code = "from microgpt_xp._alloc import tune_malloc; print(tune_malloc())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() in ("True", "False")
     if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":

@@ -1,5 +1,5 @@
 """The printed table and the plot of a benchmark result (the dict that
-:func:`microgpt_xp.bench.run_benchmarks` returns and ``--json`` writes)."""
+:func:`benchmarks.bench.run_benchmarks` returns and ``--json`` writes)."""
 
 from __future__ import annotations
 

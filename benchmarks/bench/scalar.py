@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..config import GPTConfig
+from microgpt_xp.config import GPTConfig
 
 
 class Value:

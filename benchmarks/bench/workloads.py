@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import _threads, _xp
-from .. import layers as L
-from ..config import GPTConfig
-from ..model import loss_and_grads, score
-from ..optim import Adam
-from ..params import FIELDS, Params, init_params, materialize
-from ..sample import decode_batch
+from microgpt_xp import _threads, _xp
+from microgpt_xp import layers as L
+from microgpt_xp.config import GPTConfig
+from microgpt_xp.model import loss_and_grads, score
+from microgpt_xp.optim import Adam
+from microgpt_xp.params import FIELDS, Params, init_params, materialize
+from microgpt_xp.sample import decode_batch
+
 from .timing import Timed, cpu_sample, minor_faults, other_cpu_share
 
 #: Named model shapes (the spec's model and a wider, deeper one).

@@ -1,4 +1,4 @@
-"""``microgpt-xp bench``: training, scoring and decoding throughput of our code against
+"""``python -m benchmarks.bench``: training, scoring and decoding throughput of our code against
 its peers, measured so that the ratios can be trusted on a small shared machine.
 
 Workloads (tokens/s, every document full length, ``T = block_size``):
@@ -15,7 +15,7 @@ plain NumPy: the machine's yardstick). Ratios are ours/peer tokens/s per round; 
 report gives their median and spread over the rounds that ``/proc/stat`` shows were not
 disturbed by other processes.
 
-Use as ``microgpt-xp bench [options]`` or ``python -m microgpt_xp.bench [options]``.
+Run from the repository root as ``python -m benchmarks.bench [options]``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, _threads, _xp
-from ..model import sequence_plan
+from microgpt_xp import __version__, _threads, _xp
+from microgpt_xp.model import sequence_plan
+
 from .report import format_report, plot
 from .timing import (
     blas_threads,
@@ -474,10 +475,7 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
                 }
             )
 
-    argv = getattr(args, "argv", None)
-    if argv is None:  # run through the microgpt-xp CLI: sys.argv[1] is "bench" there
-        rest = sys.argv[1:]
-        argv = shlex.join(["microgpt-xp", *(rest if rest[:1] == ["bench"] else ["bench", *rest])])
+    argv = getattr(args, "argv", None) or shlex.join(["python", "-m", "benchmarks.bench", *sys.argv[1:]])
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -516,7 +514,7 @@ def _jsonable(x: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``microgpt-xp bench`` with parsed ``args``: print the tables, write ``--json``
+    """Run the benchmark with parsed ``args``: print the tables, write ``--json``
     and ``--plot``. Returns the exit status (1 with ``--check-targets`` when a target
     was missed, 2 for bad arguments)."""
     try:
@@ -524,7 +522,7 @@ def run(args: argparse.Namespace) -> int:
             args, log=lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)
         )
     except (ValueError, ImportError) as exc:
-        print(f"microgpt-xp bench: error: {exc}", file=sys.stderr)
+        print(f"benchmarks.bench: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(result))
     if args.json:
@@ -539,11 +537,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m microgpt_xp.bench``: parse ``argv`` and :func:`run`."""
-    parser = argparse.ArgumentParser(prog="python -m microgpt_xp.bench")
+    """``python -m benchmarks.bench``: parse ``argv`` and :func:`run`."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench")
     configure_parser(parser)
     args = parser.parse_args(argv)
     args.argv = shlex.join(
-        ["python", "-m", "microgpt_xp.bench", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)]
     )
     return run(args)

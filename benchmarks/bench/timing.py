@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._alloc import tune_malloc as tune_malloc
-from .._procs import worker_pids
+from microgpt_xp._alloc import tune_malloc as tune_malloc
+from microgpt_xp._procs import worker_pids
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
