@@ -24,9 +24,9 @@ from microgpt_xp import GPTConfig, _procs, _threads, init_params, loss_and_grads
 # the benchmarks live in the repository, outside the installed package
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench import configure_parser, main
+from benchmarks.bench import peers as P
 from benchmarks.bench import timing as T
 from benchmarks.bench import workloads as W
-from benchmarks.bench.scalar import ScalarGPT, grads_of
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
@@ -207,40 +207,41 @@ def _state_dict(cfg: GPTConfig, seed: int) -> dict[str, list[list[float]]]:
     )
 
 
-def test_scalar_peer_matches_the_reference_oracle() -> None:
-    sd = _state_dict(TINY, 3)
-    doc = [6, 0, 3, 3, 5, 6]
-    want_loss, want = reference.loss_and_grads(sd, doc, n_head=TINY.n_head)
-    loss, grads = grads_of(ScalarGPT(sd, TINY), doc)
-    assert loss == pytest.approx(want_loss, rel=1e-13)
-    assert grads.keys() == want.keys()
-    for k in want:
-        np.testing.assert_allclose(grads[k], want[k], rtol=1e-10, atol=1e-14)
+def _scalar_peer(cfg: GPTConfig, seed: int, doc: list[int]) -> P.ScalarReference:
+    return P.ScalarReference(
+        _state_dict(cfg, seed), doc, n_head=cfg.n_head, bos=cfg.vocab_size - 1, seed=seed
+    )
 
 
-def test_scalar_peer_train_step_is_adam_on_the_loss() -> None:
-    sd = _state_dict(TINY, 4)
+def test_scalar_peer_is_the_tests_reference_oracle() -> None:
+    peer = _scalar_peer(TINY, 3, [6, 0, 3, 3, 5, 6])
+    assert peer.ref is reference  # the one scalar GPT of the repository, not a second one
+    assert P.reference_module() is reference
+
+
+def test_scalar_peer_train_step_is_adam_on_the_reference_loss() -> None:
     doc = [6, 1, 2, 6]
-    model = ScalarGPT(sd, TINY)
-    loss0 = model.train_step(doc)
-    assert loss0 == pytest.approx(reference.loss_and_grads(sd, doc, n_head=2)[0], rel=1e-13)
+    sd = _state_dict(TINY, 4)
+    want_loss, g = reference.loss_and_grads(sd, doc, n_head=TINY.n_head)
+    peer = _scalar_peer(TINY, 4, doc)
+    assert peer.score() == pytest.approx(want_loss, rel=1e-12)  # forward on floats
+    loss0 = peer.train_step()
+    assert loss0 == want_loss
     # at the first step Adam moves every weight with a non-zero gradient by about lr * sign(g)
-    _, g = reference.loss_and_grads(sd, doc, n_head=2)
-    after = [[v.data for v in row] for row in model.state["layer0.mlp_fc1"]]
-    moved = np.array(after) - np.array(sd["layer0.mlp_fc1"])
+    moved = np.array(peer.state["layer0.mlp_fc1"]) - np.array(sd["layer0.mlp_fc1"])
     gs = np.array(g["layer0.mlp_fc1"])
     nz = np.abs(gs) > 1e-6
     np.testing.assert_allclose(moved[nz], -0.01 * np.sign(gs[nz]), rtol=1e-3)
-    assert model.score(doc) < loss0  # one step on a document lowers its loss
-    model.reset()
-    assert model.score(doc) == loss0
+    assert peer.score() < loss0  # one step on a document lowers its loss
+    peer.reset()
+    assert peer.state == sd and peer.step == 1  # the weights go back, Adam's state stays
+    assert peer.score() == pytest.approx(loss0, rel=1e-12)
 
 
 def test_scalar_peer_samples_the_requested_number_of_tokens() -> None:
-    model = ScalarGPT(_state_dict(TINY, 5), TINY)
-    a = model.sample(6, random.Random(1), TINY.block_size)
-    b = model.sample(6, random.Random(1), TINY.block_size)
-    assert a == b and len(a) == TINY.block_size and all(0 <= t < 7 for t in a)
+    a = _scalar_peer(TINY, 5, [6, 1, 6]).decode()
+    b = _scalar_peer(TINY, 5, [6, 1, 6]).decode()
+    assert a == b and len(a) == TINY.block_size and all(0 <= t < 6 for t in a)  # never BOS
 
 
 @needs_torch

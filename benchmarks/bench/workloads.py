@@ -229,28 +229,29 @@ def peer_skip_reason(peer: str, case: Case) -> str | None:
 def make_peer(peer: str, case: Case) -> Timed:
     """The ``Timed`` of one peer on the case (check :func:`peer_skip_reason` first).
 
-    ``scalar`` does one document per call (``T`` tokens; its numbers are Python floats,
-    i.e. float64, whatever the case's dtype); ``torch``/``torch_sdpa`` the whole batch in
+    ``scalar`` does one document per call with ``tests/reference.py`` (``T`` tokens; its
+    numbers are Python floats, i.e. float64, whatever the case's dtype); ``torch``/``torch_sdpa`` the whole batch in
     the case's dtype on :meth:`Case.torch_device`; ``matmul`` the step's matrix products
     alone, on our backend and device (NumPy for Dask, whose chunks compute there).
     """
     cfg = case.config
     if peer == "scalar":
-        from .scalar import ScalarGPT
+        from .peers import ScalarReference
 
         host = init_params(cfg, seed=case.seed, backend="numpy", dtype="float64")
-        model = ScalarGPT(host.to_state_dict(), cfg)
-        doc = [int(i) for i in case.host_tokens()[0]]
+        scalar = ScalarReference(
+            host.to_state_dict(),
+            case.host_tokens()[0],
+            n_head=cfg.n_head,
+            bos=cfg.vocab_size - 1,
+            temperature=TEMPERATURE,
+            seed=case.seed,
+        )
         if case.workload == "train":
-            step = _every(RESET_EVERY, lambda: model.train_step(doc), model.reset)
-            return Timed(peer, step, case.seq_len)
+            return Timed(peer, _every(RESET_EVERY, scalar.train_step, scalar.reset), case.seq_len)
         if case.workload == "score":
-            return Timed(peer, lambda: model.score(doc), case.seq_len)
-        import random
-
-        rng = random.Random(case.seed)
-        bos = cfg.vocab_size - 1
-        return Timed(peer, lambda: model.sample(bos, rng, case.seq_len, TEMPERATURE), case.seq_len)
+            return Timed(peer, scalar.score, case.seq_len)
+        return Timed(peer, scalar.decode, case.seq_len)
     if peer in ("torch", "torch_sdpa"):
         import torch
 
