@@ -35,8 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from microgpt_xp import __version__, _threads, _xp
-from microgpt_xp.model import sequence_plan
+from microgpt_xp import __version__, _xp, init_params
 
 from .report import format_report, plot
 from .timing import (
@@ -54,12 +53,14 @@ from .workloads import (
     Case,
     breakdown,
     config_label,
+    device_name,
     make_peer,
     matmul_flops,
     ours,
     parse_config,
     peer_skip_reason,
     square_matmul_gflops,
+    torch_device_like,
 )
 
 __all__ = ["TARGETS", "configure_parser", "main", "run", "run_benchmarks"]
@@ -195,16 +196,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="set NumPy's BLAS threads and torch's threads to N, and with N = 1 run ours "
-        "on one thread too (default: "
-        "leave BLAS as it is and give torch the same number)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="threads that share our NumPy batch (1: none; default: chosen by size, as "
-        "train and sample do, or 1 with --threads 1)",
+        help="set NumPy's BLAS threads and torch's threads to N (default: leave BLAS as it "
+        "is and give torch the same number)",
     )
     parser.add_argument(
         "--tune-malloc",
@@ -248,25 +241,6 @@ def _configs(text: str) -> list[tuple[str, Any]]:
     return [parse_config(g) for g in groups if g != ";"]
 
 
-def _plan(case: Case) -> dict[str, Any]:
-    """How our code runs the case's batch: shards, BLAS threads, and whether the shards
-    are worker processes rather than threads (as ``loss_and_grads``/``score``/
-    ``decode_batch`` plan it on NumPy; one shard elsewhere)."""
-    if case.backend != "numpy":
-        plan = _threads.UNCHANGED
-    elif case.workload == "decode":
-        plan = _threads.decode_plan(case.config, case.batch, case.workers)
-    else:
-        plan = sequence_plan(
-            case.config,
-            case.batch,
-            case.seq_len + 1,
-            case.workers,
-            processes=case.workload == "train",
-        )
-    return {"shards": plan.shards, "blas_threads": plan.blas_threads, "processes": plan.processes}
-
-
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -276,6 +250,14 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _setup_threads(threads: int | None) -> dict[str, Any]:
@@ -320,17 +302,13 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
         if p not in PEERS:
             raise ValueError(f"unknown peer {p!r}; choose from {', '.join(PEERS)} or none")
     configs = _configs(args.config)
-    _threads.check_workers(args.workers)
-    workers = args.workers
-    if workers is None and args.threads == 1:
-        workers = 1  # one thread each: ours too
     if not args.gap >= 0:
         raise ValueError(f"--gap must be a number of seconds >= 0, got {args.gap}")
 
     machine: dict[str, Any] = {
         "cpu": _cpu_name(),
         "cpus": os.cpu_count(),
-        "usable_cpus": _threads.usable_cpus(),
+        "usable_cpus": _usable_cpus(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "platform": platform.platform(),
@@ -339,13 +317,13 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
     machine.update(_setup_threads(args.threads))
     device = getattr(args, "device", None)
     peer_device = getattr(args, "peer_device", None)
-    machine["devices"] = {
-        b: {
-            "ours": _xp.device_name(b, device),
-            "torch_peer": peer_device or _xp.torch_device_like(b, device),
+    machine["devices"] = {}
+    for b in backends:
+        dev = init_params(CONFIGS["default"], backend=b, device=device).device
+        machine["devices"][b] = {
+            "ours": device_name(b, dev),
+            "torch_peer": peer_device or torch_device_like(b, dev),
         }
-        for b in backends
-    }
     machine["malloc_tuned"] = tune_malloc() if args.tune_malloc else False
     machine["square_matmul_gflops"] = square_matmul_gflops()
 
@@ -370,7 +348,6 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
                                 args.seed,
                                 device,
                                 peer_device,
-                                workers,
                             )
                         )
 
@@ -380,7 +357,6 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
     for case in cases:
         base = {
             "workload": case.workload,
-            **_plan(case),
             "config": case.config_name,
             "config_spec": config_label(case.config),
             "batch": case.batch,
@@ -463,7 +439,6 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
                 steps=3 if quick else 7,
                 warmup=1 if quick else 2,
                 max_other=args.max_other,
-                blas_threads=_plan(case)["blas_threads"],
             )
             breakdowns.append(
                 {
@@ -492,7 +467,6 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
             "max_other_cpu_share": args.max_other,
             "quick": quick,
             "seed": args.seed,
-            "workers": workers,
             "peers": peers,
             "note": "every document is full length (T = block_size tokens); "
             "the scalar peer does one document per call in Python floats (float64)",

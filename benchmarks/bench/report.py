@@ -58,12 +58,7 @@ def format_report(result: dict[str, Any]) -> str:
                 r["config"],
                 f"{r['batch']}x{r['seq_len']}",
                 r["dtype"],
-                r["impl"]
-                + (
-                    f" x{r['shards']}{'p' if r.get('processes') else ''}"
-                    if r["impl"].startswith("ours") and r.get("shards", 1) > 1
-                    else ""
-                ),
+                r["impl"],
                 _si(tps["median"]),
                 f"{_si(tps['min'])}-{_si(tps['max'])}",
                 f"{r['rounds_kept']}/{r['rounds_kept'] + r['rounds_dropped']}",
@@ -72,8 +67,6 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(
         _table(["workload", "config", "BxT", "dtype", "impl", "tokens/s", "min-max", "kept"], rows)
     )
-    if any(r.get("shards", 1) > 1 for r in result["results"]):
-        lines.append("(ours xN: our batch split by rows over N threads; xNp: over N processes)")
     lines.append("")
     rows = []
     for c in result["comparisons"]:

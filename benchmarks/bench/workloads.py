@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from microgpt_xp import _threads, _xp
+from microgpt_xp import _xp
 from microgpt_xp import layers as L
 from microgpt_xp.config import GPTConfig
 from microgpt_xp.model import loss_and_grads, score
@@ -94,9 +94,7 @@ class Case:
     Every document is full length: ``T = block_size`` predicted (or sampled) tokens.
     ``device`` is our arrays' device (``None``: the backend's default) and
     ``peer_device`` the torch device of the PyTorch peers (``None``: the same hardware as
-    ours, :func:`microgpt_xp._xp.torch_device_like`). ``workers`` is passed to our
-    ``loss_and_grads`` and ``decode_batch`` (``None``: chosen by size, as ``train`` and
-    ``sample`` do).
+    ours, :func:`torch_device_like`). Ours always runs in this one process.
     """
 
     workload: str
@@ -108,7 +106,6 @@ class Case:
     seed: int = 0
     device: Any = None
     peer_device: str | None = None
-    workers: int | None = None
 
     @property
     def seq_len(self) -> int:
@@ -143,7 +140,39 @@ class Case:
         """The torch device of the PyTorch peers."""
         if self.peer_device is not None:
             return self.peer_device
-        return _xp.torch_device_like(self.backend, self.device)
+        return torch_device_like(self.backend, self.params().device)
+
+
+def torch_device_like(backend: str, device: Any) -> str:
+    """The PyTorch device string of the hardware that our arrays on ``backend`` and
+    ``device`` (a device object, e.g. ``Params.device``) compute on: ``"cuda:N"`` for CuPy
+    GPU ``N`` and JAX's GPU ``N``, the device itself for torch, ``"cpu"`` for the host
+    backends. It puts a PyTorch peer next to our arrays."""
+    if backend == "cupy":
+        return f"cuda:{device.id}"
+    if backend == "torch":
+        return str(device)
+    if backend == "jax" and getattr(device, "platform", None) == "gpu":
+        return f"cuda:{device.id}"
+    return "cpu"
+
+
+def device_name(backend: str, device: Any) -> str:
+    """A readable name of the processor behind our arrays on ``backend`` and ``device`` (a
+    device object): the GPU's name for CuPy and CUDA devices of torch, the device kind on
+    JAX, ``"cpu"`` for NumPy and Dask, else the device's own string."""
+    if backend == "cupy":
+        import cupy
+
+        name = cupy.cuda.runtime.getDeviceProperties(device.id)["name"]
+        return str(name.decode() if isinstance(name, bytes) else name)
+    if backend == "torch" and device.type == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(device))
+    if backend == "jax":
+        return str(getattr(device, "device_kind", device))
+    return "cpu" if backend in ("numpy", "dask") else str(device)
 
 
 # -- ours -------------------------------------------------------------------------------------
@@ -155,8 +184,8 @@ def _sync(x: Any) -> float:
 
 
 def ours(case: Case) -> Timed:
-    """Our code on ``case.backend``: a training step as :func:`microgpt_xp.train.train`
-    runs it (``loss_and_grads``, ``Adam.step``, materialize, the loss to the host),
+    """Our code on ``case.backend``, in this one process: a training step
+    (``loss_and_grads``, ``Adam.step``, materialize, the loss to the host),
     ``score`` of the batch, or :func:`microgpt_xp.sample.decode_batch` for ``T`` positions
     (what :func:`microgpt_xp.sample.sample_tokens` runs, without the early stop)."""
     params = case.params()
@@ -170,7 +199,7 @@ def ours(case: Case) -> Timed:
         state = {"params": params}
 
         def train_step() -> float:
-            loss, grads = loss_and_grads(state["params"], tok, lens, workers=case.workers)
+            loss, grads = loss_and_grads(state["params"], tok, lens)
             new = adam.step(state["params"], grads)
             loss, new, m, v = materialize(loss, new, *adam.moments)
             adam.moments = (m, v)
@@ -182,17 +211,13 @@ def ours(case: Case) -> Timed:
 
         return Timed(name, _every(RESET_EVERY, train_step, reset), case.tokens)
     if case.workload == "score":
-        return Timed(
-            name, lambda: _sync(score(params, tok, lens, workers=case.workers)), case.tokens
-        )
+        return Timed(name, lambda: _sync(score(params, tok, lens)), case.tokens)
     if case.workload == "decode":
         uniforms = case.host_uniforms()
         bos = case.config.vocab_size - 1
 
         def decode() -> float:
-            ids = decode_batch(
-                params, bos, uniforms, 1.0 / TEMPERATURE, early_stop=False, workers=case.workers
-            )
+            ids = decode_batch(params, bos, uniforms, 1.0 / TEMPERATURE, early_stop=False)
             return float(ids[0, -1])
 
         return Timed(name, decode, case.tokens)
@@ -462,14 +487,12 @@ def breakdown(
     steps: int = 5,
     warmup: int = 2,
     max_other: float = 0.05,
-    blas_threads: int | None = None,
 ) -> dict[str, Any]:
     """Where the time of our training step goes on ``case`` (a ``train`` case of an eager
     backend): seconds per step of each component's forward and backward (median over the
     clean steps), Adam, and ``other``, the rest of the step's median time (the glue in
     ``model.py``: input checks, residual adds, the q|k|v weight concat, gradient slicing
-    and stacking, the loss reduction, and the timers' own cost). The step runs on one
-    thread, with the BLAS held to ``blas_threads`` (``None``: as it is). Also lists
+    and stacking, the loss reduction, and the timers' own cost). Also lists
     every dtype a layer returned (in an untimed first step), to catch silent upcasts."""
     if _xp.is_lazy(case.params().wte):
         return {"skipped": f"breakdown needs an eager backend, not {case.backend}"}
@@ -496,7 +519,7 @@ def breakdown(
         before = cpu_sample()
         faults = minor_faults()
         start = time.perf_counter()
-        with timed_layers(case.config, record, sync=sync), _threads.blas_limit(blas_threads):
+        with timed_layers(case.config, record, sync=sync):
             loss, grads = loss_and_grads(params, tok, lens)
         t_adam = time.perf_counter()
         params = adam.step(params, grads)
