@@ -25,6 +25,7 @@ from microgpt_xp import GPTConfig, init_params, loss_and_grads
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench import configure_parser, main
 from benchmarks.bench import peers as P
+from benchmarks.bench import targets as TG
 from benchmarks.bench import timing as T
 from benchmarks.bench import workloads as W
 
@@ -79,7 +80,7 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
     assert "ours[numpy] / scalar" in printed and "breakdown of our training step" in printed
 
     result = json.loads(out.read_text())
-    assert result["schema"] == "microgpt-xp-bench/1"
+    assert result["schema"] == "microgpt-xp-bench/2"
     assert "benchmarks.bench" in result["command"] and "--json" in result["command"]
     m = result["machine"]
     assert m["cpus"] >= 1 and m["square_matmul_gflops"] > 0
@@ -145,12 +146,77 @@ def test_peers_and_breakdown_on_another_backend_and_device() -> None:
     case = W.Case("train", "tiny", TINY, 3, "float32", "torch", device="cpu", peer_device="cpu")
     assert case.torch_device() == "cpu"
     assert isinstance(W.ours(case).fn(), float)
-    peer = W.make_peer("torch", case)
+    peer = P.make_peer("torch", case)
     assert math.isfinite(peer.fn())
-    assert isinstance(W.make_peer("matmul", case).fn(), float)
+    assert isinstance(P.make_peer("matmul", case).fn(), float)
     bd = W.breakdown(case, steps=2, warmup=1)
     assert sum(r["total_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-6)
     assert bd["rows"][W.COMPONENTS.index("attention")]["total_s"] > 0
+
+
+def test_a_peer_is_one_function_of_the_peers_table() -> None:
+    assert list(P.PEERS) == ["scalar", "torch", "torch_sdpa", "matmul"]
+    case = W.Case("decode", "tiny", TINY, 2, "float32", "numpy")
+    with pytest.raises(P.PeerSkipped, match="train and score only"):
+        P.make_peer("matmul", case)
+    with pytest.raises(P.PeerSkipped, match="KV-cache loop"):
+        P.make_peer("torch_sdpa", case)
+    medium = W.Case("train", "medium", W.CONFIGS["medium"], 1, "float32", "numpy")
+    with pytest.raises(P.PeerSkipped, match="too slow"):
+        P.make_peer("scalar", medium)
+    with pytest.raises(ValueError, match="unknown peer"):
+        P.make_peer("jax", case)
+    timed = P.make_peer("scalar", case)
+    assert timed.name == "scalar" and timed.tokens == TINY.block_size
+    assert len(timed.fn()) == TINY.block_size
+
+
+def test_targets_name_what_they_compare() -> None:
+    default, medium = W.CONFIGS["default"], W.CONFIGS["medium"]
+    t = TG.target_for(W.Case("train", "default", default, 64, "float32", "numpy"), "torch")
+    assert t is not None and t.minimum == 2.0 and "PyTorch eager" in t.what
+    t = TG.target_for(W.Case("train", "medium", medium, 32, "float32", "numpy"), "torch")
+    assert t is not None and t.minimum == 1.0
+    for case, peer in [
+        (W.Case("train", "default", default, 32, "float32", "numpy"), "torch"),
+        (W.Case("train", "default", default, 64, "float64", "numpy"), "torch"),
+        (W.Case("score", "default", default, 64, "float32", "numpy"), "torch"),
+        (W.Case("train", "default", default, 64, "float32", "numpy"), "scalar"),
+        (W.Case("train", "default", default, 64, "float32", "numpy", peer_device="cuda:0"), "torch"),
+    ]:
+        assert TG.target_for(case, peer) is None
+    assert {(t.backend, t.config, t.batch) for t in TG.TARGETS} == {
+        ("numpy", "default", 64),
+        ("numpy", "medium", 32),
+        ("torch", "default", 64),
+        ("torch", "medium", 32),
+    }
+    assert all(t.what and t.peer == "torch" and t.dtype == "float32" for t in TG.TARGETS)
+
+
+@needs_torch
+def test_torch_through_our_code_has_its_target() -> None:
+    case = W.Case("train", "default", W.CONFIGS["default"], 64, "float32", "torch")
+    t = TG.target_for(case, "torch")
+    assert t is not None and t.minimum == 1.0 and "through our code" in t.what
+
+
+@pytest.mark.parametrize(("minimum", "status"), [(1e9, 1), (1e-9, 0)])
+def test_check_targets_exits_1_when_a_target_is_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, minimum: float, status: int
+) -> None:
+    what = "ours against the plain matmuls, for this test"
+    target = TG.Target(what, "numpy", "train", "L1,C8,H2,T4,V27", 3, "matmul", minimum)
+    monkeypatch.setattr(TG, "TARGETS", (target,))
+    out = tmp_path / "bench.json"
+    argv = ["--config", "L1,C8,H2,T4", "--batch-size", "3", "--workload", "train"]
+    argv += ["--repeats", "1", "--max-rounds", "1", "--warmup", "1", "--min-time", "0.001"]
+    argv += ["--gap", "0", "--peers", "matmul", "--no-breakdown", "--no-tune-malloc"]
+    assert main([*argv, "--json", str(out)]) == 0  # without --check-targets
+    assert main([*argv, "--json", str(out), "--check-targets"]) == status
+    (comp,) = json.loads(out.read_text())["comparisons"]
+    assert comp["target"] == minimum and comp["target_what"] == what
+    assert comp["meets_target"] is (status == 0)
 
 
 def test_parse_config() -> None:
@@ -217,7 +283,7 @@ def test_torch_peer_is_the_same_model(attention: str) -> None:
 
     case = W.Case("train", "tiny", TINY, 3, "float64", "numpy", seed=2)
     params = case.params()
-    host = W.host_weights(case, "float64")
+    host = P.host_weights(case, "float64")
     tokens = case.host_tokens()
     want_loss, want = loss_and_grads(params, tokens, np.full(3, TINY.block_size + 1))
     peer = TorchGPT(host, TINY, "float64", attention=attention)
@@ -263,9 +329,9 @@ def test_matmul_flops_are_three_forward_passes() -> None:
     b, t, c, v, L = 32, cfg.block_size, cfg.n_embd, cfg.vocab_size, cfg.n_layer
     n = b * t
     forward = 2 * n * (12 * c * c * L + c * v) + 2 * 2 * b * t * t * c * L
-    assert W.matmul_flops(W.Case("score", "medium", cfg, b, "float32", "numpy")) == forward
-    assert W.matmul_flops(W.Case("train", "medium", cfg, b, "float32", "numpy")) == 3 * forward
-    ops = W.matmul_operands(W.Case("train", "default", W.CONFIGS["default"], 2, "float32", "numpy"))
+    assert P.matmul_flops(W.Case("score", "medium", cfg, b, "float32", "numpy")) == forward
+    assert P.matmul_flops(W.Case("train", "medium", cfg, b, "float32", "numpy")) == 3 * forward
+    ops = P.matmul_operands(W.Case("train", "default", W.CONFIGS["default"], 2, "float32", "numpy"))
     assert all(a.dtype == np.float32 and b_.dtype == np.float32 for a, b_ in ops)
     assert all(a.shape[-1] == b_.shape[-2] for a, b_ in ops)
 

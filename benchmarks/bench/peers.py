@@ -1,8 +1,16 @@
-"""The benchmark's peers: the same work as ours, done another way.
+"""The benchmark's peers: the same work as ours, done another way, each one function of
+:data:`PEERS` that takes a :class:`~benchmarks.bench.workloads.Case` and returns the
+``Timed`` of its side (or raises :class:`PeerSkipped` where it does not apply).
 
-``scalar`` runs ``tests/reference.py``, the tests' independent pure-Python oracle (scalar
-reverse-mode autograd on ``Value`` nodes, as the original microgpt): the original's speed
-class. There is one scalar GPT in the repository, and it is that one.
+* ``scalar``: ``tests/reference.py``, the tests' independent pure-Python oracle (scalar
+  reverse-mode autograd on ``Value`` nodes, as the original microgpt), one document a call:
+  the original's speed class. There is one scalar GPT in the repository, and it is that one.
+* ``torch``, ``torch_sdpa``: the same model in PyTorch eager (:mod:`.torch_peer`), autograd
+  and ``torch.optim.Adam``, on the torch device next to our arrays.
+* ``matmul``: the step's matrix products alone: the machine's yardstick.
+
+A new peer (e.g. ours against a namespace's own autodiff) is one more function in
+:data:`PEERS`.
 """
 
 from __future__ import annotations
@@ -12,10 +20,19 @@ import importlib
 import math
 import random
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import numpy as np
+
+from microgpt_xp import _xp
+from microgpt_xp.params import FIELDS, init_params
+
+from .timing import Timed
+from .workloads import RESET_EVERY, TEMPERATURE, Case, every, sync
 
 #: ``tests/`` of this checkout, where the scalar oracle lives.
 TESTS_DIR = Path(__file__).resolve().parents[2] / "tests"
@@ -107,3 +124,173 @@ class ScalarReference:
                 self.state, self.rng, self.bos, temperature=self.temperature, n_head=self.n_head
             )
         )
+
+
+class PeerSkipped(Exception):
+    """A peer does not apply to a case; the message says why."""
+
+
+#: The scalar peer is run only where a step builds fewer graph nodes than this
+#: (about ``num_params * block_size``); the medium model would take minutes a step.
+SCALAR_MAX_WORK = 300_000
+
+
+def scalar(case: Case) -> Timed:
+    """``tests/reference.py`` on the first document of the case's batch: ``T`` tokens a
+    call, in Python floats (float64) whatever the case's dtype."""
+    cfg = case.config
+    work = cfg.num_params * case.seq_len
+    if work > SCALAR_MAX_WORK:
+        raise PeerSkipped(f"scalar reference skipped: ~{work:,} graph nodes a document (too slow)")
+    host = init_params(cfg, seed=case.seed, backend="numpy", dtype="float64")
+    peer = ScalarReference(
+        host.to_state_dict(),
+        case.host_tokens()[0],
+        n_head=cfg.n_head,
+        bos=cfg.vocab_size - 1,
+        temperature=TEMPERATURE,
+        seed=case.seed,
+    )
+    if case.workload == "train":
+        return Timed("scalar", every(RESET_EVERY, peer.train_step, peer.reset), case.seq_len)
+    if case.workload == "score":
+        return Timed("scalar", peer.score, case.seq_len)
+    return Timed("scalar", peer.decode, case.seq_len)
+
+
+def host_weights(case: Case, dtype: str) -> dict[str, np.ndarray]:
+    """The case's initial weights as layer-stacked host arrays of ``dtype``."""
+    p = init_params(case.config, seed=case.seed, backend="numpy", dtype=dtype)
+    return {name: np.asarray(getattr(p, name)) for name in FIELDS}
+
+
+def _torch(case: Case, name: str, attention: str) -> Timed:
+    """PyTorch eager on :meth:`Case.torch_device`, the whole batch in the case's dtype."""
+    try:
+        import torch
+    except ImportError:
+        raise PeerSkipped("PyTorch is not installed (pip install 'microgpt-xp[bench]')") from None
+    from .torch_peer import TorchGPT
+
+    cfg = case.config
+    model = TorchGPT(
+        host_weights(case, case.dtype),
+        cfg,
+        case.dtype,
+        attention=attention,
+        device=case.torch_device(),
+    )
+    tok = torch.from_numpy(case.host_tokens()).to(model.device)
+    if case.workload == "train":
+        return Timed(name, every(RESET_EVERY, lambda: model.train_step(tok), model.reset), case.tokens)
+    if case.workload == "score":
+        return Timed(name, lambda: float(model.score(tok)[0]), case.tokens)
+    u = torch.from_numpy(case.host_uniforms().astype(case.dtype)).to(model.device)
+    bos = cfg.vocab_size - 1
+    return Timed(name, lambda: int(model.decode(u, bos, TEMPERATURE)[0, -1]), case.tokens)
+
+
+def torch_eager(case: Case) -> Timed:
+    """``torch``: PyTorch eager with masked matmul attention (the same work as ours)."""
+    return _torch(case, "torch", "manual")
+
+
+def torch_sdpa(case: Case) -> Timed:
+    """``torch_sdpa``: PyTorch eager with ``scaled_dot_product_attention`` (train, score)."""
+    if case.workload == "decode":
+        raise PeerSkipped("torch_sdpa: decode uses the KV-cache loop of the torch peer")
+    return _torch(case, "torch_sdpa", "sdpa")
+
+
+def matmul(case: Case) -> Timed:
+    """``matmul``: the step's matrix products alone (:func:`matmul_shapes`), on our backend
+    and device (NumPy for Dask, whose chunks compute there); train and score only."""
+    if case.workload == "decode":
+        raise PeerSkipped("matmul yardstick: train and score only")
+    host_pairs = matmul_operands(case)
+    if _xp.is_lazy(case.params().wte):
+        pairs, product = host_pairs, np.matmul
+    else:
+        pairs = [(case.asarray(a), case.asarray(b)) for a, b in host_pairs]
+        product = _xp.array_namespace(pairs[0][0]).matmul
+
+    def products() -> float:
+        out = None
+        for a, b in pairs:
+            out = product(a, b)
+        return sync(out)  # on an asynchronous device: all of them are done
+
+    return Timed("matmul", products, case.tokens)
+
+
+#: The peers by name: each makes the ``Timed`` of its side of a case.
+PEERS: dict[str, Callable[[Case], Timed]] = {
+    "scalar": scalar,
+    "torch": torch_eager,
+    "torch_sdpa": torch_sdpa,
+    "matmul": matmul,
+}
+
+
+def make_peer(peer: str, case: Case) -> Timed:
+    """The ``Timed`` of the peer named ``peer`` on ``case``; raises :class:`PeerSkipped`
+    where it does not apply and ``ValueError`` for an unknown name."""
+    if peer not in PEERS:
+        raise ValueError(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
+    return PEERS[peer](case)
+
+
+def matmul_shapes(case: Case) -> list[tuple[tuple[int, ...], int, int, int]]:
+    """The model's matrix products of one step as ``(batch_dims, m, k, n)``: ``(…, m, k) @
+    (…, k, n)``. Forward: per layer q|k|v, attention scores and mix (full ``T x T``, as ours
+    and PyTorch compute them), proj, fc1, fc2; then ``lm_head``. Training adds the two
+    products of each one's backward (``dx`` and ``dW``; ``dq, dk, datt, dv``). The one-hot
+    embedding products of our implementation are not model work and are left out."""
+    cfg = case.config
+    b, t, c, h, v = case.batch, case.seq_len, cfg.n_embd, cfg.n_head, cfg.vocab_size
+    n, d = b * t, cfg.head_dim
+    linears = [(n, c, 3 * c), (n, c, c), (n, c, 4 * c), (n, 4 * c, c)] * cfg.n_layer
+    linears.append((n, c, v))
+    attn = [((b, h), t, d, t), ((b, h), t, t, d)] * cfg.n_layer
+    out: list[tuple[tuple[int, ...], int, int, int]] = [((), m, k, nn) for m, k, nn in linears]
+    out += attn
+    if case.workload == "train":
+        for m, k, nn in linears:
+            out += [((), m, nn, k), ((), nn, m, k)]  # dx = dy @ W, dW = dy.T @ x
+        for _ in range(cfg.n_layer):
+            out += [((b, h), t, t, d)] * 3 + [((b, h), t, d, t)]  # dq, dk, dv; datt
+    return out
+
+
+def matmul_flops(case: Case) -> int:
+    """Floating-point operations (2 per multiply-add) of :func:`matmul_shapes`."""
+    return sum(2 * math.prod(bd) * m * k * n for bd, m, k, n in matmul_shapes(case))
+
+
+def matmul_operands(case: Case) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Contiguous random NumPy operands of :func:`matmul_shapes` in the case's dtype."""
+    rng = np.random.default_rng(case.seed)
+    return [
+        (
+            rng.standard_normal((*bd, m, k)).astype(case.dtype),
+            rng.standard_normal((*bd, k, n)).astype(case.dtype),
+        )
+        for bd, m, k, n in matmul_shapes(case)
+    ]
+
+
+def square_matmul_gflops(size: int = 1024, dtype: str = "float32", repeat: int = 5) -> float:
+    """The machine's plain matmul speed on one ``size x size`` product (best of
+    ``repeat``), in GFLOP/s: the peak that large shapes reach."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size)).astype(dtype)
+    b = rng.standard_normal((size, size)).astype(dtype)
+    a @ b
+    best = math.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+

@@ -103,6 +103,8 @@ def format_report(result: dict[str, Any]) -> str:
             rows,
         )
     )
+    for what in sorted({c["target_what"] for c in result["comparisons"] if c.get("target_what")}):
+        lines.append(f"target: {what}")
     for s in result["skipped"]:
         lines.append(f"skipped: {s['workload']} {s['config']} {s['peer']}: {s['reason']}")
     for b in result["breakdown"]:

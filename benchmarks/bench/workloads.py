@@ -1,6 +1,6 @@
-"""What the benchmark times: our training step, scoring and decoding on any backend, and
-the same work done by the peers (the scalar reference, PyTorch eager, and the plain
-matmuls of the step as the machine's yardstick), plus a per-layer breakdown of our step.
+"""What the benchmark times of ours: a training step, scoring and decoding on any backend
+(the cases, and our side of each), plus a per-layer breakdown of our training step. The
+peers are in :mod:`benchmarks.bench.peers`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from microgpt_xp import layers as L
 from microgpt_xp.config import GPTConfig
 from microgpt_xp.model import loss_and_grads, score
 from microgpt_xp.optim import Adam
-from microgpt_xp.params import FIELDS, Params, init_params, materialize
+from microgpt_xp.params import Params, init_params, materialize
 from microgpt_xp.sample import decode_batch
 
 from .timing import Timed, cpu_sample, minor_faults, other_cpu_share
@@ -33,11 +33,6 @@ CONFIGS: dict[str, GPTConfig] = {
 }
 
 WORKLOADS: tuple[str, ...] = ("train", "score", "decode")
-PEERS: tuple[str, ...] = ("scalar", "torch", "torch_sdpa", "matmul")
-
-#: The scalar peer is run only where a step builds fewer graph nodes than this
-#: (about ``num_params * block_size``); the medium model would take minutes a step.
-SCALAR_MAX_WORK = 300_000
 
 #: Sampling temperature of the decode workload (the spec's 0.5).
 TEMPERATURE = 0.5
@@ -48,7 +43,7 @@ TEMPERATURE = 0.5
 RESET_EVERY = 100
 
 
-def _every(n: int, step: Callable[[], Any], reset: Callable[[], None]) -> Callable[[], Any]:
+def every(n: int, step: Callable[[], Any], reset: Callable[[], None]) -> Callable[[], Any]:
     """``step``, with ``reset()`` run before every ``n``-th call."""
     count = [0]
 
@@ -176,7 +171,7 @@ def device_name(backend: str, device: Any) -> str:
 
 
 # -- ours -------------------------------------------------------------------------------------
-def _sync(x: Any) -> float:
+def sync(x: Any) -> float:
     """The first element of ``x`` as a float: copying it to the host waits for the work
     queued before it on an asynchronous device (CuPy, CUDA torch)."""
     xp = _xp.array_namespace(x)
@@ -204,14 +199,14 @@ def ours(case: Case) -> Timed:
             loss, new, m, v = materialize(loss, new, *adam.moments)
             adam.moments = (m, v)
             state["params"] = new
-            return _sync(loss)
+            return sync(loss)
 
         def reset() -> None:
             state["params"] = params
 
-        return Timed(name, _every(RESET_EVERY, train_step, reset), case.tokens)
+        return Timed(name, every(RESET_EVERY, train_step, reset), case.tokens)
     if case.workload == "score":
-        return Timed(name, lambda: _sync(score(params, tok, lens)), case.tokens)
+        return Timed(name, lambda: sync(score(params, tok, lens)), case.tokens)
     if case.workload == "decode":
         uniforms = case.host_uniforms()
         bos = case.config.vocab_size - 1
@@ -222,153 +217,6 @@ def ours(case: Case) -> Timed:
 
         return Timed(name, decode, case.tokens)
     raise ValueError(f"unknown workload {case.workload!r}")
-
-
-# -- peers ------------------------------------------------------------------------------------
-def host_weights(case: Case, dtype: str) -> dict[str, np.ndarray]:
-    """The case's initial weights as layer-stacked host arrays of ``dtype``."""
-    p = init_params(case.config, seed=case.seed, backend="numpy", dtype=dtype)
-    return {name: np.asarray(getattr(p, name)) for name in FIELDS}
-
-
-def peer_skip_reason(peer: str, case: Case) -> str | None:
-    """Why ``peer`` does not run for ``case`` (``None`` when it does)."""
-    if peer not in PEERS:
-        return f"unknown peer {peer!r}"
-    if peer == "scalar":
-        work = case.config.num_params * case.seq_len
-        if work > SCALAR_MAX_WORK:
-            return f"scalar reference skipped: ~{work:,} graph nodes a document (too slow)"
-    if peer in ("torch", "torch_sdpa"):
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            return "PyTorch is not installed (pip install 'microgpt-xp[bench]')"
-        if peer == "torch_sdpa" and case.workload == "decode":
-            return "torch_sdpa: decode uses the KV-cache loop of the torch peer"
-    if peer == "matmul" and case.workload == "decode":
-        return "matmul yardstick: train and score only"
-    return None
-
-
-def make_peer(peer: str, case: Case) -> Timed:
-    """The ``Timed`` of one peer on the case (check :func:`peer_skip_reason` first).
-
-    ``scalar`` does one document per call with ``tests/reference.py`` (``T`` tokens; its
-    numbers are Python floats, i.e. float64, whatever the case's dtype); ``torch``/``torch_sdpa`` the whole batch in
-    the case's dtype on :meth:`Case.torch_device`; ``matmul`` the step's matrix products
-    alone, on our backend and device (NumPy for Dask, whose chunks compute there).
-    """
-    cfg = case.config
-    if peer == "scalar":
-        from .peers import ScalarReference
-
-        host = init_params(cfg, seed=case.seed, backend="numpy", dtype="float64")
-        scalar = ScalarReference(
-            host.to_state_dict(),
-            case.host_tokens()[0],
-            n_head=cfg.n_head,
-            bos=cfg.vocab_size - 1,
-            temperature=TEMPERATURE,
-            seed=case.seed,
-        )
-        if case.workload == "train":
-            return Timed(peer, _every(RESET_EVERY, scalar.train_step, scalar.reset), case.seq_len)
-        if case.workload == "score":
-            return Timed(peer, scalar.score, case.seq_len)
-        return Timed(peer, scalar.decode, case.seq_len)
-    if peer in ("torch", "torch_sdpa"):
-        import torch
-
-        from .torch_peer import TorchGPT
-
-        model_t = TorchGPT(
-            host_weights(case, case.dtype),
-            cfg,
-            case.dtype,
-            attention="sdpa" if peer == "torch_sdpa" else "manual",
-            device=case.torch_device(),
-        )
-        tok = torch.from_numpy(case.host_tokens()).to(model_t.device)
-        if case.workload == "train":
-            step = _every(RESET_EVERY, lambda: model_t.train_step(tok), model_t.reset)
-            return Timed(peer, step, case.tokens)
-        if case.workload == "score":
-            return Timed(peer, lambda: float(model_t.score(tok)[0]), case.tokens)
-        u = torch.from_numpy(case.host_uniforms().astype(case.dtype)).to(model_t.device)
-        bos = cfg.vocab_size - 1
-        return Timed(peer, lambda: int(model_t.decode(u, bos, TEMPERATURE)[0, -1]), case.tokens)
-    if peer == "matmul":
-        host_pairs = matmul_operands(case)
-        if _xp.is_lazy(case.params().wte):
-            pairs, matmul = host_pairs, np.matmul
-        else:
-            pairs = [(case.asarray(a), case.asarray(b)) for a, b in host_pairs]
-            matmul = _xp.array_namespace(pairs[0][0]).matmul
-
-        def products() -> float:
-            out = None
-            for a, b in pairs:
-                out = matmul(a, b)
-            return _sync(out)  # on an asynchronous device: all of them are done
-
-        return Timed(peer, products, case.tokens)
-    raise ValueError(f"unknown peer {peer!r}")
-
-
-# -- the matmul yardstick ------------------------------------------------------------------------
-def matmul_shapes(case: Case) -> list[tuple[tuple[int, ...], int, int, int]]:
-    """The model's matrix products of one step as ``(batch_dims, m, k, n)``: ``(…, m, k) @
-    (…, k, n)``. Forward: per layer q|k|v, attention scores and mix (full ``T x T``, as ours
-    and PyTorch compute them), proj, fc1, fc2; then ``lm_head``. Training adds the two
-    products of each one's backward (``dx`` and ``dW``; ``dq, dk, datt, dv``). The one-hot
-    embedding products of our implementation are not model work and are left out."""
-    cfg = case.config
-    b, t, c, h, v = case.batch, case.seq_len, cfg.n_embd, cfg.n_head, cfg.vocab_size
-    n, d = b * t, cfg.head_dim
-    linears = [(n, c, 3 * c), (n, c, c), (n, c, 4 * c), (n, 4 * c, c)] * cfg.n_layer
-    linears.append((n, c, v))
-    attn = [((b, h), t, d, t), ((b, h), t, t, d)] * cfg.n_layer
-    out: list[tuple[tuple[int, ...], int, int, int]] = [((), m, k, nn) for m, k, nn in linears]
-    out += attn
-    if case.workload == "train":
-        for m, k, nn in linears:
-            out += [((), m, nn, k), ((), nn, m, k)]  # dx = dy @ W, dW = dy.T @ x
-        for _ in range(cfg.n_layer):
-            out += [((b, h), t, t, d)] * 3 + [((b, h), t, d, t)]  # dq, dk, dv; datt
-    return out
-
-
-def matmul_flops(case: Case) -> int:
-    """Floating-point operations (2 per multiply-add) of :func:`matmul_shapes`."""
-    return sum(2 * math.prod(bd) * m * k * n for bd, m, k, n in matmul_shapes(case))
-
-
-def matmul_operands(case: Case) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Contiguous random NumPy operands of :func:`matmul_shapes` in the case's dtype."""
-    rng = np.random.default_rng(case.seed)
-    return [
-        (
-            rng.standard_normal((*bd, m, k)).astype(case.dtype),
-            rng.standard_normal((*bd, k, n)).astype(case.dtype),
-        )
-        for bd, m, k, n in matmul_shapes(case)
-    ]
-
-
-def square_matmul_gflops(size: int = 1024, dtype: str = "float32", repeat: int = 5) -> float:
-    """The machine's plain matmul speed on one ``size x size`` product (best of
-    ``repeat``), in GFLOP/s: the peak that large shapes reach."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((size, size)).astype(dtype)
-    b = rng.standard_normal((size, size)).astype(dtype)
-    a @ b
-    best = math.inf
-    for _ in range(repeat):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
 
 
 # -- per-layer breakdown of our training step -------------------------------------------------------
@@ -434,12 +282,12 @@ def _first_array(out: Any) -> Any:
 
 @contextlib.contextmanager
 def timed_layers(
-    cfg: GPTConfig, record: Callable[[str, str, float, Any], None], sync: bool = False
+    cfg: GPTConfig, record: Callable[[str, str, float, Any], None], wait: bool = False
 ) -> Iterator[None]:
     """Wrap the forward/backward functions of :mod:`microgpt_xp.layers` that
     ``model.py`` calls, so that each call reports ``record(component, "forward" |
     "backward", seconds, output)``; restores them on exit. Linear layers are told apart by
-    the shape of their weight. With ``sync`` each call waits for its output (an element
+    the shape of their weight. With ``wait`` each call waits for its output (an element
     copied to the host), so that an asynchronous device's work is charged to the layer
     that queued it. Measurement only: nothing else changes."""
     saved = {name: getattr(L, name) for name in _TIMED_LAYERS}
@@ -452,10 +300,10 @@ def timed_layers(
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             out = fn(*args, **kwargs)
-            if sync:
+            if wait:
                 first = _first_array(out)
                 if first is not None:
-                    _sync(first)
+                    sync(first)
             elapsed = time.perf_counter() - start
             label = comp
             if linear:
@@ -503,12 +351,12 @@ def breakdown(
     per_step: list[dict[str, float]] = []
     shares: list[float | None] = []
     dtypes: dict[str, set[str]] = defaultdict(set)
-    sync = not isinstance(params.wte, np.ndarray)
+    wait = not isinstance(params.wte, np.ndarray)
 
     def record_dtypes(label: str, direction: str, sec: float, out: Any) -> None:
         dtypes[label] |= _dtypes(out)
 
-    with timed_layers(case.config, record_dtypes, sync=sync):
+    with timed_layers(case.config, record_dtypes, wait=wait):
         loss_and_grads(params, tok, lens)
     for i in range(warmup + steps):
         acc: dict[str, float] = defaultdict(float)
@@ -519,11 +367,11 @@ def breakdown(
         before = cpu_sample()
         faults = minor_faults()
         start = time.perf_counter()
-        with timed_layers(case.config, record, sync=sync):
+        with timed_layers(case.config, record, wait=wait):
             loss, grads = loss_and_grads(params, tok, lens)
         t_adam = time.perf_counter()
         params = adam.step(params, grads)
-        _sync(loss)
+        sync(loss)
         end = time.perf_counter()
         faults = minor_faults() - faults
         share = other_cpu_share(before, cpu_sample())
