@@ -25,6 +25,7 @@ from microgpt_xp import GPTConfig, init_params, loss_and_grads
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench import configure_parser, main
 from benchmarks.bench import peers as P
+from benchmarks.bench import profiling as B
 from benchmarks.bench import targets as TG
 from benchmarks.bench import timing as T
 from benchmarks.bench import workloads as W
@@ -114,16 +115,90 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
     assert mm["model_flops_per_call"] > 0 and mm["matmul_gflops"]["median"] > 0
     assert {s["peer"] for s in result["skipped"]} == {"matmul"}
     (bd,) = result["breakdown"]
-    assert [r["component"] for r in bd["rows"]] == list(W.COMPONENTS)
-    assert bd["step_s"] > 0 and all(
-        r["total_s"] >= 0 for r in bd["rows"] if r["component"] != "other"
-    )
-    assert sum(r["total_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-6)
-    assert bd["minor_faults_per_step"] >= 0
+    _check_breakdown(bd)
+    assert "profiler" in printed and "for shares, not absolute times" in printed
     assert bd["upcasts"] == [], bd["dtypes"]  # float32 stays float32 in every layer
     assert m["usable_cpus"] >= 1 and m["devices"]["numpy"] == {"ours": "cpu", "torch_peer": "cpu"}
     if HAS_MPL:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+#: What a training step calls in microgpt_xp.layers, whatever else it calls.
+STEP_LAYERS = {
+    f"layers.{name}_{direction}"
+    for name in ("embedding", "rmsnorm", "linear", "linear_t", "causal_attention", "relu")
+    for direction in ("forward", "backward")
+} | {"layers.cross_entropy_forward", "layers.cross_entropy_backward"}
+
+
+def _check_breakdown(bd: dict[str, Any]) -> None:
+    """A breakdown's rows: the layer functions of a step, then optim and other, adding up
+    to the step; a function's own time within its inclusive time."""
+    names = [r["function"] for r in bd["rows"]]
+    assert names[-2:] == ["optim", "other"] and len(set(names)) == len(names)
+    assert set(names[:-2]) >= STEP_LAYERS
+    assert all(n.startswith(("layers.", "primitives.")) for n in names[:-2])
+    assert bd["step_s"] > 0 and bd["steps_kept"] + bd["steps_dropped"] >= 1
+    assert sum(r["own_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-9)
+    assert sum(r["share"] for r in bd["rows"]) == pytest.approx(1.0, rel=1e-9)
+    for r in bd["rows"][:-1]:
+        assert 0 <= r["own_s"] <= r["inclusive_s"] * (1 + 1e-9) and r["calls"] >= 1
+    optim = bd["rows"][-2]
+    assert optim["calls"] == 1  # Adam.step, once a step
+    assert bd["minor_faults_per_step"] >= 0
+    assert "cProfile" in bd["method"] and "for shares, not absolute times" in bd["method"]
+
+
+def test_profile_rows_are_found_by_their_code_whatever_the_caller_calls_them() -> None:
+    from microgpt_xp import layers
+    from microgpt_xp.layers import causal_attention_forward as attention
+    from microgpt_xp.layers import relu_forward
+
+    before = dict(vars(layers))
+    x = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+
+    def work() -> None:
+        for _ in range(20):
+            relu_forward(x)
+            attention(x, 4, 16, 4)  # qkv of B=4, T=16, C=16
+        sum(range(10_000))  # not a layer: in no row
+
+    codes = {"relu": relu_forward.__code__}
+    functions, timed, seconds = B.profile_call(work, B.ModuleMatcher(B.PROFILED), codes)
+    assert functions["layers.relu_forward"]["calls"] == 20
+    att = functions["layers.causal_attention_forward"]
+    assert att["calls"] == 20
+    # what attention calls in layers is a row of its own, left out of attention's own time
+    inner = functions["layers.attend_forward"]
+    assert inner["calls"] == 20 and functions["layers.softmax"]["calls"] == 20
+    assert att["own_s"] < att["inclusive_s"] - inner["inclusive_s"] * 0.999
+    entry = att["inclusive_s"] + functions["layers.relu_forward"]["inclusive_s"]
+    assert sum(f["own_s"] for f in functions.values()) == pytest.approx(entry, rel=1e-9)
+    assert timed["relu"]["calls"] == 20 and seconds >= entry
+    assert timed["relu"]["inclusive_s"] == functions["layers.relu_forward"]["inclusive_s"]
+    assert vars(layers) == before  # nothing patched
+
+
+def test_module_matcher_takes_modules_and_packages() -> None:
+    import json.decoder
+
+    from microgpt_xp import layers
+
+    matcher = B.ModuleMatcher(["microgpt_xp.layers", "json", "microgpt_xp.no_such_module"])
+    assert matcher.label(layers.__file__) == "layers"
+    assert matcher.label(json.__file__) == "json"
+    assert matcher.label(json.decoder.__file__) == "json.decoder"
+    assert matcher.label(np.__file__) is None
+    assert sorted(matcher.files.values()) == ["layers"]
+
+
+def test_breakdown_records_what_each_layer_returns() -> None:
+    case = W.Case("train", "tiny", TINY, 3, "float32", "numpy")
+    bd = B.breakdown(case, steps=1, warmup=0)
+    assert bd["dtypes"]["layers.rmsnorm_forward"] == ["float32"]
+    assert bd["upcasts"] == []
+    wide = B.breakdown(W.Case("train", "tiny", TINY, 3, "float64", "numpy"), steps=1, warmup=0)
+    assert wide["dtypes"]["layers.rmsnorm_forward"] == ["float64"]
 
 
 def test_bad_arguments_exit_with_status_2(capsys: pytest.CaptureFixture) -> None:
@@ -149,9 +224,7 @@ def test_peers_and_breakdown_on_another_backend_and_device() -> None:
     peer = P.make_peer("torch", case)
     assert math.isfinite(peer.fn())
     assert isinstance(P.make_peer("matmul", case).fn(), float)
-    bd = W.breakdown(case, steps=2, warmup=1)
-    assert sum(r["total_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-6)
-    assert bd["rows"][W.COMPONENTS.index("attention")]["total_s"] > 0
+    _check_breakdown(B.breakdown(case, steps=2, warmup=1))
 
 
 def test_a_peer_is_one_function_of_the_peers_table() -> None:

@@ -38,6 +38,7 @@ import numpy as np
 from microgpt_xp import __version__, _xp, init_params
 
 from .peers import PEERS, PeerSkipped, make_peer, matmul_flops, square_matmul_gflops
+from .profiling import breakdown
 from .report import format_report, plot
 from .targets import target_for
 from .timing import (
@@ -52,7 +53,6 @@ from .workloads import (
     CONFIGS,
     WORKLOADS,
     Case,
-    breakdown,
     config_label,
     device_name,
     ours,

@@ -1,30 +1,25 @@
 """What the benchmark times of ours: a training step, scoring and decoding on any backend
-(the cases, and our side of each), plus a per-layer breakdown of our training step. The
-peers are in :mod:`benchmarks.bench.peers`.
+(the cases, and our side of each). The peers are in :mod:`benchmarks.bench.peers`, the
+breakdown of our training step in :mod:`benchmarks.bench.profiling`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import re
-import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from microgpt_xp import _xp
-from microgpt_xp import layers as L
 from microgpt_xp.config import GPTConfig
 from microgpt_xp.model import loss_and_grads, score
 from microgpt_xp.optim import Adam
 from microgpt_xp.params import Params, init_params, materialize
 from microgpt_xp.sample import decode_batch
 
-from .timing import Timed, cpu_sample, minor_faults, other_cpu_share
+from .timing import Timed
 
 #: Named model shapes (the spec's model and a wider, deeper one).
 CONFIGS: dict[str, GPTConfig] = {
@@ -217,203 +212,3 @@ def ours(case: Case) -> Timed:
 
         return Timed(name, decode, case.tokens)
     raise ValueError(f"unknown workload {case.workload!r}")
-
-
-# -- per-layer breakdown of our training step -------------------------------------------------------
-_TIMED_LAYERS = (
-    "embedding_forward",
-    "embedding_backward",
-    "rmsnorm_forward",
-    "rmsnorm_backward",
-    "linear_forward",
-    "linear_backward",
-    "linear_t_forward",
-    "linear_t_backward",
-    "causal_attention_forward",
-    "causal_attention_backward",
-    "relu_forward",
-    "relu_backward",
-    "cross_entropy_forward",
-    "cross_entropy_backward",
-)
-
-#: Rows of the breakdown, in the order of the step.
-COMPONENTS: tuple[str, ...] = (
-    "embedding",
-    "rmsnorm",
-    "qkv",
-    "attention",
-    "proj",
-    "fc1",
-    "relu",
-    "fc2",
-    "lm_head",
-    "loss",
-    "adam",
-    "other",
-)
-
-
-def _linear_label(w_shape: tuple[int, ...], cfg: GPTConfig) -> str:
-    c, v = cfg.n_embd, cfg.vocab_size
-    labels: dict[tuple[int, int], list[str]] = defaultdict(list)
-    for shape, label in (
-        ((3 * c, c), "qkv"),
-        ((c, c), "proj"),
-        ((4 * c, c), "fc1"),
-        ((c, 4 * c), "fc2"),
-        ((v, c), "lm_head"),
-    ):
-        labels[shape].append(label)
-    found = labels.get((int(w_shape[0]), int(w_shape[1])), [])
-    return found[0] if len(found) == 1 else "linear"
-
-
-def _first_array(out: Any) -> Any:
-    """The first array in a layer's output (an array or nested tuples), else ``None``."""
-    if isinstance(out, tuple):
-        for o in out:
-            found = _first_array(o)
-            if found is not None:
-                return found
-        return None
-    return out if hasattr(out, "shape") else None
-
-
-@contextlib.contextmanager
-def timed_layers(
-    cfg: GPTConfig, record: Callable[[str, str, float, Any], None], wait: bool = False
-) -> Iterator[None]:
-    """Wrap the forward/backward functions of :mod:`microgpt_xp.layers` that
-    ``model.py`` calls, so that each call reports ``record(component, "forward" |
-    "backward", seconds, output)``; restores them on exit. Linear layers are told apart by
-    the shape of their weight. With ``wait`` each call waits for its output (an element
-    copied to the host), so that an asynchronous device's work is charged to the layer
-    that queued it. Measurement only: nothing else changes."""
-    saved = {name: getattr(L, name) for name in _TIMED_LAYERS}
-
-    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        base, _, direction = name.rpartition("_")
-        comp = {"causal_attention": "attention", "cross_entropy": "loss"}.get(base, base)
-        linear = base in ("linear", "linear_t")
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            out = fn(*args, **kwargs)
-            if wait:
-                first = _first_array(out)
-                if first is not None:
-                    sync(first)
-            elapsed = time.perf_counter() - start
-            label = comp
-            if linear:
-                w = args[1] if direction == "forward" else args[1][1]
-                label = _linear_label(tuple(w.shape), cfg)
-            record(label, direction, elapsed, out)
-            return out
-
-        return timed
-
-    try:
-        for name, fn in saved.items():
-            setattr(L, name, wrap(name, fn))
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(L, name, fn)
-
-
-def _dtypes(out: Any) -> set[str]:
-    if isinstance(out, tuple):
-        return set().union(*(_dtypes(o) for o in out)) if out else set()
-    dtype = getattr(out, "dtype", None)
-    return set() if dtype is None else {str(dtype).split(".")[-1]}
-
-
-def breakdown(
-    case: Case,
-    steps: int = 5,
-    warmup: int = 2,
-    max_other: float = 0.05,
-) -> dict[str, Any]:
-    """Where the time of our training step goes on ``case`` (a ``train`` case of an eager
-    backend): seconds per step of each component's forward and backward (median over the
-    clean steps), Adam, and ``other``, the rest of the step's median time (the glue in
-    ``model.py``: input checks, residual adds, the q|k|v weight concat, gradient slicing
-    and stacking, the loss reduction, and the timers' own cost). Also lists
-    every dtype a layer returned (in an untimed first step), to catch silent upcasts."""
-    if _xp.is_lazy(case.params().wte):
-        return {"skipped": f"breakdown needs an eager backend, not {case.backend}"}
-    params = case.params()
-    tok = case.asarray(case.host_tokens())
-    lens = case.asarray(np.full(case.batch, case.seq_len + 1, dtype=np.int64))
-    adam = Adam(params, num_steps=2**62)
-    per_step: list[dict[str, float]] = []
-    shares: list[float | None] = []
-    dtypes: dict[str, set[str]] = defaultdict(set)
-    wait = not isinstance(params.wte, np.ndarray)
-
-    def record_dtypes(label: str, direction: str, sec: float, out: Any) -> None:
-        dtypes[label] |= _dtypes(out)
-
-    with timed_layers(case.config, record_dtypes, wait=wait):
-        loss_and_grads(params, tok, lens)
-    for i in range(warmup + steps):
-        acc: dict[str, float] = defaultdict(float)
-
-        def record(label: str, direction: str, sec: float, out: Any, acc: dict = acc) -> None:
-            acc[f"{label}.{direction}"] += sec
-
-        before = cpu_sample()
-        faults = minor_faults()
-        start = time.perf_counter()
-        with timed_layers(case.config, record, wait=wait):
-            loss, grads = loss_and_grads(params, tok, lens)
-        t_adam = time.perf_counter()
-        params = adam.step(params, grads)
-        sync(loss)
-        end = time.perf_counter()
-        faults = minor_faults() - faults
-        share = other_cpu_share(before, cpu_sample())
-        if i < warmup:
-            continue
-        acc["adam.step"] = end - t_adam
-        acc["total"] = end - start
-        acc["faults"] = faults
-        per_step.append(dict(acc))
-        shares.append(share)
-    kept = [s for s, sh in zip(per_step, shares, strict=True) if sh is None or sh <= max_other]
-    use = kept or per_step
-    keys = sorted({k for s in use for k in s})
-    med = {k: float(np.median([s.get(k, 0.0) for s in use])) for k in keys}
-    total = med.pop("total")
-    faults_per_step = med.pop("faults")
-    # "other" is the rest of the step, so that the rows add up to the step's time
-    med["other.glue"] = total - sum(med.values())
-    rows = []
-    for comp in COMPONENTS:
-        fwd = med.get(f"{comp}.forward", 0.0)
-        bwd = med.get(f"{comp}.backward", 0.0)
-        extra = med.get(f"{comp}.step", 0.0) + med.get(f"{comp}.glue", 0.0)
-        if comp == "adam":
-            fwd, bwd = 0.0, extra
-        elif comp == "other":
-            fwd, bwd = extra, 0.0
-        rows.append(
-            {
-                "component": comp,
-                "forward_s": fwd,
-                "backward_s": bwd,
-                "total_s": fwd + bwd,
-                "share": (fwd + bwd) / total if total else math.nan,
-            }
-        )
-    return {
-        "step_s": total,
-        "minor_faults_per_step": faults_per_step,
-        "steps_kept": len(kept),
-        "steps_dropped": len(per_step) - len(kept),
-        "rows": rows,
-        "dtypes": {k: sorted(v) for k, v in sorted(dtypes.items())},
-        "upcasts": sorted(k for k, v in dtypes.items() if v - {case.dtype, "bool", "int64"}),
-    }
