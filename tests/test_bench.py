@@ -192,6 +192,28 @@ def test_module_matcher_takes_modules_and_packages() -> None:
     assert sorted(matcher.files.values()) == ["layers"]
 
 
+def test_module_matcher_leaves_out_a_submodule_found_outside_its_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An editable install of another checkout can make find_spec find a submodule there."""
+    import importlib.machinery
+    import importlib.util
+
+    stray = tmp_path / "microgpt_xp" / "primitives.py"
+    stray.parent.mkdir()
+    stray.write_text("raise ImportError('not this package')\n")
+    find_spec = importlib.util.find_spec
+
+    def fake(name: str, *args: Any) -> Any:
+        if name == "microgpt_xp.primitives":
+            return importlib.machinery.ModuleSpec(name, None, origin=str(stray))
+        return find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", fake)
+    matcher = B.ModuleMatcher(["microgpt_xp.layers", "microgpt_xp.primitives"])
+    assert sorted(matcher.files.values()) == ["layers"] and not matcher.packages
+
+
 def test_breakdown_records_what_each_layer_returns() -> None:
     case = W.Case("train", "tiny", TINY, 3, "float32", "numpy")
     bd = B.breakdown(case, steps=1, warmup=0)

@@ -7,14 +7,16 @@ Workloads (tokens/s, every document full length, ``T = block_size``):
 * ``score``: the forward pass and the per-document loss of ``B`` documents;
 * ``decode``: ``T`` positions of KV-cache decoding and sampling for ``B`` sequences at once.
 
-Peers, timed in the same rounds as ours, interleaved: ``scalar`` (``tests/reference.py``, the
-tests' pure-Python oracle, one document at a time: scalar autograd for ``train``, the
-original's speed class, and its float forward pass for ``score`` and ``decode``), ``torch`` (the same
-model in PyTorch eager on the CPU, autograd and ``torch.optim.Adam``; ``torch_sdpa`` uses
-``scaled_dot_product_attention``), and ``matmul`` (the step's matrix products alone, in
-plain NumPy: the machine's yardstick). Ratios are ours/peer tokens/s per round; the
-report gives their median and spread over the rounds that ``/proc/stat`` shows were not
-disturbed by other processes.
+Peers, timed in the same rounds as ours, interleaved (:mod:`.peers`): ``scalar``
+(``tests/reference.py``, the tests' pure-Python oracle, one document at a time: scalar
+autograd for ``train``, the original's speed class, and its float forward pass for
+``score`` and ``decode``), ``torch`` (the same model in PyTorch eager, autograd and
+``torch.optim.Adam``; ``torch_sdpa`` uses ``scaled_dot_product_attention``), and ``matmul``
+(the step's matrix products alone: the machine's yardstick). Ours runs in this one
+process. Ratios are ours/peer tokens/s per round; the report gives their median and spread
+over the rounds that ``/proc/stat`` shows were not disturbed by other processes, the
+targets of :mod:`.targets` (``--check-targets``), and where the time of our training step
+goes (:mod:`.profiling`).
 
 Run from the repository root as ``python -m benchmarks.bench [options]``.
 """

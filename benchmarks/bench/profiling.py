@@ -42,29 +42,48 @@ PROFILED: tuple[str, ...] = ("microgpt_xp.layers", "microgpt_xp.primitives")
 
 
 
+def _path(p: str) -> str:
+    return os.path.normcase(os.path.abspath(p))
+
+
+def _in_its_package(name: str) -> bool:
+    """Whether module ``name`` exists and, for a submodule, lives in its parent package's
+    folders: an editable install of another checkout can make ``find_spec`` find a
+    submodule there that this package does not have."""
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return False
+    parent, _, _ = name.rpartition(".")
+    if not parent:
+        return True
+    folders = [_path(f) + os.sep for f in importlib.import_module(parent).__path__]
+    places = list(spec.submodule_search_locations or []) or [spec.origin or ""]
+    return all(any(_path(p).startswith(f) for f in folders) for p in places)
+
+
 class ModuleMatcher:
     """Tells which of some modules a source file belongs to: ``label(filename)`` is the
     module's name without its ``microgpt_xp.`` prefix (a package's submodule keeps its
-    dotted path), or ``None``. Modules that cannot be found are left out."""
+    dotted path), or ``None``. Modules that this package does not have are left out."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self.files: dict[str, str] = {}
         self.packages: dict[str, str] = {}
         for name in names:
-            if importlib.util.find_spec(name) is None:
+            if not _in_its_package(name):
                 continue
             module = importlib.import_module(name)
             short = name.removeprefix("microgpt_xp.")
             paths = getattr(module, "__path__", None)
             if paths:
                 for path in paths:
-                    self.packages[os.path.normcase(os.path.abspath(path)) + os.sep] = short
+                    self.packages[_path(path) + os.sep] = short
             elif module.__file__:
-                self.files[os.path.normcase(os.path.abspath(module.__file__))] = short
+                self.files[_path(module.__file__)] = short
 
     def label(self, filename: str) -> str | None:
         """The short module name of ``filename``, or ``None`` when it is none of these."""
-        path = os.path.normcase(os.path.abspath(filename))
+        path = _path(filename)
         if path in self.files:
             return self.files[path]
         for root, short in self.packages.items():
