@@ -191,8 +191,7 @@ def ours(case: Case) -> Timed:
         def train_step() -> float:
             loss, grads = loss_and_grads(state["params"], tok, lens)
             new = adam.step(state["params"], grads)
-            loss, new, m, v = materialize(loss, new, *adam.moments)
-            adam.moments = (m, v)
+            loss, new, adam.m, adam.v = materialize(loss, new, adam.m, adam.v)
             state["params"] = new
             return sync(loss)
 
