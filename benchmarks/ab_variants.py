@@ -1,18 +1,14 @@
 """A/B-time two copies of the package in one process, interleaved, with the /proc/stat
-filter of ``microgpt-xp bench`` (used to measure proposed changes to layers.py/model.py
-without touching the repository).
+filter of ``python -m benchmarks.bench`` (used to measure proposed changes to
+layers.py/model.py without touching the repository). From the repository root:
 
-    python benchmarks/ab_variants.py A_DIR B_DIR [--workload train] [--config default]
-        [--batch 64] [--repeats 9] [--min-time 0.2] [--tune-malloc]
-        [--a-workers N|auto] [--b-workers N|auto] [--gap 0.3]
+    python -m benchmarks.ab_variants A_DIR B_DIR [--workload train] [--config default]
+        [--batch 64] [--repeats 9] [--min-time 0.2] [--tune-malloc] [--gap 0.3]
 
 ``A_DIR`` and ``B_DIR`` each hold a ``microgpt_xp`` package (e.g. the repository root and a
 scratch copy with an edited ``layers.py``). Each is imported under its own name, so both
 run in the same process on the same data. Prints seconds per call of each and the
 median of the per-round speedups ``time(A) / time(B)`` over the undisturbed rounds.
-``--a-workers``/``--b-workers`` pass ``workers=`` (an int, or ``auto`` for ``None``) to
-that side's ``loss_and_grads``, ``score`` and ``decode_batch``: A and B may then be the
-same directory, to measure the threads alone.
 """
 
 from __future__ import annotations
@@ -27,8 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from microgpt_xp.bench import timing
-from microgpt_xp.bench.timing import Timed, calibrate, interleave, summary, tune_malloc
+from benchmarks.bench.timing import Timed, calibrate, interleave, summary, tune_malloc
 
 CONFIGS = {
     "default": dict(vocab_size=27, n_layer=1, n_embd=16, n_head=4, block_size=16),
@@ -49,12 +44,8 @@ def load(src: Path, alias: str, scratch: Path):
     }
 
 
-def timed(
-    name: str, mods: dict, workload: str, config: str, batch: int, workers: str | None = None
-) -> Timed:
-    """One training step / score / decode of the package ``mods`` as a ``Timed``
-    (``workers``: ``None`` passes none, ``"auto"`` passes ``workers=None``, else the int)."""
-    kw = {} if workers is None else {"workers": None if workers == "auto" else int(workers)}
+def timed(name: str, mods: dict, workload: str, config: str, batch: int) -> Timed:
+    """One training step / score / decode of the package ``mods`` as a ``Timed``."""
     pkg, model, optim, sample, layers = (
         mods[k] for k in ("", "model", "optim", "sample", "layers")
     )
@@ -71,21 +62,21 @@ def timed(
             state["n"] += 1
             if state["n"] % 100 == 0:  # back to the initial weights, as the bench does
                 state["p"] = params
-            loss, grads = model.loss_and_grads(state["p"], tok, lens, **kw)
+            loss, grads = model.loss_and_grads(state["p"], tok, lens)
             state["p"] = adam.step(state["p"], grads)
             return float(loss)
 
         return Timed(name, step, batch * t)
     if workload == "score":
-        return Timed(name, lambda: float(model.score(params, tok, lens, **kw)[0]), batch * t)
+        return Timed(name, lambda: float(model.score(params, tok, lens)[0]), batch * t)
     u = np.random.default_rng([0, 2]).random((batch, t)).astype("float32")
     start = np.full(batch, cfg.vocab_size - 1, dtype=np.int64)
 
-    if workload == "decode":  # the sampler's own loop, as `microgpt-xp bench` times it
+    if workload == "decode":  # the sampler's own loop, as benchmarks.bench times it
         bos = cfg.vocab_size - 1
         return Timed(
             name,
-            lambda: int(sample.decode_batch(params, bos, u, 2.0, early_stop=False, **kw)[0, -1]),
+            lambda: int(sample.decode_batch(params, bos, u, 2.0, early_stop=False)[0, -1]),
             batch * t,
         )
 
@@ -115,22 +106,13 @@ def main() -> None:
         "--gap", type=float, default=0.3, help="idle seconds before each measurement (as bench)"
     )
     ap.add_argument("--tune-malloc", action="store_true")
-    ap.add_argument("--a-workers", default=None, help="workers= for A (an int or auto)")
-    ap.add_argument("--b-workers", default=None, help="workers= for B (an int or auto)")
     args = ap.parse_args()
     if args.tune_malloc:
         tune_malloc()
-    # the copies' worker processes (microgpt_xp._procs) are this measurement's own CPU
-    timing.worker_pids = lambda: [
-        pid
-        for alias in ("mgx_a", "mgx_b")
-        if f"{alias}._procs" in sys.modules
-        for pid in sys.modules[f"{alias}._procs"].worker_pids()
-    ]
     with tempfile.TemporaryDirectory() as tmp:
         ts = [
-            timed(n, load(d, f"mgx_{n}", Path(tmp)), args.workload, args.config, args.batch, w)
-            for n, d, w in (("a", args.a, args.a_workers), ("b", args.b, args.b_workers))
+            timed(n, load(d, f"mgx_{n}", Path(tmp)), args.workload, args.config, args.batch)
+            for n, d in (("a", args.a), ("b", args.b))
         ]
         for t in ts:
             calibrate(t, 3, args.min_time)

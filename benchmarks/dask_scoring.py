@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from microgpt_xp import GPTConfig, init_params, score
-from microgpt_xp.bench.timing import blas_threads, set_blas_threads
 from microgpt_xp.data import Tokenizer, default_docs, encode_docs, read_docs
 from microgpt_xp.params import Params
 from microgpt_xp.scale import ShuffledRepeat, graph_stats, score_corpus
@@ -46,6 +46,12 @@ ROOT = Path(__file__).resolve().parent.parent
 NAMES = ROOT.parent / "shared" / "data" / "names.txt"
 WAYS = ("numpy", "threads", "cluster")
 _TCK = os.sysconf("SC_CLK_TCK")
+
+
+def blas_threads() -> int | None:
+    """NumPy's BLAS threads (threadpoolctl); ``None`` when no BLAS library is found."""
+    counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
+    return int(counts[0]) if counts else None
 
 
 # -- CPU accounting ------------------------------------------------------------------------
@@ -209,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.blas_threads is not None and not set_blas_threads(args.blas_threads):
-        print("warning: could not set the BLAS threads", file=sys.stderr)
+    if args.blas_threads is not None:
+        threadpool_limits(limits=args.blas_threads, user_api="blas")
     if args.probe:
         memory_probe(args)
         return 0
@@ -219,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus = ShuffledRepeat(base, args.n_docs, seed=0)
     print(
         f"corpus: {args.n_docs:,} documents from {source} ({len(base):,} base names), "
-        f"{args.dtype}, {params.config}; {os.cpu_count()} CPUs, BLAS threads {blas_threads()} "
-        "(workers: 1)"
+        f"{args.dtype}, {params.config}; {os.cpu_count()} CPUs, BLAS threads {blas_threads()}"
     )
 
     print("graph (mean and token mean; 'graph' = the model's layers as Dask tasks):")

@@ -4,9 +4,9 @@ Times ours against the torch peer (default config, float32) in interleaved round
 no pause before each measurement and with a pause, alternately, and prints the median of
 the per-round ratios torch/ours of each run:
 
-    python benchmarks/gap_check.py [--gap 0.3] [--repeats 9]
+    python -m benchmarks.gap_check [--gap 0.3] [--repeats 9]    # from the repository root
 
-Needs torch (the ``bench`` extra). Output of 2026-12-04 in benchmarks/gap_check.txt.
+Needs torch (the ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import argparse
 
 import numpy as np
 
-from microgpt_xp.bench import timing
-from microgpt_xp.bench.workloads import Case, make_peer, ours, parse_config
+from benchmarks.bench import timing
+from benchmarks.bench.peers import make_peer
+from benchmarks.bench.workloads import Case, ours, parse_config
 
 
 def ratio(workload: str, batch: int, gap: float, repeats: int) -> tuple[float, float, float]:

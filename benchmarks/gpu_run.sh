@@ -5,12 +5,12 @@
 # Run from the repository root on a machine with an NVIDIA GPU, CuPy and PyTorch (CUDA).
 # Where array-api-compat, array-api-strict or mimesis are missing and nothing can be
 # installed from the network, put their wheels in .whl/ first. Results go to $OUT
-# (default benchmarks/gpu/latest; the recorded runs are benchmarks/gpu/run1 and run2).
+# (default benchmarks/out/gpu, which git ignores).
 #
 #   bash benchmarks/gpu_run.sh
 set -u
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-benchmarks/gpu/latest}
+OUT=${OUT:-benchmarks/out/gpu}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -38,7 +38,7 @@ EOF
 bench() {  # bench NAME ARGS...: one benchmark process, its table and JSON under $OUT
     local name=$1
     shift
-    timeout "${BENCH_TIMEOUT:-150}" python3 -m microgpt_xp.bench --backend cupy --dtype float32 \
+    timeout "${BENCH_TIMEOUT:-150}" python3 -m benchmarks.bench --backend cupy --dtype float32 \
         --repeats 5 --gap 0.05 --case-timeout 30 --json "$OUT/$name.json" "$@" \
         2>&1 | tee "$OUT/$name.txt"
 }

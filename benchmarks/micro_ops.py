@@ -2,7 +2,7 @@
 operations our training and decoding steps are made of, on the steps' shapes, and the
 alternatives considered. Best of several repeats (the least disturbed), microseconds.
 
-    python benchmarks/micro_ops.py [--json FILE]
+    python benchmarks/micro_ops.py [--json benchmarks/out/micro_ops.json]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ FAULTS = """
 import resource, numpy as np, sys
 from microgpt_xp import GPTConfig, init_params, loss_and_grads
 from microgpt_xp.optim import Adam
-from microgpt_xp.bench.timing import tune_malloc
+from microgpt_xp._alloc import tune_malloc
 import time
 if sys.argv[1] == "1":
     tune_malloc()

@@ -1,6 +1,7 @@
-"""Render a ``microgpt-xp bench --json`` result as the Markdown tables of docs/performance.md.
+"""Render a ``python -m benchmarks.bench --json`` result (schema 2) as the Markdown tables
+of docs/performance.md.
 
-python benchmarks/to_markdown.py benchmarks/results.json
+python benchmarks/to_markdown.py benchmarks/out/results.json
 """
 
 from __future__ import annotations
@@ -59,12 +60,12 @@ def render(result: dict) -> str:
     ]
     for r in result["results"]:
         s = r["tokens_per_s"]
-        threads = r.get("shards", 1) if r["impl"].startswith("ours") else 1
-        impl = r["impl"] + (f" ({threads} threads)" if threads > 1 else "")
         out.append(
-            f"| {r['workload']} | {r['config']} | {r['batch']}x{r['seq_len']} | {impl} | "
+            f"| {r['workload']} | {r['config']} | {r['batch']}x{r['seq_len']} | {r['impl']} | "
             f"{_si(s['median'])} | {_si(s['min'])}-{_si(s['max'])} |"
         )
+    for what in sorted({c["target_what"] for c in result["comparisons"] if c.get("target_what")}):
+        out += ["", f"Target: {what}."]
     for c in result["comparisons"]:
         if c["peer"] == "matmul":
             out.append("")
@@ -80,16 +81,18 @@ def render(result: dict) -> str:
         out += [
             "",
             f"Breakdown, {b['config']} B={b['batch']} T={b['seq_len']} {b['dtype']}: "
-            f"{b['step_s'] * 1e3:.2f} ms a step ({b['steps_kept']} steps kept, "
-            f"{b['steps_dropped']} dropped; {b['minor_faults_per_step']:.0f} minor page faults a step)",
+            f"{b['step_s'] * 1e3:.2f} ms a step under the profiler ({b['steps_kept']} steps "
+            f"kept, {b['steps_dropped']} dropped; {b['minor_faults_per_step']:.0f} minor page "
+            f"faults a step; {b['method']})",
             "",
-            "| component | forward ms | backward ms | total ms | share |",
+            "| function | calls | own ms | inclusive ms | share |",
             "|---|---|---|---|---|",
         ]
         for r in b["rows"]:
+            calls = "" if r["function"] == "other" else f"{r['calls']:.0f}"
             out.append(
-                f"| {r['component']} | {r['forward_s'] * 1e3:.3f} | {r['backward_s'] * 1e3:.3f} | "
-                f"{r['total_s'] * 1e3:.3f} | {100 * r['share']:.1f}% |"
+                f"| {r['function']} | {calls} | {r['own_s'] * 1e3:.3f} | "
+                f"{r['inclusive_s'] * 1e3:.3f} | {100 * r['share']:.1f}% |"
             )
     return "\n".join(out)
 

@@ -19,11 +19,16 @@ import numpy as np
 import pytest
 import reference
 
-from microgpt_xp import GPTConfig, _procs, _threads, init_params, loss_and_grads
-from microgpt_xp.bench import configure_parser, main
-from microgpt_xp.bench import timing as T
-from microgpt_xp.bench import workloads as W
-from microgpt_xp.bench.scalar import ScalarGPT, grads_of
+from microgpt_xp import GPTConfig, init_params, loss_and_grads
+
+# the benchmarks live in the repository, outside the installed package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench import configure_parser, main
+from benchmarks.bench import peers as P
+from benchmarks.bench import profiling as B
+from benchmarks.bench import targets as TG
+from benchmarks.bench import timing as T
+from benchmarks.bench import workloads as W
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
@@ -76,8 +81,8 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
     assert "ours[numpy] / scalar" in printed and "breakdown of our training step" in printed
 
     result = json.loads(out.read_text())
-    assert result["schema"] == "microgpt-xp-bench/1"
-    assert "microgpt_xp.bench" in result["command"] and "--json" in result["command"]
+    assert result["schema"] == "microgpt-xp-bench/2"
+    assert "benchmarks.bench" in result["command"] and "--json" in result["command"]
     m = result["machine"]
     assert m["cpus"] >= 1 and m["square_matmul_gflops"] > 0
     assert m["malloc_tuned"] is False  # --no-tune-malloc
@@ -110,17 +115,112 @@ def test_tiny_run_writes_json_table_and_plot(tmp_path: Path, capsys: pytest.Capt
     assert mm["model_flops_per_call"] > 0 and mm["matmul_gflops"]["median"] > 0
     assert {s["peer"] for s in result["skipped"]} == {"matmul"}
     (bd,) = result["breakdown"]
-    assert [r["component"] for r in bd["rows"]] == list(W.COMPONENTS)
-    assert bd["step_s"] > 0 and all(
-        r["total_s"] >= 0 for r in bd["rows"] if r["component"] != "other"
-    )
-    assert sum(r["total_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-6)
-    assert bd["minor_faults_per_step"] >= 0
+    _check_breakdown(bd)
+    assert "profiler" in printed and "for shares, not absolute times" in printed
     assert bd["upcasts"] == [], bd["dtypes"]  # float32 stays float32 in every layer
     assert m["usable_cpus"] >= 1 and m["devices"]["numpy"] == {"ours": "cpu", "torch_peer": "cpu"}
-    assert all(r["shards"] == 1 for r in result["results"])  # far too small to share
     if HAS_MPL:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+#: What a training step calls in microgpt_xp.layers, whatever else it calls.
+STEP_LAYERS = {
+    f"layers.{name}_{direction}"
+    for name in ("embedding", "rmsnorm", "linear", "linear_t", "causal_attention", "relu")
+    for direction in ("forward", "backward")
+} | {"layers.cross_entropy_forward", "layers.cross_entropy_backward"}
+
+
+def _check_breakdown(bd: dict[str, Any]) -> None:
+    """A breakdown's rows: the layer functions of a step, then optim and other, adding up
+    to the step; a function's own time within its inclusive time."""
+    names = [r["function"] for r in bd["rows"]]
+    assert names[-2:] == ["optim", "other"] and len(set(names)) == len(names)
+    assert set(names[:-2]) >= STEP_LAYERS
+    assert all(n.startswith(("layers.", "primitives.")) for n in names[:-2])
+    assert bd["step_s"] > 0 and bd["steps_kept"] + bd["steps_dropped"] >= 1
+    assert sum(r["own_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-9)
+    assert sum(r["share"] for r in bd["rows"]) == pytest.approx(1.0, rel=1e-9)
+    for r in bd["rows"][:-1]:
+        assert 0 <= r["own_s"] <= r["inclusive_s"] * (1 + 1e-9) and r["calls"] >= 1
+    optim = bd["rows"][-2]
+    assert optim["calls"] == 1  # Adam.step, once a step
+    assert bd["minor_faults_per_step"] >= 0
+    assert "cProfile" in bd["method"] and "for shares, not absolute times" in bd["method"]
+
+
+def test_profile_rows_are_found_by_their_code_whatever_the_caller_calls_them() -> None:
+    from microgpt_xp import layers
+    from microgpt_xp.layers import causal_attention_forward as attention
+    from microgpt_xp.layers import relu_forward
+
+    before = dict(vars(layers))
+    x = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+
+    def work() -> None:
+        for _ in range(20):
+            relu_forward(x)
+            attention(x, 4, 16, 4)  # qkv of B=4, T=16, C=16
+        sum(range(10_000))  # not a layer: in no row
+
+    codes = {"relu": relu_forward.__code__}
+    functions, timed, seconds = B.profile_call(work, B.ModuleMatcher(B.PROFILED), codes)
+    assert functions["layers.relu_forward"]["calls"] == 20
+    att = functions["layers.causal_attention_forward"]
+    assert att["calls"] == 20
+    # what attention calls in layers is a row of its own, left out of attention's own time
+    inner = functions["layers.attend_forward"]
+    assert inner["calls"] == 20 and functions["layers.softmax"]["calls"] == 20
+    assert att["own_s"] < att["inclusive_s"] - inner["inclusive_s"] * 0.999
+    entry = att["inclusive_s"] + functions["layers.relu_forward"]["inclusive_s"]
+    assert sum(f["own_s"] for f in functions.values()) == pytest.approx(entry, rel=1e-9)
+    assert timed["relu"]["calls"] == 20 and seconds >= entry
+    assert timed["relu"]["inclusive_s"] == functions["layers.relu_forward"]["inclusive_s"]
+    assert vars(layers) == before  # nothing patched
+
+
+def test_module_matcher_takes_modules_and_packages() -> None:
+    import json.decoder
+
+    from microgpt_xp import layers
+
+    matcher = B.ModuleMatcher(["microgpt_xp.layers", "json", "microgpt_xp.no_such_module"])
+    assert matcher.label(layers.__file__) == "layers"
+    assert matcher.label(json.__file__) == "json"
+    assert matcher.label(json.decoder.__file__) == "json.decoder"
+    assert matcher.label(np.__file__) is None
+    assert sorted(matcher.files.values()) == ["layers"]
+
+
+def test_module_matcher_leaves_out_a_submodule_found_outside_its_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An editable install of another checkout can make find_spec find a submodule there."""
+    import importlib.machinery
+    import importlib.util
+
+    stray = tmp_path / "microgpt_xp" / "primitives.py"
+    stray.parent.mkdir()
+    stray.write_text("raise ImportError('not this package')\n")
+    find_spec = importlib.util.find_spec
+
+    def fake(name: str, *args: Any) -> Any:
+        if name == "microgpt_xp.primitives":
+            return importlib.machinery.ModuleSpec(name, None, origin=str(stray))
+        return find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", fake)
+    matcher = B.ModuleMatcher(["microgpt_xp.layers", "microgpt_xp.primitives"])
+    assert sorted(matcher.files.values()) == ["layers"] and not matcher.packages
+
+
+def test_breakdown_records_what_each_layer_returns() -> None:
+    case = W.Case("train", "tiny", TINY, 3, "float32", "numpy")
+    bd = B.breakdown(case, steps=1, warmup=0)
+    assert bd["dtypes"]["layers.rmsnorm_forward"] == ["float32"]
+    assert bd["upcasts"] == []
+    wide = B.breakdown(W.Case("train", "tiny", TINY, 3, "float64", "numpy"), steps=1, warmup=0)
+    assert wide["dtypes"]["layers.rmsnorm_forward"] == ["float64"]
 
 
 def test_bad_arguments_exit_with_status_2(capsys: pytest.CaptureFixture) -> None:
@@ -129,61 +229,89 @@ def test_bad_arguments_exit_with_status_2(capsys: pytest.CaptureFixture) -> None
     assert main(["--peers", "numpy2", "--repeats", "1"]) == 2
     assert main(["--gap", "-1", "--repeats", "1"]) == 2
     assert "--gap must be" in capsys.readouterr().err
-    assert main(["--workers", "0", "--repeats", "1"]) == 2
-    assert "workers" in capsys.readouterr().err
-
-
-def test_workers_option_shares_our_batch(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    argv = ["--config", "L1,C8,H2,T4", "--batch-size", "4", "--decode-batch-size", "4"]
-    argv += ["--repeats", "1", "--max-rounds", "1", "--warmup", "0", "--min-time", "0.001"]
-    argv += ["--gap", "0", "--peers", "none", "--no-breakdown", "--no-tune-malloc"]
-    assert main([*argv, "--workers", "2", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["results"]
-    assert {r["workload"] for r in rows} == {"train", "score", "decode"}
-    assert all(r["shards"] == 2 and r["blas_threads"] >= 1 for r in rows)
-    assert not any(r["processes"] for r in rows)  # an explicit number means threads
-
-
-@pytest.mark.skipif(not _procs.available(), reason="worker processes need Linux")
-def test_automatic_training_batch_on_processes_is_labelled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
-    monkeypatch.setattr(_threads, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(_procs, "MIN_PROCESS_WORK", 1)
-    out = tmp_path / "bench.json"
-    argv = ["--config", "L1,C8,H2,T4", "--batch-size", "4", "--workload", "train,score"]
-    argv += ["--repeats", "1", "--max-rounds", "1", "--warmup", "0", "--min-time", "0.001"]
-    argv += ["--gap", "0", "--peers", "none", "--no-breakdown", "--no-tune-malloc"]
-    try:
-        assert main([*argv, "--json", str(out)]) == 0
-    finally:
-        _procs.shutdown()
-    rows = {r["workload"]: r for r in json.loads(out.read_text())["results"]}
-    assert rows["train"]["processes"] and rows["train"]["shards"] == 2
-    assert not rows["score"]["processes"]  # scoring shares a batch over threads only
-    printed = capsys.readouterr().out
-    assert "ours[numpy] x2p" in printed and "xNp: over N processes" in printed
 
 
 @needs_torch
 def test_peers_and_breakdown_on_another_backend_and_device() -> None:
     """The pieces the GPU run uses, on torch's CPU: the torch peer on a chosen device, the
     matmul yardstick on our backend, and the breakdown that waits for each layer."""
-    from microgpt_xp import _xp
+    import torch
 
-    assert _xp.torch_device_like("numpy") == "cpu" and _xp.device_name("numpy") == "cpu"
-    assert _xp.torch_device_like("torch", "cpu") == "cpu"
-    assert _xp.device_name("torch", "cpu") == "cpu"
+    assert W.torch_device_like("numpy", "cpu") == "cpu" and W.device_name("numpy", "cpu") == "cpu"
+    assert W.torch_device_like("torch", torch.device("cpu")) == "cpu"
+    assert W.device_name("torch", torch.device("cpu")) == "cpu"
     case = W.Case("train", "tiny", TINY, 3, "float32", "torch", device="cpu", peer_device="cpu")
     assert case.torch_device() == "cpu"
     assert isinstance(W.ours(case).fn(), float)
-    peer = W.make_peer("torch", case)
+    peer = P.make_peer("torch", case)
     assert math.isfinite(peer.fn())
-    assert isinstance(W.make_peer("matmul", case).fn(), float)
-    bd = W.breakdown(case, steps=2, warmup=1)
-    assert sum(r["total_s"] for r in bd["rows"]) == pytest.approx(bd["step_s"], rel=1e-6)
-    assert bd["rows"][W.COMPONENTS.index("attention")]["total_s"] > 0
+    assert isinstance(P.make_peer("matmul", case).fn(), float)
+    _check_breakdown(B.breakdown(case, steps=2, warmup=1))
+
+
+def test_a_peer_is_one_function_of_the_peers_table() -> None:
+    assert list(P.PEERS) == ["scalar", "torch", "torch_sdpa", "matmul"]
+    case = W.Case("decode", "tiny", TINY, 2, "float32", "numpy")
+    with pytest.raises(P.PeerSkipped, match="train and score only"):
+        P.make_peer("matmul", case)
+    with pytest.raises(P.PeerSkipped, match="KV-cache loop"):
+        P.make_peer("torch_sdpa", case)
+    medium = W.Case("train", "medium", W.CONFIGS["medium"], 1, "float32", "numpy")
+    with pytest.raises(P.PeerSkipped, match="too slow"):
+        P.make_peer("scalar", medium)
+    with pytest.raises(ValueError, match="unknown peer"):
+        P.make_peer("jax", case)
+    timed = P.make_peer("scalar", case)
+    assert timed.name == "scalar" and timed.tokens == TINY.block_size
+    assert len(timed.fn()) == TINY.block_size
+
+
+def test_targets_name_what_they_compare() -> None:
+    default, medium = W.CONFIGS["default"], W.CONFIGS["medium"]
+    t = TG.target_for(W.Case("train", "default", default, 64, "float32", "numpy"), "torch")
+    assert t is not None and t.minimum == 2.0 and "PyTorch eager" in t.what
+    t = TG.target_for(W.Case("train", "medium", medium, 32, "float32", "numpy"), "torch")
+    assert t is not None and t.minimum == 1.0
+    for case, peer in [
+        (W.Case("train", "default", default, 32, "float32", "numpy"), "torch"),
+        (W.Case("train", "default", default, 64, "float64", "numpy"), "torch"),
+        (W.Case("score", "default", default, 64, "float32", "numpy"), "torch"),
+        (W.Case("train", "default", default, 64, "float32", "numpy"), "scalar"),
+        (W.Case("train", "default", default, 64, "float32", "numpy", peer_device="cuda:0"), "torch"),
+    ]:
+        assert TG.target_for(case, peer) is None
+    assert {(t.backend, t.config, t.batch) for t in TG.TARGETS} == {
+        ("numpy", "default", 64),
+        ("numpy", "medium", 32),
+        ("torch", "default", 64),
+        ("torch", "medium", 32),
+    }
+    assert all(t.what and t.peer == "torch" and t.dtype == "float32" for t in TG.TARGETS)
+
+
+@needs_torch
+def test_torch_through_our_code_has_its_target() -> None:
+    case = W.Case("train", "default", W.CONFIGS["default"], 64, "float32", "torch")
+    t = TG.target_for(case, "torch")
+    assert t is not None and t.minimum == 1.0 and "through our code" in t.what
+
+
+@pytest.mark.parametrize(("minimum", "status"), [(1e9, 1), (1e-9, 0)])
+def test_check_targets_exits_1_when_a_target_is_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, minimum: float, status: int
+) -> None:
+    what = "ours against the plain matmuls, for this test"
+    target = TG.Target(what, "numpy", "train", "L1,C8,H2,T4,V27", 3, "matmul", minimum)
+    monkeypatch.setattr(TG, "TARGETS", (target,))
+    out = tmp_path / "bench.json"
+    argv = ["--config", "L1,C8,H2,T4", "--batch-size", "3", "--workload", "train"]
+    argv += ["--repeats", "1", "--max-rounds", "1", "--warmup", "1", "--min-time", "0.001"]
+    argv += ["--gap", "0", "--peers", "matmul", "--no-breakdown", "--no-tune-malloc"]
+    assert main([*argv, "--json", str(out)]) == 0  # without --check-targets
+    assert main([*argv, "--json", str(out), "--check-targets"]) == status
+    (comp,) = json.loads(out.read_text())["comparisons"]
+    assert comp["target"] == minimum and comp["target_what"] == what
+    assert comp["meets_target"] is (status == 0)
 
 
 def test_parse_config() -> None:
@@ -204,40 +332,41 @@ def _state_dict(cfg: GPTConfig, seed: int) -> dict[str, list[list[float]]]:
     )
 
 
-def test_scalar_peer_matches_the_reference_oracle() -> None:
-    sd = _state_dict(TINY, 3)
-    doc = [6, 0, 3, 3, 5, 6]
-    want_loss, want = reference.loss_and_grads(sd, doc, n_head=TINY.n_head)
-    loss, grads = grads_of(ScalarGPT(sd, TINY), doc)
-    assert loss == pytest.approx(want_loss, rel=1e-13)
-    assert grads.keys() == want.keys()
-    for k in want:
-        np.testing.assert_allclose(grads[k], want[k], rtol=1e-10, atol=1e-14)
+def _scalar_peer(cfg: GPTConfig, seed: int, doc: list[int]) -> P.ScalarReference:
+    return P.ScalarReference(
+        _state_dict(cfg, seed), doc, n_head=cfg.n_head, bos=cfg.vocab_size - 1, seed=seed
+    )
 
 
-def test_scalar_peer_train_step_is_adam_on_the_loss() -> None:
-    sd = _state_dict(TINY, 4)
+def test_scalar_peer_is_the_tests_reference_oracle() -> None:
+    peer = _scalar_peer(TINY, 3, [6, 0, 3, 3, 5, 6])
+    assert peer.ref is reference  # the one scalar GPT of the repository, not a second one
+    assert P.reference_module() is reference
+
+
+def test_scalar_peer_train_step_is_adam_on_the_reference_loss() -> None:
     doc = [6, 1, 2, 6]
-    model = ScalarGPT(sd, TINY)
-    loss0 = model.train_step(doc)
-    assert loss0 == pytest.approx(reference.loss_and_grads(sd, doc, n_head=2)[0], rel=1e-13)
+    sd = _state_dict(TINY, 4)
+    want_loss, g = reference.loss_and_grads(sd, doc, n_head=TINY.n_head)
+    peer = _scalar_peer(TINY, 4, doc)
+    assert peer.score() == pytest.approx(want_loss, rel=1e-12)  # forward on floats
+    loss0 = peer.train_step()
+    assert loss0 == want_loss
     # at the first step Adam moves every weight with a non-zero gradient by about lr * sign(g)
-    _, g = reference.loss_and_grads(sd, doc, n_head=2)
-    after = [[v.data for v in row] for row in model.state["layer0.mlp_fc1"]]
-    moved = np.array(after) - np.array(sd["layer0.mlp_fc1"])
+    moved = np.array(peer.state["layer0.mlp_fc1"]) - np.array(sd["layer0.mlp_fc1"])
     gs = np.array(g["layer0.mlp_fc1"])
     nz = np.abs(gs) > 1e-6
     np.testing.assert_allclose(moved[nz], -0.01 * np.sign(gs[nz]), rtol=1e-3)
-    assert model.score(doc) < loss0  # one step on a document lowers its loss
-    model.reset()
-    assert model.score(doc) == loss0
+    assert peer.score() < loss0  # one step on a document lowers its loss
+    peer.reset()
+    assert peer.state == sd and peer.step == 1  # the weights go back, Adam's state stays
+    assert peer.score() == pytest.approx(loss0, rel=1e-12)
 
 
 def test_scalar_peer_samples_the_requested_number_of_tokens() -> None:
-    model = ScalarGPT(_state_dict(TINY, 5), TINY)
-    a = model.sample(6, random.Random(1), TINY.block_size)
-    b = model.sample(6, random.Random(1), TINY.block_size)
-    assert a == b and len(a) == TINY.block_size and all(0 <= t < 7 for t in a)
+    a = _scalar_peer(TINY, 5, [6, 1, 6]).decode()
+    b = _scalar_peer(TINY, 5, [6, 1, 6]).decode()
+    assert a == b and len(a) == TINY.block_size and all(0 <= t < 6 for t in a)  # never BOS
 
 
 @needs_torch
@@ -245,11 +374,11 @@ def test_scalar_peer_samples_the_requested_number_of_tokens() -> None:
 def test_torch_peer_is_the_same_model(attention: str) -> None:
     import torch
 
-    from microgpt_xp.bench.torch_peer import TorchGPT
+    from benchmarks.bench.torch_peer import TorchGPT
 
     case = W.Case("train", "tiny", TINY, 3, "float64", "numpy", seed=2)
     params = case.params()
-    host = W.host_weights(case, "float64")
+    host = P.host_weights(case, "float64")
     tokens = case.host_tokens()
     want_loss, want = loss_and_grads(params, tokens, np.full(3, TINY.block_size + 1))
     peer = TorchGPT(host, TINY, "float64", attention=attention)
@@ -276,7 +405,7 @@ def test_torch_peer_is_the_same_model(attention: str) -> None:
 def test_torch_peer_decodes_what_sample_tokens_samples() -> None:
     import torch
 
-    from microgpt_xp.bench.torch_peer import TorchGPT
+    from benchmarks.bench.torch_peer import TorchGPT
     from microgpt_xp.sample import sample_tokens
 
     cfg = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=6)
@@ -295,9 +424,9 @@ def test_matmul_flops_are_three_forward_passes() -> None:
     b, t, c, v, L = 32, cfg.block_size, cfg.n_embd, cfg.vocab_size, cfg.n_layer
     n = b * t
     forward = 2 * n * (12 * c * c * L + c * v) + 2 * 2 * b * t * t * c * L
-    assert W.matmul_flops(W.Case("score", "medium", cfg, b, "float32", "numpy")) == forward
-    assert W.matmul_flops(W.Case("train", "medium", cfg, b, "float32", "numpy")) == 3 * forward
-    ops = W.matmul_operands(W.Case("train", "default", W.CONFIGS["default"], 2, "float32", "numpy"))
+    assert P.matmul_flops(W.Case("score", "medium", cfg, b, "float32", "numpy")) == forward
+    assert P.matmul_flops(W.Case("train", "medium", cfg, b, "float32", "numpy")) == 3 * forward
+    ops = P.matmul_operands(W.Case("train", "default", W.CONFIGS["default"], 2, "float32", "numpy"))
     assert all(a.dtype == np.float32 and b_.dtype == np.float32 for a, b_ in ops)
     assert all(a.shape[-1] == b_.shape[-2] for a, b_ in ops)
 
@@ -359,7 +488,7 @@ def test_summary_statistics() -> None:
 
 def test_tune_malloc_runs_in_a_child_process() -> None:
     # mallopt changes the whole process, so try it in a child, not in the test runner
-    code = "from microgpt_xp.bench.timing import tune_malloc; print(tune_malloc())"
+    code = "from microgpt_xp._alloc import tune_malloc; print(tune_malloc())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() in ("True", "False")
     if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":

@@ -11,7 +11,6 @@ dropped (and counted), because on a shared machine such rounds can be 10x off.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import statistics
@@ -20,8 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._alloc import tune_malloc as tune_malloc
-from .._procs import worker_pids
+from microgpt_xp._alloc import tune_malloc as tune_malloc
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -29,8 +27,7 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 @dataclass(frozen=True)
 class CpuSample:
     """Cumulative CPU counters at one instant: machine-wide busy and total jiffies, this
-    process's user+system jiffies (all its threads, and its training worker processes,
-    :mod:`microgpt_xp._procs`) and the wall clock."""
+    process's user+system jiffies (all its threads) and the wall clock."""
 
     busy: int
     total: int
@@ -46,9 +43,6 @@ def cpu_sample() -> CpuSample | None:
         own = _process_jiffies("self")
     except (OSError, ValueError, IndexError):
         return None
-    for pid in worker_pids():  # our worker processes' CPU is ours too
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            own += _process_jiffies(str(pid))
     # user nice system idle iowait irq softirq steal (guest is already inside user).
     user, nice, system, idle, iowait, irq, softirq = fields[:7]
     steal = fields[7] if len(fields) > 7 else 0

@@ -1,5 +1,5 @@
 """The printed table and the plot of a benchmark result (the dict that
-:func:`microgpt_xp.bench.run_benchmarks` returns and ``--json`` writes)."""
+:func:`benchmarks.bench.run_benchmarks` returns and ``--json`` writes)."""
 
 from __future__ import annotations
 
@@ -58,12 +58,7 @@ def format_report(result: dict[str, Any]) -> str:
                 r["config"],
                 f"{r['batch']}x{r['seq_len']}",
                 r["dtype"],
-                r["impl"]
-                + (
-                    f" x{r['shards']}{'p' if r.get('processes') else ''}"
-                    if r["impl"].startswith("ours") and r.get("shards", 1) > 1
-                    else ""
-                ),
+                r["impl"],
                 _si(tps["median"]),
                 f"{_si(tps['min'])}-{_si(tps['max'])}",
                 f"{r['rounds_kept']}/{r['rounds_kept'] + r['rounds_dropped']}",
@@ -72,8 +67,6 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(
         _table(["workload", "config", "BxT", "dtype", "impl", "tokens/s", "min-max", "kept"], rows)
     )
-    if any(r.get("shards", 1) > 1 for r in result["results"]):
-        lines.append("(ours xN: our batch split by rows over N threads; xNp: over N processes)")
     lines.append("")
     rows = []
     for c in result["comparisons"]:
@@ -110,6 +103,8 @@ def format_report(result: dict[str, Any]) -> str:
             rows,
         )
     )
+    for what in sorted({c["target_what"] for c in result["comparisons"] if c.get("target_what")}):
+        lines.append(f"target: {what}")
     for s in result["skipped"]:
         lines.append(f"skipped: {s['workload']} {s['config']} {s['peer']}: {s['reason']}")
     for b in result["breakdown"]:
@@ -119,24 +114,48 @@ def format_report(result: dict[str, Any]) -> str:
             continue
         lines.append(
             f"breakdown of our training step, {b['config']} B={b['batch']} T={b['seq_len']} "
-            f"{b['dtype']} {b['backend']}: {b['step_s'] * 1e3:.2f} ms/step "
+            f"{b['dtype']} {b['backend']}: {b['step_s'] * 1e3:.2f} ms/step under the profiler "
             f"({b['steps_kept']} steps kept, {b['steps_dropped']} dropped; "
             f"{b['minor_faults_per_step']:.0f} minor page faults a step)"
         )
+        lines.append(f"({b['method']})")
         rows = [
             [
-                r["component"],
-                f"{r['forward_s'] * 1e3:.3f}",
-                f"{r['backward_s'] * 1e3:.3f}",
-                f"{r['total_s'] * 1e3:.3f}",
+                r["function"],
+                "" if r["function"] == "other" else f"{r['calls']:.0f}",
+                f"{r['own_s'] * 1e3:.3f}",
+                f"{r['inclusive_s'] * 1e3:.3f}",
                 f"{100 * r['share']:.1f}%",
             ]
             for r in b["rows"]
         ]
-        lines.append(_table(["component", "fwd ms", "bwd ms", "total ms", "share"], rows))
+        lines.append(_table(["function", "calls", "own ms", "incl ms", "share"], rows))
         if b["upcasts"]:
             lines.append(f"dtype changes in: {', '.join(b['upcasts'])} ({b['dtypes']})")
     return "\n".join(lines)
+
+
+_REST = "layers: the rest"
+
+
+def _plot_rows(bds: list[dict[str, Any]], most: int = 10) -> list[str]:
+    """The breakdown rows a plot shows: the ``most`` functions with the largest summed
+    share, then the rest of them together, ``optim`` and ``other``."""
+    last = ("optim", "other")
+    total: dict[str, float] = {}
+    for b in bds:
+        for r in b["rows"]:
+            if r["function"] not in last:
+                total[r["function"]] = total.get(r["function"], 0.0) + r["share"]
+    top = sorted(total, key=lambda k: -total[k])[:most]
+    return [*top, *([_REST] if len(total) > most else []), *last]
+
+
+def _share(b: dict[str, Any], name: str, shown: list[str]) -> float:
+    """Share of the row ``name`` in breakdown ``b`` (``_REST``: the rows not in ``shown``)."""
+    if name == _REST:
+        return sum(r["share"] for r in b["rows"] if r["function"] not in shown)
+    return sum(r["share"] for r in b["rows"] if r["function"] == name)
 
 
 def plot(result: dict[str, Any], path: str | Path) -> None:
@@ -179,13 +198,11 @@ def plot(result: dict[str, Any], path: str | Path) -> None:
     ax.set_title("Throughput ratios, interleaved rounds")
     if bds:
         ax2 = axes[0][1]
-        comps_names = [r["component"] for r in bds[0]["rows"]]
+        names = _plot_rows(bds)
         left = [0.0] * len(bds)
         cmap = plt.get_cmap("tab20")
-        for i, name in enumerate(comps_names):
-            vals = [
-                100 * next(r["share"] for r in b["rows"] if r["component"] == name) for b in bds
-            ]
+        for i, name in enumerate(names):
+            vals = [100 * _share(b, name, names) for b in bds]
             ax2.barh(range(len(bds)), vals, left=left, color=cmap(i), label=name)
             left = [a + v for a, v in zip(left, vals, strict=True)]
         ax2.set_yticks(
@@ -193,7 +210,7 @@ def plot(result: dict[str, Any], path: str | Path) -> None:
             [f"{b['config']}\nB={b['batch']} {b['step_s'] * 1e3:.1f} ms" for b in bds],
             fontsize=8,
         )
-        ax2.set_xlabel("share of our training step (%)")
+        ax2.set_xlabel("share of our training step under cProfile (%)")
         ax2.set_title("Where our training step's time goes")
         ax2.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.15))
     fig.tight_layout()

@@ -1,4 +1,4 @@
-"""``python -m microgpt_xp.bench``."""
+"""``python -m benchmarks.bench``."""
 
 import sys
 

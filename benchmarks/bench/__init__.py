@@ -1,4 +1,4 @@
-"""``microgpt-xp bench``: training, scoring and decoding throughput of our code against
+"""``python -m benchmarks.bench``: training, scoring and decoding throughput of our code against
 its peers, measured so that the ratios can be trusted on a small shared machine.
 
 Workloads (tokens/s, every document full length, ``T = block_size``):
@@ -7,15 +7,18 @@ Workloads (tokens/s, every document full length, ``T = block_size``):
 * ``score``: the forward pass and the per-document loss of ``B`` documents;
 * ``decode``: ``T`` positions of KV-cache decoding and sampling for ``B`` sequences at once.
 
-Peers, timed in the same rounds as ours, interleaved: ``scalar`` (a pure-Python scalar
-autograd GPT, the original's speed class, one document at a time), ``torch`` (the same
-model in PyTorch eager on the CPU, autograd and ``torch.optim.Adam``; ``torch_sdpa`` uses
-``scaled_dot_product_attention``), and ``matmul`` (the step's matrix products alone, in
-plain NumPy: the machine's yardstick). Ratios are ours/peer tokens/s per round; the
-report gives their median and spread over the rounds that ``/proc/stat`` shows were not
-disturbed by other processes.
+Peers, timed in the same rounds as ours, interleaved (:mod:`.peers`): ``scalar``
+(``tests/reference.py``, the tests' pure-Python oracle, one document at a time: scalar
+autograd for ``train``, the original's speed class, and its float forward pass for
+``score`` and ``decode``), ``torch`` (the same model in PyTorch eager, autograd and
+``torch.optim.Adam``; ``torch_sdpa`` uses ``scaled_dot_product_attention``), and ``matmul``
+(the step's matrix products alone: the machine's yardstick). Ours runs in this one
+process. Ratios are ours/peer tokens/s per round; the report gives their median and spread
+over the rounds that ``/proc/stat`` shows were not disturbed by other processes, the
+targets of :mod:`.targets` (``--check-targets``), and where the time of our training step
+goes (:mod:`.profiling`).
 
-Use as ``microgpt-xp bench [options]`` or ``python -m microgpt_xp.bench [options]``.
+Run from the repository root as ``python -m benchmarks.bench [options]``.
 """
 
 from __future__ import annotations
@@ -34,9 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, _threads, _xp
-from ..model import sequence_plan
+from microgpt_xp import __version__, _xp, init_params
+
+from .peers import PEERS, PeerSkipped, make_peer, matmul_flops, square_matmul_gflops
+from .profiling import breakdown
 from .report import format_report, plot
+from .targets import target_for
 from .timing import (
     blas_threads,
     calibrate,
@@ -47,36 +53,22 @@ from .timing import (
 )
 from .workloads import (
     CONFIGS,
-    PEERS,
     WORKLOADS,
     Case,
-    breakdown,
     config_label,
-    make_peer,
-    matmul_flops,
+    device_name,
     ours,
     parse_config,
-    peer_skip_reason,
-    square_matmul_gflops,
+    torch_device_like,
 )
 
-__all__ = ["TARGETS", "configure_parser", "main", "run", "run_benchmarks"]
-
-#: The issue's targets: ``(workload, config, batch, peer) -> minimum ours/peer ratio``, for
-#: NumPy in float32.
-TARGETS: dict[tuple[str, str, int, str], float] = {
-    ("train", "default", 64, "scalar"): 20_000.0,
-    ("train", "default", 64, "torch"): 1.5,
-    ("train", "medium", 32, "torch"): 1.0,
-    ("train", "medium", 32, "matmul"): 0.5,
-    ("decode", "default", 1024, "torch"): 1.5,
-}
+__all__ = ["configure_parser", "main", "run", "run_benchmarks"]
 
 #: Batch sizes used when ``--batch-size`` / ``--decode-batch-size`` are not given.
 DEFAULT_BATCH = {"default": 64, "medium": 32}
 DEFAULT_DECODE_BATCH = {"default": 1024, "medium": 256}
 
-SCHEMA = "microgpt-xp-bench/1"
+SCHEMA = "microgpt-xp-bench/2"
 
 
 def _csv(text: str) -> list[str]:
@@ -193,16 +185,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="set NumPy's BLAS threads and torch's threads to N, and with N = 1 run ours "
-        "on one thread too (default: "
-        "leave BLAS as it is and give torch the same number)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="threads that share our NumPy batch (1: none; default: chosen by size, as "
-        "train and sample do, or 1 with --threads 1)",
+        help="set NumPy's BLAS threads and torch's threads to N (default: leave BLAS as it "
+        "is and give torch the same number)",
     )
     parser.add_argument(
         "--tune-malloc",
@@ -228,7 +212,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check-targets",
         action="store_true",
-        help="exit with status 1 when a measured target is missed",
+        help="exit with status 1 when a measured target is missed (the targets are the "
+        "table in benchmarks/bench/targets.py)",
     )
 
 
@@ -246,25 +231,6 @@ def _configs(text: str) -> list[tuple[str, Any]]:
     return [parse_config(g) for g in groups if g != ";"]
 
 
-def _plan(case: Case) -> dict[str, Any]:
-    """How our code runs the case's batch: shards, BLAS threads, and whether the shards
-    are worker processes rather than threads (as ``loss_and_grads``/``score``/
-    ``decode_batch`` plan it on NumPy; one shard elsewhere)."""
-    if case.backend != "numpy":
-        plan = _threads.UNCHANGED
-    elif case.workload == "decode":
-        plan = _threads.decode_plan(case.config, case.batch, case.workers)
-    else:
-        plan = sequence_plan(
-            case.config,
-            case.batch,
-            case.seq_len + 1,
-            case.workers,
-            processes=case.workload == "train",
-        )
-    return {"shards": plan.shards, "blas_threads": plan.blas_threads, "processes": plan.processes}
-
-
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -274,6 +240,14 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _setup_threads(threads: int | None) -> dict[str, Any]:
@@ -318,17 +292,13 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
         if p not in PEERS:
             raise ValueError(f"unknown peer {p!r}; choose from {', '.join(PEERS)} or none")
     configs = _configs(args.config)
-    _threads.check_workers(args.workers)
-    workers = args.workers
-    if workers is None and args.threads == 1:
-        workers = 1  # one thread each: ours too
     if not args.gap >= 0:
         raise ValueError(f"--gap must be a number of seconds >= 0, got {args.gap}")
 
     machine: dict[str, Any] = {
         "cpu": _cpu_name(),
         "cpus": os.cpu_count(),
-        "usable_cpus": _threads.usable_cpus(),
+        "usable_cpus": _usable_cpus(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "platform": platform.platform(),
@@ -337,13 +307,13 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
     machine.update(_setup_threads(args.threads))
     device = getattr(args, "device", None)
     peer_device = getattr(args, "peer_device", None)
-    machine["devices"] = {
-        b: {
-            "ours": _xp.device_name(b, device),
-            "torch_peer": peer_device or _xp.torch_device_like(b, device),
+    machine["devices"] = {}
+    for b in backends:
+        dev = init_params(CONFIGS["default"], backend=b, device=device).device
+        machine["devices"][b] = {
+            "ours": device_name(b, dev),
+            "torch_peer": peer_device or torch_device_like(b, dev),
         }
-        for b in backends
-    }
     machine["malloc_tuned"] = tune_malloc() if args.tune_malloc else False
     machine["square_matmul_gflops"] = square_matmul_gflops()
 
@@ -368,7 +338,6 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
                                 args.seed,
                                 device,
                                 peer_device,
-                                workers,
                             )
                         )
 
@@ -378,7 +347,6 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
     for case in cases:
         base = {
             "workload": case.workload,
-            **_plan(case),
             "config": case.config_name,
             "config_spec": config_label(case.config),
             "batch": case.batch,
@@ -389,11 +357,10 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
         mine = ours(case)
         timed = [mine]
         for peer in peers:
-            reason = peer_skip_reason(peer, case)
-            if reason is not None:
-                skipped.append({**base, "peer": peer, "reason": reason})
-                continue
-            timed.append(make_peer(peer, case))
+            try:
+                timed.append(make_peer(peer, case))
+            except PeerSkipped as skip:
+                skipped.append({**base, "peer": peer, "reason": str(skip)})
         say(
             f"{case.workload} {case.config_name} B={case.batch} {case.dtype} {case.backend}: "
             f"{', '.join(t.name for t in timed)}"
@@ -426,9 +393,7 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
             )
         for t in timed[1:]:
             ratios = [(mine.tokens / s[mine.name]) / (t.tokens / s[t.name]) for s in kept]
-            target = None
-            if case.backend == "numpy" and case.dtype == "float32":
-                target = TARGETS.get((case.workload, case.config_name, case.batch, t.name))
+            target = target_for(case, t.name)
             ratio = summary(ratios)
             comp = {
                 **base,
@@ -440,8 +405,9 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
                 "rounds_dropped": rounds.dropped,
                 "filtered": rounds.filtered,
                 "other_cpu_share": rounds.other_share,
-                "target": target,
-                "meets_target": None if target is None else bool(ratio["median"] >= target),
+                "target": None if target is None else target.minimum,
+                "target_what": None if target is None else target.what,
+                "meets_target": None if target is None else bool(ratio["median"] >= target.minimum),
             }
             if t.name == "matmul":
                 flops = matmul_flops(case)
@@ -461,7 +427,6 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
                 steps=3 if quick else 7,
                 warmup=1 if quick else 2,
                 max_other=args.max_other,
-                blas_threads=_plan(case)["blas_threads"],
             )
             breakdowns.append(
                 {
@@ -474,10 +439,7 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
                 }
             )
 
-    argv = getattr(args, "argv", None)
-    if argv is None:  # run through the microgpt-xp CLI: sys.argv[1] is "bench" there
-        rest = sys.argv[1:]
-        argv = shlex.join(["microgpt-xp", *(rest if rest[:1] == ["bench"] else ["bench", *rest])])
+    argv = getattr(args, "argv", None) or shlex.join(["python", "-m", "benchmarks.bench", *sys.argv[1:]])
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -493,7 +455,6 @@ def run_benchmarks(args: argparse.Namespace, log: Any = None) -> dict[str, Any]:
             "max_other_cpu_share": args.max_other,
             "quick": quick,
             "seed": args.seed,
-            "workers": workers,
             "peers": peers,
             "note": "every document is full length (T = block_size tokens); "
             "the scalar peer does one document per call in Python floats (float64)",
@@ -516,7 +477,7 @@ def _jsonable(x: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``microgpt-xp bench`` with parsed ``args``: print the tables, write ``--json``
+    """Run the benchmark with parsed ``args``: print the tables, write ``--json``
     and ``--plot``. Returns the exit status (1 with ``--check-targets`` when a target
     was missed, 2 for bad arguments)."""
     try:
@@ -524,7 +485,7 @@ def run(args: argparse.Namespace) -> int:
             args, log=lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)
         )
     except (ValueError, ImportError) as exc:
-        print(f"microgpt-xp bench: error: {exc}", file=sys.stderr)
+        print(f"benchmarks.bench: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(result))
     if args.json:
@@ -539,11 +500,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m microgpt_xp.bench``: parse ``argv`` and :func:`run`."""
-    parser = argparse.ArgumentParser(prog="python -m microgpt_xp.bench")
+    """``python -m benchmarks.bench``: parse ``argv`` and :func:`run`."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench")
     configure_parser(parser)
     args = parser.parse_args(argv)
     args.argv = shlex.join(
-        ["python", "-m", "microgpt_xp.bench", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)]
     )
     return run(args)

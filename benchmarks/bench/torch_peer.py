@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import GPTConfig
+from microgpt_xp.config import GPTConfig
 
 
 def _rmsnorm(x: torch.Tensor) -> torch.Tensor:
