@@ -188,7 +188,9 @@ def train(
 
     result = TrainResult(params, adam, tokenizer, step=start, start_step=start)
     pool = WorkerPool(workers) if workers not in (None, 1) else None
-    step_fn = functools.partial(_train_step, reduction=reduction, **adam.hyperparameters)
+    step_fn: Callable[..., Any] = functools.partial(
+        _train_step, reduction=reduction, **adam.hyperparameters
+    )
     if compile_fn is not None and pool is None:
         step_fn = compile_fn(step_fn)
     try:
