@@ -10,6 +10,18 @@ import numpy as np
 from . import _xp
 from . import primitives as P
 from ._xp import array_namespace
+from .dask_steps import (
+    Weights,
+    check_chunk_backend,
+    check_chunk_size,
+    chunk_bounds,
+    dask_modules,
+    host_params,
+    imports_settled,
+    on_backend,
+    spec_array,
+    weights_node,
+)
 from .data import Tokenizer
 from .model import KVCache, decode_hidden
 from .parallel import WorkerPool, check_workers
@@ -166,6 +178,100 @@ def _sample_position(
     token = choose_columns(xp.exp(z - xp.max(z, axis=0, keepdims=True)), u)
     done = done | (token == bos)
     return token, cache, done, xp.where(done, bos, token)
+
+
+# -- on Dask: one task per chunk of samples ---------------------------------------------
+def row_uniforms(seed: int, start: int, stop: int, width: int) -> np.ndarray:
+    """Rows ``start .. stop - 1`` of ``numpy.random.default_rng(seed).random((N, width))``
+    for any ``N >= stop``, without drawing the rows before them (the PCG64 stream is
+    advanced by ``start * width`` draws). These are the uniforms
+    :func:`microgpt_xp.sample.sample_tokens` uses, so a chunk needs O(chunk) memory."""
+    bits = np.random.PCG64(seed)  # what default_rng(seed) wraps
+    bits.advance(start * width)
+    return np.random.Generator(bits).random((stop - start, width))
+
+
+def _generate_block(
+    spec: Any,
+    host: Params,
+    bos: int,
+    inv_t: float,
+    seed: int,
+    backend: str,
+    device: Any,
+) -> np.ndarray:
+    """One chunk's samples ``(size, block_size)`` int64, as ``sample_tokens`` makes them."""
+    imports_settled()
+    start, stop, _ = spec[0]
+    params = on_backend(host, backend, device)
+    uniforms = row_uniforms(seed, start, stop, host.config.block_size)
+    return decode_batch(params, bos, uniforms, inv_t)
+
+
+def generate(
+    params: Params,
+    num_samples: int,
+    *,
+    bos: int,
+    chunk_size: int = 8192,
+    temperature: float = 0.5,
+    seed: int = 0,
+    weights: Weights = "graph",
+    client: Any = None,
+    chunk_backend: str = "numpy",
+    chunk_device: Any = None,
+) -> Any:
+    """``num_samples`` sequences from BOS through the KV cache, as one lazy Dask array
+    ``(N, block_size)`` int64 chunked ``chunk_size`` rows a chunk; rows are cut at their
+    first BOS (which stays, followed by more BOS) as in
+    :func:`microgpt_xp.sample.sample_tokens`.
+
+    Row ``i`` uses row ``i`` of ``default_rng(seed).random((N, block_size))``, drawn
+    inside its chunk's task (:func:`row_uniforms`), so the samples of a seed are those of
+    ``sample_tokens(params, bos, N, seed=seed)`` whatever the chunking, and no O(N) array
+    of draws is built. ``weights``, ``client``, ``chunk_backend`` and ``chunk_device`` are
+    as in :func:`microgpt_xp.scale.score_corpus`.
+    """
+    dask, da = dask_modules()
+    host = host_params(params)
+    cfg = host.config
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"the number of samples must be a positive int, got {num_samples!r}")
+    if not (
+        isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0
+    ):
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    if not 0 <= bos < cfg.vocab_size:
+        raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    check_chunk_size(chunk_size)
+    check_chunk_backend(chunk_backend)
+    bounds = chunk_bounds(num_samples, chunk_size)
+    name = f"microgpt-rows-{dask.base.tokenize(num_samples, chunk_size)}"
+    specs = spec_array([(s, e, None) for s, e in bounds], name)
+    return da.blockwise(
+        _generate_block,
+        "ij",
+        specs,
+        "i",
+        weights_node(host, weights, client),
+        None,
+        bos,
+        None,
+        1.0 / temperature,
+        None,
+        seed,
+        None,
+        chunk_backend,
+        None,
+        chunk_device,
+        None,
+        new_axes={"j": cfg.block_size},
+        adjust_chunks={"i": tuple(e - s for s, e in bounds)},
+        dtype=np.int64,
+        meta=np.empty((0, 0), dtype=np.int64),
+    )
 
 
 def sample(

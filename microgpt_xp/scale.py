@@ -25,7 +25,6 @@ The computations run on whatever Dask scheduler is active: threads by default, o
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,29 +36,45 @@ import numpy as np
 from . import _xp
 from ._files import atomic_write
 from .cluster import computing
+from .dask_steps import (
+    Weights,
+    check_chunk_backend,
+    check_chunk_size,
+    chunk_bounds,
+    dask_modules,
+    host_params,
+    imports_settled,
+    on_backend,
+    spec_array,
+    weights_node,
+)
 from .data import DataError, Tokenizer, encode_docs
 from .model import score
 from .params import Params
-from .sample import decode_batch
+from .sample import generate, row_uniforms
+
+__all__ = [
+    "Corpus",
+    "CorpusScore",
+    "GraphStats",
+    "ScoreSummary",
+    "ShuffledRepeat",
+    "generate",
+    "generate_names",
+    "graph_stats",
+    "row_uniforms",
+    "score_corpus",
+    "score_docs",
+    "write_names",
+    "write_scores",
+]
 from .train import to_batch
 
 Method = Literal["task", "graph"]
-Weights = Literal["graph", "scatter"]
 
 #: Default documents per chunk: large enough that the per-task overhead is small,
 #: small enough that a chunk's activations stay in the tens of MB.
 DEFAULT_CHUNK_SIZE = 8192
-
-
-def _dask() -> tuple[Any, Any]:
-    try:
-        import dask
-        import dask.array as da
-    except ImportError as exc:
-        raise ImportError(
-            f"corpus-scale computations need Dask: pip install 'microgpt-xp[dask]' ({exc})"
-        ) from exc
-    return dask, da
 
 
 # -- corpora -------------------------------------------------------------------------------
@@ -129,40 +144,15 @@ def _is_corpus(source: Any) -> bool:
     return isinstance(source, Corpus) and not isinstance(source, (str, list, tuple))
 
 
-def _check_chunk_size(chunk_size: int) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk size must be a positive int, got {chunk_size!r}")
-    return chunk_size
-
-
-def _bounds(n: int, chunk_size: int) -> list[tuple[int, int]]:
-    return [(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
-
-
-def _spec_array(payload: list[tuple[int, int, Any]], name: str) -> Any:
-    """A 1-d object Dask array with one chunk (one key) per entry of ``payload``; the block
-    of chunk ``k`` is a length-1 object array holding ``payload[k]``."""
-    _, da = _dask()
-    from dask.highlevelgraph import HighLevelGraph
-
-    layer: dict[Any, Any] = {}
-    for k, item in enumerate(payload):
-        block = np.empty(1, dtype=object)
-        block[0] = item
-        layer[(name, k)] = block
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=())
-    return da.Array(graph, name, chunks=((1,) * len(payload),), meta=np.empty((0,), dtype=object))
-
-
 def _chunks_of(source: Source, chunk_size: int) -> tuple[Any, Any, list[int]]:
     """``(specs, corpus, sizes)``: the per-chunk specs ``(start, stop, docs | None)``, the
     corpus as one graph key (``None`` for a list, whose slices sit in the specs) and the
     chunk sizes."""
-    dask, _ = _dask()
+    dask, _ = dask_modules()
     n = len(source)
     if n < 1:
         raise DataError("the corpus holds no documents")
-    bounds = _bounds(n, chunk_size)
+    bounds = chunk_bounds(n, chunk_size)
     if _is_corpus(source):
         # Named, not tokenized: hashing an arbitrary corpus object may pickle it whole.
         tag = uuid.uuid4().hex
@@ -176,7 +166,7 @@ def _chunks_of(source: Source, chunk_size: int) -> tuple[Any, Any, list[int]]:
         seq: Sequence[str] = source  # type: ignore[assignment]
         payload = [(s, e, list(seq[s:e])) for s, e in bounds]
         name = f"microgpt-chunks-{uuid.uuid4().hex}"
-    return _spec_array(payload, name), corpus, [e - s for s, e in bounds]
+    return spec_array(payload, name), corpus, [e - s for s, e in bounds]
 
 
 def _chunk_docs(spec: Any, corpus: Any) -> tuple[int, int, list[str]]:
@@ -198,53 +188,6 @@ def _encode(tokenizer: Tokenizer, docs: list[str], block_size: int, start: int) 
 
 
 # -- weights -------------------------------------------------------------------------------
-def _host_params(params: Params) -> Params:
-    if not isinstance(params, Params):
-        raise TypeError(f"params must be a Params, got {type(params).__name__}")
-    return params if params.backend == "numpy" else params.to("numpy")
-
-
-def _weights_node(host: Params, weights: Weights, client: Any) -> Any:
-    """The weights as one dependency of every chunk task."""
-    dask, _ = _dask()
-    if weights == "graph":
-        return dask.delayed(host, pure=True, traverse=False)
-    if weights == "scatter":
-        if client is None:
-            from distributed import get_client
-
-            try:
-                client = get_client()
-            except ValueError as exc:
-                raise ValueError(
-                    "weights='scatter' needs a distributed client (microgpt_xp.cluster.connect)"
-                ) from exc
-        return client.scatter(host, broadcast=True, hash=True)
-    raise ValueError(f"weights must be 'graph' or 'scatter', got {weights!r}")
-
-
-def _imports_settled() -> None:
-    """Wait for any import of ``dask.array`` that another thread of this process has begun.
-
-    A fresh worker imports ``dask.array`` on its own threads (to unpickle the reduction
-    tasks) while the first chunk runs; ``array_api_compat``'s ``is_dask_array`` (reached
-    through :func:`microgpt_xp._xp.backend_of`) looks the module up in ``sys.modules`` and
-    fails on a half-imported one. An ``import`` statement blocks until that import is done.
-    """
-    import dask.array  # noqa: F401
-
-
-def _on_backend(host: Params, backend: str, device: Any) -> Params:
-    return host if backend == "numpy" and device is None else host.to(backend, device=device)
-
-
-def _check_chunk_backend(backend: str) -> str:
-    _xp.check_backend(backend)
-    if backend == "dask":
-        raise ValueError("chunk_backend is where each task runs the model: an eager backend")
-    return backend
-
-
 # -- scoring -------------------------------------------------------------------------------
 def _score_docs(
     params: Params, tokenizer: Tokenizer, docs: list[str], start: int
@@ -270,9 +213,9 @@ def _score_block(
     device: Any,
 ) -> np.ndarray:
     """One chunk's task: :func:`_score_docs` of its documents on ``backend``/``device``."""
-    _imports_settled()
+    imports_settled()
     start, _, docs = _chunk_docs(spec, corpus)
-    return _score_docs(_on_backend(host, backend, device), tokenizer, docs, start)
+    return _score_docs(on_backend(host, backend, device), tokenizer, docs, start)
 
 
 def _encode_block(
@@ -330,7 +273,7 @@ class CorpusScore:
 
         Raises :class:`~microgpt_xp.cluster.ClusterError` if a distributed scheduler is
         lost during the computation."""
-        dask, _ = _dask()
+        dask, _ = dask_modules()
         wanted = [self.mean, self.token_mean]
         if losses:
             wanted += [self.losses, self.num_predictions]
@@ -374,14 +317,14 @@ def score_docs(
         raise ValueError(
             f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
         )
-    _check_chunk_size(chunk_size)
+    check_chunk_size(chunk_size)
     if isinstance(source, str) or not hasattr(source, "__len__"):
         raise TypeError("source must be a Corpus or a sequence of document strings")
     n = len(source)
     if n < 1:
         raise DataError("the corpus holds no documents")
     parts = []
-    for start, stop in _bounds(n, chunk_size):
+    for start, stop in chunk_bounds(n, chunk_size):
         docs = source.docs(start, stop) if _is_corpus(source) else list(source[start:stop])  # type: ignore[union-attr,index]
         parts.append(_score_docs(params, tokenizer, docs, start))
         if callback is not None:
@@ -440,23 +383,23 @@ def score_corpus(
     empty corpus; a document with a character outside the tokenizer raises
     :class:`DataError` (naming the chunk's positions) when computed.
     """
-    _, da = _dask()
-    host = _host_params(params)
+    _, da = dask_modules()
+    host = host_params(params)
     cfg = host.config
     if not isinstance(tokenizer, Tokenizer):
         raise TypeError(f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}")
     if tokenizer.vocab_size != cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model {cfg.vocab_size}")
-    _check_chunk_size(chunk_size)
+    check_chunk_size(chunk_size)
     if method not in ("task", "graph"):
         raise ValueError(f"method must be 'task' or 'graph', got {method!r}")
     if isinstance(source, str) or not hasattr(source, "__len__"):
         raise TypeError("source must be a Corpus or a sequence of document strings")
-    _check_chunk_backend(chunk_backend)
+    check_chunk_backend(chunk_backend)
     specs, corpus, sizes = _chunks_of(source, chunk_size)
     dtype = np.dtype(str(host.dtype).split(".")[-1])
     if method == "task":
-        node = _weights_node(host, weights, client)
+        node = weights_node(host, weights, client)
         out = da.blockwise(
             _score_block,
             "ij",
@@ -525,99 +468,6 @@ def score_corpus(
 
 
 # -- generation ----------------------------------------------------------------------------
-def row_uniforms(seed: int, start: int, stop: int, width: int) -> np.ndarray:
-    """Rows ``start .. stop - 1`` of ``numpy.random.default_rng(seed).random((N, width))``
-    for any ``N >= stop``, without drawing the rows before them (the PCG64 stream is
-    advanced by ``start * width`` draws). These are the uniforms
-    :func:`microgpt_xp.sample.sample_tokens` uses, so a chunk needs O(chunk) memory."""
-    bits = np.random.PCG64(seed)  # what default_rng(seed) wraps
-    bits.advance(start * width)
-    return np.random.Generator(bits).random((stop - start, width))
-
-
-def _generate_block(
-    spec: Any,
-    host: Params,
-    bos: int,
-    inv_t: float,
-    seed: int,
-    backend: str,
-    device: Any,
-) -> np.ndarray:
-    """One chunk's samples ``(size, block_size)`` int64, as ``sample_tokens`` makes them."""
-    _imports_settled()
-    start, stop, _ = spec[0]
-    params = _on_backend(host, backend, device)
-    uniforms = row_uniforms(seed, start, stop, host.config.block_size)
-    return decode_batch(params, bos, uniforms, inv_t)
-
-
-def generate(
-    params: Params,
-    num_samples: int,
-    *,
-    bos: int,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    temperature: float = 0.5,
-    seed: int = 0,
-    weights: Weights = "graph",
-    client: Any = None,
-    chunk_backend: str = "numpy",
-    chunk_device: Any = None,
-) -> Any:
-    """``num_samples`` sequences from BOS through the KV cache, as one lazy Dask array
-    ``(N, block_size)`` int64 chunked ``chunk_size`` rows a chunk; rows are cut at their
-    first BOS (which stays, followed by more BOS) as in
-    :func:`microgpt_xp.sample.sample_tokens`.
-
-    Row ``i`` uses row ``i`` of ``default_rng(seed).random((N, block_size))``, drawn
-    inside its chunk's task (:func:`row_uniforms`), so the samples of a seed are those of
-    ``sample_tokens(params, bos, N, seed=seed)`` whatever the chunking, and no O(N) array
-    of draws is built. ``weights``, ``client``, ``chunk_backend`` and ``chunk_device`` are
-    as in :func:`score_corpus`.
-    """
-    dask, da = _dask()
-    host = _host_params(params)
-    cfg = host.config
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"the number of samples must be a positive int, got {num_samples!r}")
-    if not (
-        isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0
-    ):
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
-    if not 0 <= bos < cfg.vocab_size:
-        raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    _check_chunk_size(chunk_size)
-    _check_chunk_backend(chunk_backend)
-    bounds = _bounds(num_samples, chunk_size)
-    name = f"microgpt-rows-{dask.base.tokenize(num_samples, chunk_size)}"
-    specs = _spec_array([(s, e, None) for s, e in bounds], name)
-    return da.blockwise(
-        _generate_block,
-        "ij",
-        specs,
-        "i",
-        _weights_node(host, weights, client),
-        None,
-        bos,
-        None,
-        1.0 / temperature,
-        None,
-        seed,
-        None,
-        chunk_backend,
-        None,
-        chunk_device,
-        None,
-        new_axes={"j": cfg.block_size},
-        adjust_chunks={"i": tuple(e - s for s, e in bounds)},
-        dtype=np.int64,
-        meta=np.empty((0, 0), dtype=np.int64),
-    )
-
-
 def _decode_block(ids: np.ndarray, tokenizer: Tokenizer) -> np.ndarray:
     out = np.empty(ids.shape[0], dtype=object)
     out[:] = [tokenizer.decode(row) for row in ids]
@@ -627,8 +477,8 @@ def _decode_block(ids: np.ndarray, tokenizer: Tokenizer) -> np.ndarray:
 def generate_names(params: Params, tokenizer: Tokenizer, num_samples: int, **kwargs: Any) -> Any:
     """:func:`generate` decoded to text inside each chunk's task: a lazy ``(N,)`` object
     Dask array of strings. ``kwargs`` go to :func:`generate`."""
-    _, da = _dask()
-    if tokenizer.vocab_size != _host_params(params).config.vocab_size:
+    _, da = dask_modules()
+    if tokenizer.vocab_size != host_params(params).config.vocab_size:
         raise ValueError(
             f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
         )
@@ -655,7 +505,7 @@ def graph_stats(params: Params, *collections: Any) -> GraphStats:
     """:class:`GraphStats` of the graph that computes ``collections`` with ``params``."""
     import cloudpickle  # type: ignore[import-untyped,unused-ignore]  # a dependency of Dask
 
-    dask, _ = _dask()
+    dask, _ = dask_modules()
     marker = np.ascontiguousarray(_xp.to_numpy(params.wte)).tobytes()
     optimized = dask.optimize(*collections)
     graph: dict[Any, Any] = {}
@@ -691,7 +541,7 @@ def write_scores(path: str | Path, result: CorpusScore, **compute_kwargs: Any) -
 def write_names(path: str | Path, names: Any, **compute_kwargs: Any) -> list[str]:
     """Compute a lazy array of names (:func:`generate_names`) and only then write them to
     ``path`` atomically, one per line. Returns the names."""
-    dask, _ = _dask()
+    dask, _ = dask_modules()
     with computing():
         (values,) = dask.compute(names, **compute_kwargs)
     out = [str(v) for v in values]

@@ -20,7 +20,7 @@ from microgpt_xp.data import (
     read_docs,
     take_batch,
 )
-from microgpt_xp.train import TrainingError, TrainResult, train
+from microgpt_xp.train import ResumeError, TrainingError, TrainResult, train
 
 # Every document has the same length, so every batch has the same shape: backends that
 # compile per shape (JAX) compile once for the whole file.
@@ -179,14 +179,87 @@ def test_checkpoint_every(tmp_path: Path) -> None:
     assert load(path).step == STEPS
 
 
-def test_resume_refuses_other_steps_or_config(tmp_path: Path) -> None:
+def _interrupted(path: Path, k: int = 2) -> None:
+    """A checkpoint of this file's run interrupted after step ``k``."""
+    with pytest.raises(Interrupt):
+        _run(checkpoint=path, checkpoint_every=1, callback=_interrupt_at(k + 1))
+    assert load(path).step == k
+
+
+@pytest.mark.parametrize(
+    ("change", "option", "saved", "given"),
+    [
+        ({"seed": 2}, "seed", 1, 2),
+        ({"batch_size": 2}, "batch_size", BATCH, 2),
+        ({"lr": 0.02}, "lr", 0.05, 0.02),
+        ({"dtype": "float32"}, "dtype", "float64", "float32"),
+        ({"reduction": "token_mean"}, "reduction", "mean", "token_mean"),
+        ({"steps": STEPS + 1}, "steps", STEPS, STEPS + 1),
+    ],
+)
+def test_resume_refuses_to_change_the_run(
+    tmp_path: Path, change: dict[str, Any], option: str, saved: Any, given: Any
+) -> None:
     path = tmp_path / "run.ckpt"
-    _run(checkpoint=path)
-    with pytest.raises(ValueError, match=f"trained for {STEPS} steps"):
-        _run(checkpoint=path, resume=True, steps=STEPS + 3)
+    _interrupted(path)
+    with pytest.raises(
+        ResumeError, match=f"with {option}={given!r}:.* has {option}={saved!r}"
+    ) as info:
+        _run(checkpoint=path, resume=True, **change)
+    assert (info.value.option, info.value.saved, info.value.given) == (option, saved, given)
+    assert load(path).step == 2  # the checkpoint is left as it was
+
+
+def test_resume_refuses_another_corpus_or_config(tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    _interrupted(path)
+    with pytest.raises(ResumeError, match="with docs='sha256:") as info:
+        train(
+            list(reversed(DOCS)),
+            checkpoint=path,
+            resume=True,
+            steps=STEPS,
+            batch_size=BATCH,
+            config=CONFIG,
+            seed=1,
+            dtype="float64",
+            lr=0.05,
+        )
+    assert info.value.option == "docs"
     other = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=4, n_head=2, block_size=8)
     with pytest.raises(CheckpointError, match="not the requested"):
         _run(checkpoint=path, resume=True, config=other)
+
+
+def test_resume_extends_a_finished_run(tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    _run(checkpoint=path)
+    before = load(path)
+    longer = _run(checkpoint=path, resume=True, steps=STEPS + 3)
+    assert (longer.start_step, longer.step, len(longer.losses)) == (STEPS, STEPS + 3, 3)
+    assert longer.adam.num_steps == STEPS + 3 and load(path).step == STEPS + 3
+    # the same three steps by hand: the saved state, the schedule of a run of STEPS + 3
+    params, adam = before.params, before.adam
+    assert adam is not None
+    adam.num_steps = STEPS + 3
+    tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
+    for step in range(STEPS, STEPS + 3):
+        tok, lens = take_batch(tokens, lengths, batch_indices(len(DOCS), BATCH, step, 1))
+        loss, grads = loss_and_grads(params, tok, lens)
+        assert float(loss) == longer.losses[step - STEPS]
+        params = adam.step(params, grads)
+    assert adam.lr_at(STEPS) == pytest.approx(0.05 * 3 / (STEPS + 3))
+    _assert_params_equal(longer.params, params)
+
+
+def test_an_existing_checkpoint_is_not_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    first = _run(checkpoint=path)
+    with pytest.raises(FileExistsError, match=r"resume=True.*overwrite=True"):
+        _run(checkpoint=path, seed=7)
+    _assert_params_equal(load(path).params, first.params)
+    other = _run(checkpoint=path, seed=7, overwrite=True)
+    _assert_params_equal(load(path).params, other.params)
 
 
 # -- non-finite losses --------------------------------------------------------------------------
