@@ -58,15 +58,18 @@ def sample_tokens(
     batch_size: int | None = None,
     chunks: int | None = None,
     workers: int | None = None,
+    jit: bool | None = None,
 ) -> np.ndarray:
     """Generate ``num_samples`` sequences from BOS; returns ``(N, block_size)`` int64 ids
     on the host, each row cut at its first BOS (which stays, followed by more BOS).
 
-    One uniform per (sample, position) is drawn up front on the host from
-    ``numpy.random.default_rng(seed)`` and moved to the params' device, so the result
-    for a seed does not depend on ``batch_size`` (samples generated at once) or on Dask
-    ``chunks`` (rows per chunk of the batch axis), nor on ``workers`` (processes that
-    share a NumPy batch, see :mod:`microgpt_xp.parallel`; ``None``: this one alone).
+    Sample ``i`` is driven by row ``i`` of ``numpy.random.default_rng(seed).random((N,
+    block_size))``, drawn on the host batch by batch (:func:`row_uniforms`) and moved to
+    the params' device, so the result for a seed does not depend on ``batch_size``
+    (samples generated at once; ``None``: all), on Dask ``chunks`` (rows per task; Dask
+    params run one task per chunk, :func:`generate`), nor on ``workers`` (processes that
+    share a NumPy batch, see :mod:`microgpt_xp.parallel`; ``None``: this one alone), nor
+    on ``jit`` (see :func:`decode_batch`).
     """
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"the number of samples must be a positive int, got {num_samples!r}")
@@ -85,21 +88,35 @@ def sample_tokens(
             f"workers={workers} shares NumPy batches over processes; backend "
             f"{params.backend!r} brings its own parallelism (use workers=None)"
         )
-    uniforms = np.random.default_rng(seed).random((num_samples, cfg.block_size))
+    if params.backend == "dask":  # one task per chunk of rows, on the chunks' namespace
+        from .cluster import computing
+
+        ids = generate(
+            params,
+            num_samples,
+            bos=bos,
+            chunk_size=num_samples if chunks is None else chunks,
+            temperature=temperature,
+            seed=seed,
+            chunk_backend=_xp.backend_of(params.wte._meta),
+        )
+        with computing():
+            return np.asarray(ids.compute())
+    width, inv_t = cfg.block_size, 1.0 / temperature
     batch_size = num_samples if batch_size is None else batch_size
-    starts = range(0, num_samples, batch_size)
+    bounds = chunk_bounds(num_samples, batch_size)
     if workers in (None, 1):
         out = [
-            decode_batch(params, bos, uniforms[s : s + batch_size], 1.0 / temperature, chunks=chunks)
-            for s in starts
+            decode_batch(params, bos, row_uniforms(seed, a, b, width), inv_t, jit=jit)
+            for a, b in bounds
         ]
     else:
         with WorkerPool(workers) as pool:
             out = [
                 part
-                for s in starts
+                for a, b in bounds
                 for _, part in pool.map(
-                    _decode_rows, params, [uniforms[s : s + batch_size]], bos, 1.0 / temperature
+                    _decode_rows, params, [row_uniforms(seed, a, b, width)], bos, inv_t
                 )
             ]
     return np.concatenate(out, axis=0)
@@ -284,6 +301,7 @@ def sample(
     batch_size: int | None = None,
     chunks: int | None = None,
     workers: int | None = None,
+    jit: bool | None = None,
 ) -> list[str]:
     """Generate ``num_samples`` documents (names) with the KV cache at ``temperature``.
 
@@ -291,7 +309,8 @@ def sample(
     ``block_size`` tokens. Draws are made on the host (see :func:`sample_tokens`), so a
     seed gives the same names whatever the batch size, chunking or ``workers`` (processes
     sharing a NumPy batch; ``None``: this one alone). Runs on the params' namespace and
-    device.
+    device: compiled where it has a compiler (``jit``, see :func:`decode_batch`), as one
+    task per chunk of ``chunks`` samples on Dask.
     """
     if tokenizer.vocab_size != params.config.vocab_size:
         raise ValueError(
@@ -306,5 +325,6 @@ def sample(
         batch_size=batch_size,
         chunks=chunks,
         workers=workers,
+        jit=jit,
     )
     return [tokenizer.decode(row) for row in ids]
