@@ -126,6 +126,26 @@ class Tokenizer:
             out.append(self.chars[i])
         return "".join(out)
 
+    def decode_rows(self, ids: np.ndarray) -> list[str]:
+        """:meth:`decode` of every row of a ``(N, T)`` integer array, as the sampler
+        returns them. Rows whose BOS ids all come at the end (the sampler's layout) are
+        decoded in one vectorized pass; others row by row."""
+        ids = np.asarray(ids)
+        if ids.ndim != 2:
+            raise ValueError(f"decode_rows takes a (N, T) array, got shape {ids.shape}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
+            raise ValueError(f"token id {bad} is outside [0, {self.vocab_size})")
+        if ids.shape[1] == 0:
+            return [""] * ids.shape[0]
+        is_bos = ids == self.bos
+        if "\0" not in self._ids and np.all(is_bos[:, 1:] >= is_bos[:, :-1]):
+            # BOS -> NUL; a fixed-width NumPy string drops its trailing NULs
+            table = np.array([*self.chars, "\0"])
+            rows = np.ascontiguousarray(table[ids]).view(f"<U{ids.shape[1]}")
+            return rows[:, 0].tolist()  # type: ignore[no-any-return]
+        return [self.decode(row) for row in ids]
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able description (for checkpoints)."""
         return {"chars": "".join(self.chars)}
@@ -146,6 +166,19 @@ class Tokenizer:
 
 
 # -- batches -------------------------------------------------------------------------------
+def block_size_for(docs: Iterable[str]) -> int:
+    """The block size (positions) that reads every document whole, BOS to BOS:
+    ``len(longest) + 1``."""
+    return max(map(len, docs), default=0) + 1
+
+
+def count_cut(docs: Iterable[str], block_size: int) -> int:
+    """How many documents a model of ``block_size`` positions reads cut (longer than
+    ``block_size - 1`` characters: :func:`encode_docs` keeps their first ``block_size``
+    characters, and never their end)."""
+    return sum(len(d) >= block_size for d in docs)
+
+
 def encode_docs(
     tokenizer: Tokenizer, docs: Sequence[str], block_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -153,7 +186,9 @@ def encode_docs(
 
     Each row is ``BOS, chars…, BOS`` truncated to ``block_size + 1`` tokens (the spec's
     ``n = min(block_size, len - 1)`` predictions) and padded with BOS; ``L`` is the
-    longest row. ``lengths`` counts the real tokens.
+    longest row. ``lengths`` counts the real tokens. The cut is silent here: callers that
+    choose the block size say how many documents it cuts (:func:`count_cut`) or choose
+    one that cuts none (:func:`block_size_for`).
     """
     if not docs:
         raise DataError("no documents to encode")

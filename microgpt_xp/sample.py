@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -48,6 +50,28 @@ def choose_columns(probs_t: Any, u: Any) -> Any:
     return xp.sum(xp.astype(hits, xp.int64), axis=0)
 
 
+#: The largest logit magnitude for which ``logits / temperature`` is sure not to overflow
+#: when the temperature is at least ``LOGIT_BOUND / finfo(dtype).max``; below that,
+#: sampling draws the argmax (see :func:`decode_batch`).
+LOGIT_BOUND = 1e4
+
+#: Samples generated at once when no batch size is given (by :func:`iter_samples`,
+#: :func:`sample_tokens` and :func:`sample`): big enough that a batch's Python overhead
+#: is paid over many rows, small enough that memory stays a few MB whatever the number
+#: of samples (the choice is measured in ``docs/cli.md``).
+DEFAULT_BATCH_SIZE = 10_000
+
+
+def check_temperature(temperature: Any) -> float:
+    """``temperature`` as a float if it is a finite real number ``> 0`` (any real type:
+    ``int``, ``float``, ``numpy.float32``, ...; not ``bool``), else ``ValueError``."""
+    if isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
+        value = float(temperature)
+        if math.isfinite(value) and value > 0:
+            return value
+    raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+
+
 def sample_tokens(
     params: Params,
     bos: int,
@@ -66,19 +90,50 @@ def sample_tokens(
     Sample ``i`` is driven by row ``i`` of ``numpy.random.default_rng(seed).random((N,
     block_size))``, drawn on the host batch by batch (:func:`row_uniforms`) and moved to
     the params' device, so the result for a seed does not depend on ``batch_size``
-    (samples generated at once; ``None``: all), on Dask ``chunks`` (rows per task; Dask
-    params run one task per chunk, :func:`generate`), nor on ``workers`` (processes that
-    share a NumPy batch, see :mod:`microgpt_xp.parallel`; ``None``: this one alone), nor
-    on ``jit`` (see :func:`decode_batch`).
+    (samples generated at once; ``None``: :data:`DEFAULT_BATCH_SIZE`, on Dask all), on
+    Dask ``chunks`` (rows per task; Dask params run one task per chunk, :func:`generate`),
+    nor on ``workers`` (processes that share a NumPy batch, see
+    :mod:`microgpt_xp.parallel`; ``None``: this one alone), nor on ``jit`` (see
+    :func:`decode_batch`). The batches one at a time: :func:`iter_sample_tokens`.
     """
+    batches = iter_sample_tokens(
+        params,
+        bos,
+        num_samples,
+        temperature=temperature,
+        seed=seed,
+        batch_size=batch_size,
+        chunks=chunks,
+        workers=workers,
+        jit=jit,
+    )
+    return np.concatenate(list(batches), axis=0)
+
+
+def iter_sample_tokens(
+    params: Params,
+    bos: int,
+    num_samples: int,
+    *,
+    temperature: float = 0.5,
+    seed: int = 0,
+    batch_size: int | None = None,
+    chunks: int | None = None,
+    workers: int | None = None,
+    jit: bool | None = None,
+) -> Iterator[np.ndarray]:
+    """:func:`sample_tokens` one batch at a time: yields ``(b, block_size)`` int64 host
+    arrays, ``batch_size`` rows each (the last may be shorter), whose concatenation is
+    ``sample_tokens(...)`` with the same arguments. Memory follows the batch, not
+    ``num_samples``. The arguments are checked now, the work is done as the batches are
+    taken (worker processes, if any, end when the iterator is exhausted or closed)."""
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"the number of samples must be a positive int, got {num_samples!r}")
-    if not (
-        isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0
+    temperature = check_temperature(temperature)
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
     ):
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch size must be positive, got {batch_size!r}")
+        raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
     check_workers(workers)
     cfg = params.config
     if not 0 <= bos < cfg.vocab_size:
@@ -88,38 +143,69 @@ def sample_tokens(
             f"workers={workers} shares NumPy batches over processes; backend "
             f"{params.backend!r} brings its own parallelism (use workers=None)"
         )
-    if params.backend == "dask":  # one task per chunk of rows, on the chunks' namespace
-        from .cluster import computing
+    if params.backend == "dask":
+        return _dask_batches(params, bos, num_samples, temperature, seed, batch_size, chunks)
+    batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    return _eager_batches(
+        params, bos, num_samples, 1.0 / temperature, seed, batch_size, workers, jit
+    )
 
-        ids = generate(
-            params,
-            num_samples,
-            bos=bos,
-            chunk_size=num_samples if chunks is None else chunks,
-            temperature=temperature,
-            seed=seed,
-            chunk_backend=_xp.backend_of(params.wte._meta),
-        )
-        with computing():
-            return np.asarray(ids.compute())
-    width, inv_t = cfg.block_size, 1.0 / temperature
-    batch_size = num_samples if batch_size is None else batch_size
-    bounds = chunk_bounds(num_samples, batch_size)
+
+def _eager_batches(
+    params: Params,
+    bos: int,
+    num_samples: int,
+    inv_t: float,
+    seed: int,
+    batch_size: int,
+    workers: int | None,
+    jit: bool | None,
+) -> Iterator[np.ndarray]:
+    """The batches of :func:`iter_sample_tokens` on an eager namespace."""
+    width = params.config.block_size
+    # a range, not a list of bounds: any number of samples takes O(batch) memory
+    bounds = ((a, min(a + batch_size, num_samples)) for a in range(0, num_samples, batch_size))
     if workers in (None, 1):
-        out = [
-            decode_batch(params, bos, row_uniforms(seed, a, b, width), inv_t, jit=jit)
-            for a, b in bounds
-        ]
-    else:
-        with WorkerPool(workers) as pool:
-            out = [
-                part
-                for a, b in bounds
-                for _, part in pool.map(
-                    _decode_rows, params, [row_uniforms(seed, a, b, width)], bos, inv_t
-                )
-            ]
-    return np.concatenate(out, axis=0)
+        for a, b in bounds:
+            yield decode_batch(params, bos, row_uniforms(seed, a, b, width), inv_t, jit=jit)
+        return
+    with WorkerPool(workers) as pool:
+        for a, b in bounds:
+            uniforms = row_uniforms(seed, a, b, width)
+            yield np.concatenate(
+                [part for _, part in pool.map(_decode_rows, params, [uniforms], bos, inv_t)]
+            )
+
+
+def _dask_batches(
+    params: Params,
+    bos: int,
+    num_samples: int,
+    temperature: float,
+    seed: int,
+    batch_size: int | None,
+    chunks: int | None,
+) -> Iterator[np.ndarray]:
+    """The batches of :func:`iter_sample_tokens` for Dask params: one computation per
+    batch, one task per chunk of ``chunks`` rows (default: the batch)."""
+    from .cluster import computing
+
+    batch = num_samples if batch_size is None else batch_size
+    chunk = min(batch, num_samples) if chunks is None else chunks
+    batch = -(-batch // chunk) * chunk  # whole chunks per batch: none is computed twice
+    ids = generate(
+        params,
+        num_samples,
+        bos=bos,
+        chunk_size=chunk,
+        temperature=temperature,
+        seed=seed,
+        chunk_backend=_xp.backend_of(params.wte._meta),
+    )
+    for a, b in chunk_bounds(num_samples, batch):
+        with computing():
+            block = np.asarray(ids[a:b].compute())
+        yield block
 
 
 def _decode_rows(params: Params, uniforms: np.ndarray, bos: int, inv_temperature: float) -> Any:
@@ -147,6 +233,11 @@ def decode_batch(
     Each position is one call of a function of fixed shapes (the KV cache is
     preallocated), compiled once per batch size where the namespace has a compiler and
     ``jit`` allows (see :func:`microgpt_xp.score`).
+
+    A temperature so small that logits divided by it could overflow the params' dtype
+    (``inv_temperature`` above its largest value over :data:`LOGIT_BOUND`: below about
+    3e-35 in float32, 6e-305 in float64) draws the argmax at every position instead, the
+    limit of sampling as the temperature goes to 0 (ties, if any, are drawn among).
     """
     xp, backend, dev = params.xp, params.backend, params.device
     compile_fn = _xp.compiler(backend, jit)
@@ -163,10 +254,12 @@ def decode_batch(
         chunks=None if chunks is None else (chunks,),
     )
     bos_id = P.full((), bos, token)
-    inv_t = P.full((), inv_temperature, params.wte)
+    greedy = not inv_temperature * LOGIT_BOUND <= float(np.finfo(dtype).max)
+    inv_t = P.full((), 1.0 if greedy else inv_temperature, params.wte)
     done = token != token
     cache = KVCache.zeros(params, b)
-    step = _sample_position if compile_fn is None else _xp.compiled(_sample_position, backend)
+    position = _greedy_position if greedy else _sample_position
+    step = position if compile_fn is None else _xp.compiled(position, backend)
     rows = []
     for pos in range(t):
         token, cache, done, row = step(params, cache, token, u[:, pos], done, bos_id, inv_t)
@@ -193,6 +286,25 @@ def _sample_position(
     # takes softmax's exponentials unnormalised
     z = (params.lm_head * inv_t) @ x_t
     token = choose_columns(xp.exp(z - xp.max(z, axis=0, keepdims=True)), u)
+    return _advance(xp, token, cache, done, bos)
+
+
+def _greedy_position(
+    params: Params, cache: KVCache, token: Any, u: Any, done: Any, bos: Any, inv_t: Any
+) -> tuple[Any, KVCache, Any, Any]:
+    """:func:`_sample_position` in the limit of a temperature going to 0: the largest
+    logit is drawn (``u`` draws among ties); ``inv_t`` is not used."""
+    xp = params.xp
+    x_t, cache = decode_hidden(params, token, cache)
+    z = params.lm_head @ x_t
+    top = xp.astype(z == xp.max(z, axis=0, keepdims=True), z.dtype)
+    return _advance(xp, choose_columns(top, u), cache, done, bos)
+
+
+def _advance(
+    xp: Any, token: Any, cache: KVCache, done: Any, bos: Any
+) -> tuple[Any, KVCache, Any, Any]:
+    """The end of a position: mark rows that drew BOS as done, record BOS from then on."""
     done = done | (token == bos)
     return token, cache, done, xp.where(done, bos, token)
 
@@ -254,10 +366,7 @@ def generate(
     cfg = host.config
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"the number of samples must be a positive int, got {num_samples!r}")
-    if not (
-        isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0
-    ):
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    temperature = check_temperature(temperature)
     if not 0 <= bos < cfg.vocab_size:
         raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -307,16 +416,61 @@ def sample(
 
     Each starts from BOS at position 0 and stops at the first sampled BOS or after
     ``block_size`` tokens. Draws are made on the host (see :func:`sample_tokens`), so a
-    seed gives the same names whatever the batch size, chunking or ``workers`` (processes
-    sharing a NumPy batch; ``None``: this one alone). Runs on the params' namespace and
-    device: compiled where it has a compiler (``jit``, see :func:`decode_batch`), as one
-    task per chunk of ``chunks`` samples on Dask.
+    seed gives the same names whatever the batch size (samples generated at once;
+    ``None``: :data:`DEFAULT_BATCH_SIZE`), chunking or ``workers`` (processes sharing a
+    NumPy batch; ``None``: this one alone). Runs on the params' namespace and device:
+    compiled where it has a compiler (``jit``, see :func:`decode_batch`), as one task per
+    chunk of ``chunks`` samples on Dask. The names batch by batch: :func:`iter_samples`.
+    """
+    batches = iter_samples(
+        params,
+        tokenizer,
+        num_samples,
+        temperature=temperature,
+        seed=seed,
+        batch_size=batch_size,
+        chunks=chunks,
+        workers=workers,
+        jit=jit,
+    )
+    return [name for names in batches for name in names]
+
+
+def iter_samples(
+    params: Params,
+    tokenizer: Tokenizer,
+    num_samples: int,
+    *,
+    batch_size: int | None = None,
+    temperature: float = 0.5,
+    seed: int = 0,
+    chunks: int | None = None,
+    workers: int | None = None,
+    jit: bool | None = None,
+) -> Iterator[list[str]]:
+    """The names of :func:`sample`, a list per batch of ``batch_size`` samples (``None``:
+    :data:`DEFAULT_BATCH_SIZE`; on Dask, all), made as they are taken: memory follows
+    the batch, not ``num_samples``, so any number of names can be streamed.
+
+    The concatenated lists are ``sample(params, tokenizer, num_samples, ...)`` with the
+    same seed and temperature, whatever the batch size. The arguments are checked at the
+    call, before the first batch.
+
+    >>> import microgpt_xp as mx
+    >>> from microgpt_xp.sample import iter_samples
+    >>> tokenizer = mx.Tokenizer("ab")
+    >>> params = mx.init_params(mx.GPTConfig(tokenizer.vocab_size, block_size=4), seed=0)
+    >>> batches = list(iter_samples(params, tokenizer, 5, batch_size=2, seed=1))
+    >>> [len(names) for names in batches]
+    [2, 2, 1]
+    >>> sum(batches, []) == mx.sample(params, tokenizer, 5, seed=1)
+    True
     """
     if tokenizer.vocab_size != params.config.vocab_size:
         raise ValueError(
             f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
         )
-    ids = sample_tokens(
+    batches = iter_sample_tokens(
         params,
         tokenizer.bos,
         num_samples,
@@ -327,4 +481,4 @@ def sample(
         workers=workers,
         jit=jit,
     )
-    return [tokenizer.decode(row) for row in ids]
+    return (tokenizer.decode_rows(ids) for ids in batches)

@@ -16,6 +16,8 @@ from microgpt_xp.data import (
     DataError,
     Tokenizer,
     batch_indices,
+    block_size_for,
+    count_cut,
     default_docs,
     encode_docs,
     read_docs,
@@ -213,7 +215,53 @@ def test_tokenizer_dict_round_trip() -> None:
     assert Tokenizer.from_docs(["abc"]) != tok
 
 
+def test_decode_rows_equals_decode_of_each_row() -> None:
+    tok = Tokenizer("abcñ")
+    bos = tok.bos
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, bos, (200, 9))
+    ids[np.arange(9)[None, :] >= rng.integers(0, 10, 200)[:, None]] = bos  # BOS suffixes
+    assert tok.decode_rows(ids) == [tok.decode(row) for row in ids]
+    mixed = np.array([[0, bos, 1, bos], [bos, bos, 2, 3]])  # BOS inside: skipped as decode does
+    assert tok.decode_rows(mixed) == ["ab", "cñ"]
+    assert tok.decode_rows(np.zeros((0, 4), dtype=np.int64)) == []
+    assert tok.decode_rows(np.zeros((2, 0), dtype=np.int64)) == ["", ""]
+    nul = Tokenizer("a\0")  # a NUL character is not taken for padding
+    assert nul.decode_rows(np.array([[1, 0, 2], [0, 0, 2]])) == ["a\0", "\0\0"]
+
+
+def test_decode_rows_errors() -> None:
+    tok = Tokenizer("ab")
+    with pytest.raises(ValueError, match="token id 3 is outside"):
+        tok.decode_rows(np.array([[0, 3]]))
+    with pytest.raises(ValueError, match="token id -1 is outside"):
+        tok.decode_rows(np.array([[-1, 0]]))
+    with pytest.raises(ValueError, match=r"\(N, T\) array"):
+        tok.decode_rows(np.array([0, 1]))
+
+
 # -- encode_docs ----------------------------------------------------------------------------
+@pytest.mark.parametrize("docs", [["a", "abcde", "abc"], ["abcdefghijklmnop"], [""]])
+def test_block_size_for_reads_every_document_whole(docs: list[str]) -> None:
+    block_size = block_size_for(docs)
+    assert block_size == max(map(len, docs)) + 1
+    tok = Tokenizer.from_docs(["abcdefghijklmnop"])
+    tokens, lengths = encode_docs(tok, docs, block_size)
+    assert [tok.decode(row[:n]) for row, n in zip(tokens, lengths, strict=True)] == docs
+    assert lengths.tolist() == [len(d) + 2 for d in docs]  # both BOS kept
+    assert count_cut(docs, block_size) == 0
+    assert count_cut(docs, block_size - 1) == sum(len(d) == block_size - 1 for d in docs)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 5, 6, 7])
+def test_count_cut_counts_the_documents_encode_docs_cuts(block_size: int) -> None:
+    docs = ["abcde", "a", "edcba", "ab", ""]
+    tok = Tokenizer.from_docs(docs)
+    _, lengths = encode_docs(tok, docs, block_size)
+    cut = sum(n < len(d) + 2 for d, n in zip(docs, lengths, strict=True))
+    assert count_cut(docs, block_size) == cut
+
+
 def test_encode_docs_pads_right_with_bos() -> None:
     tok = Tokenizer.from_docs(["ab", "c"])
     bos = tok.bos

@@ -5,6 +5,7 @@ inverse-CDF draw ``choose`` (checked against the standard library) and argument 
 from __future__ import annotations
 
 import bisect
+import fractions
 import itertools
 import math
 import random
@@ -17,7 +18,7 @@ import reference
 
 from microgpt_xp import GPTConfig, Params, init_params
 from microgpt_xp.data import Tokenizer
-from microgpt_xp.sample import choose, sample, sample_tokens
+from microgpt_xp.sample import choose, iter_sample_tokens, iter_samples, sample, sample_tokens
 
 TOKENIZER = Tokenizer("abcde")
 CONFIG = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=8, n_head=2, block_size=8)
@@ -66,6 +67,10 @@ def test_deterministic_and_independent_of_batch_size(backend: Any, dtype: str) -
         assert (
             sample(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=2, chunks=1) == names
         )
+    # streamed batch by batch: the same names
+    batches = list(iter_samples(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=3))
+    assert [len(b) for b in batches] == [3, N - 3]
+    assert [name for b in batches for name in b] == names
 
 
 def test_independent_of_batch_size_many() -> None:
@@ -77,6 +82,39 @@ def test_independent_of_batch_size_many() -> None:
         )
     # the first samples of a longer run are the samples of a shorter one
     np.testing.assert_array_equal(sample_tokens(params, BOS, 5, temperature=1.0, seed=5), ids[:5])
+
+
+def test_iter_samples_streams_batches_of_the_same_names() -> None:
+    params = _params()
+    names = sample(params, TOKENIZER, 23, temperature=1.0, seed=5)
+    for batch_size in (1, 5, 23, 100):
+        batches = list(
+            iter_samples(params, TOKENIZER, 23, batch_size=batch_size, temperature=1.0, seed=5)
+        )
+        assert [len(b) for b in batches] == [
+            min(batch_size, 23 - i) for i in range(0, 23, batch_size)
+        ]
+        assert [name for b in batches for name in b] == names
+
+
+def test_iter_samples_takes_memory_of_a_batch_not_of_all_samples() -> None:
+    # a trillion samples: only the batches taken are made (no O(N) list or array)
+    params = _params()
+    batches = iter_samples(params, TOKENIZER, 10**12, batch_size=4, temperature=1.0, seed=5)
+    first, second = next(batches), next(batches)
+    batches.close()
+    assert first + second == sample(params, TOKENIZER, 8, temperature=1.0, seed=5)
+    ids = iter_sample_tokens(params, BOS, 10**12, batch_size=3, temperature=1.0, seed=5)
+    assert next(ids).shape == (3, CONFIG.block_size)
+
+
+def test_iter_samples_checks_its_arguments_at_the_call() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        iter_samples(_params(), TOKENIZER, 3, temperature=0)
+    with pytest.raises(ValueError, match="batch size"):
+        iter_samples(_params(), TOKENIZER, 3, batch_size=0)
+    with pytest.raises(ValueError, match="tokenizer has 7 ids"):
+        iter_samples(_params(), Tokenizer("abcdef"), 3)
 
 
 def test_seed_changes_the_samples() -> None:
@@ -143,6 +181,40 @@ def test_low_temperature_is_argmax() -> None:
     assert sample(params, TOKENIZER, 30, temperature=1e-3, seed=0) == [greedy] * 30
 
 
+@pytest.mark.parametrize(
+    ("dtype", "temperature"),
+    [("float32", 1e-40), ("float32", 1e-37), ("float32", 5e-324), ("float64", 1e-310),
+     ("float64", 5e-324)],
+)  # fmt: skip
+def test_a_temperature_whose_inverse_overflows_is_argmax(dtype: str, temperature: float) -> None:
+    # 1/T (or logits/T) overflows the dtype: sampling must still be the T -> 0 limit
+    params = _params(dtype=dtype, seed=2)
+    greedy = "".join(TOKENIZER.chars[i] for i in _greedy(params))
+    assert sample(params, TOKENIZER, 5, temperature=temperature, seed=0) == [greedy] * 5
+    if np.float32(temperature) > 0:  # 5e-324 is 0 in float32
+        as_float32 = np.float32(temperature)
+        assert sample(params, TOKENIZER, 5, temperature=as_float32, seed=0) == [greedy] * 5
+
+
+def test_a_tie_at_zero_temperature_is_drawn_among() -> None:
+    # every lm_head row equal: every id ties for the largest logit at every position,
+    # so the uniforms choose among all of them (not always the first id)
+    params = _params(seed=2)
+    head = np.broadcast_to(params.lm_head[:1], params.lm_head.shape).copy()
+    tied = Params(**{**params.arrays(), "lm_head": head}, config=CONFIG)
+    names = sample(tied, TOKENIZER, 40, temperature=1e-320, seed=0)
+    assert len(set(names)) > 10 and set("".join(names)) == set(TOKENIZER.chars)
+
+
+@pytest.mark.parametrize(
+    "temperature", [np.float32(0.5), np.float64(0.5), 1, np.int64(1), fractions.Fraction(1, 2)]
+)
+def test_temperature_of_any_real_number_type(temperature: Any) -> None:
+    params = _params(dtype="float32")
+    want = sample(params, TOKENIZER, 6, temperature=float(temperature), seed=4)
+    assert sample(params, TOKENIZER, 6, temperature=temperature, seed=4) == want
+
+
 def test_lower_temperature_fewer_distinct_samples() -> None:
     params = _params(seed=0)
     distinct = [
@@ -200,7 +272,9 @@ def test_bad_num_samples(num_samples: Any) -> None:
         sample(_params(), TOKENIZER, num_samples)
 
 
-@pytest.mark.parametrize("temperature", [0, 0.0, -0.5, math.nan, math.inf, "1"])
+@pytest.mark.parametrize(
+    "temperature", [0, 0.0, -0.5, math.nan, math.inf, "1", True, np.bool_(True), 1j, None]
+)
 def test_bad_temperature(temperature: Any) -> None:
     with pytest.raises(ValueError, match="temperature"):
         sample(_params(), TOKENIZER, 2, temperature=temperature)
