@@ -9,9 +9,12 @@ import importlib.util
 import io
 import json
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +22,11 @@ import numpy as np
 import pytest
 import reference
 
-from microgpt_xp import Params, __version__, cluster
+from microgpt_xp import GPTConfig, Params, __version__, cluster
 from microgpt_xp import _xp as cli_xp
 from microgpt_xp.checkpoint import load
 from microgpt_xp.cli import main
+from microgpt_xp.cli.train import resume_command
 from microgpt_xp.data import Tokenizer, default_docs, encode_docs
 from microgpt_xp.exact import INFERENCE_HEADER
 from microgpt_xp.model import score
@@ -32,11 +36,13 @@ from microgpt_xp.scale import score_docs
 from microgpt_xp.train import train
 
 train_module = importlib.import_module("microgpt_xp.train")
+sample_module = importlib.import_module("microgpt_xp.sample")
 
 NAMES = [
     "emma", "olivia", "ava", "isabella", "sophia", "mia", "charlotte", "amelia",
     "harper", "evelyn", "abigail", "emily", "ella", "elizabeth", "camila", "luna",
 ]  # fmt: skip
+FIT = max(map(len, NAMES)) + 1  # the block size train gives NAMES by default
 SAMPLE_LINE = re.compile(r"^sample +(\d+): (.*)$")
 STEP_LINE = re.compile(r"^step +(\d+) / +(\d+) \| loss (\d+\.\d{4})$")
 HAS_DISTRIBUTED = importlib.util.find_spec("distributed") is not None
@@ -108,8 +114,10 @@ def test_train_json_matches_the_library(
     rc, out, _ = run(capsys, *argv, "--seed", 5, "--dtype", "float64", "--num-samples", 3, "--json")
     assert rc == 0
     summary = json.loads(out)
-    expected = train(NAMES, steps=4, batch_size=3, lr=0.02, seed=5, dtype="float64")
+    config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, block_size=FIT)
+    expected = train(NAMES, steps=4, batch_size=3, lr=0.02, seed=5, dtype="float64", config=config)
     assert summary["final_loss"] == expected.losses[-1]
+    assert summary["config"] == config.to_dict()
     assert summary["steps"] == 4 and summary["seconds"] >= 0
     assert summary["samples"] == sample(expected.params, expected.tokenizer, 3, seed=5)
 
@@ -120,7 +128,8 @@ def test_workers_option_reaches_training_and_sampling(
     argv = ["train", "--data", data_file, "--steps", 3, "--batch-size", 4, "--workers", 2]
     rc, out, _ = run(capsys, *argv, "--dtype", "float64", "--num-samples", 2, "--json")
     assert rc == 0
-    expected = train(NAMES, steps=3, batch_size=4, dtype="float64", workers=2)
+    config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, block_size=FIT)
+    expected = train(NAMES, steps=3, batch_size=4, dtype="float64", workers=2, config=config)
     assert json.loads(out)["final_loss"] == expected.losses[-1]
     rc, out, _ = run(capsys, "sample", "--checkpoint", checkpoint, "--workers", 3, "--json")
     saved = load(checkpoint)
@@ -177,7 +186,22 @@ def test_plot_without_matplotlib_fails_before_training(
     assert "done:" not in out and not ckpt.exists()
 
 
-def test_resume_continues_an_interrupted_run(
+def interrupt_training_after(monkeypatch: pytest.MonkeyPatch, stop: int) -> None:
+    """Make the CLI's train() raise KeyboardInterrupt (Ctrl-C) once step ``stop`` is done."""
+    original = train_module.train
+
+    def interrupted(*args, callback, **kwargs):  # type: ignore[no-untyped-def]
+        def stop_after(step: int, loss: float) -> None:
+            callback(step, loss)
+            if step == stop:
+                raise KeyboardInterrupt
+
+        return original(*args, callback=stop_after, **kwargs)
+
+    monkeypatch.setattr(train_module, "train", interrupted)
+
+
+def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -188,31 +212,309 @@ def test_resume_continues_an_interrupted_run(
     assert rc == 0
     uninterrupted = json.loads(out)
 
-    original = train_module.train
-
-    def interrupted(*args, callback, **kwargs):  # type: ignore[no-untyped-def]
-        def stop_after_four(step: int, loss: float) -> None:
-            callback(step, loss)
-            if step == 4:
-                raise KeyboardInterrupt
-
-        return original(*args, callback=stop_after_four, **kwargs)
-
     ckpt = tmp_path / "run.npz"
+    argv = [*common, "--checkpoint", ckpt, "--checkpoint-every", 3]
     with monkeypatch.context() as m:
-        m.setattr(train_module, "train", interrupted)
-        rc, _, err = run(capsys, *common, "--checkpoint", ckpt, "--checkpoint-every", 3)
+        interrupt_training_after(m, 4)
+        rc, _, err = run(capsys, *argv)
     assert rc == 130
-    assert_one_error_line(err, "interrupted")
+    assert_one_error_line(
+        err, "interrupted after step 4", f"the last checkpoint is {ckpt} (step 3)"
+    )
     assert load(ckpt).step == 3  # the last periodic save
+    command = err.split("continue the run with: ", 1)[1].strip()
+    assert command == shlex.join(["microgpt-xp", *map(str, argv), "--resume"])
 
-    rc, out, _ = run(capsys, *common, "--checkpoint", ckpt, "--resume", "--json")
+    rc, out, _ = run(capsys, *shlex.split(command)[1:], "--json")  # the command, as printed
     assert rc == 0
     resumed = json.loads(out)
     assert resumed["steps"] == 6 and resumed["steps_run"] == 3
     assert resumed["final_loss"] == uninterrupted["final_loss"]
     assert resumed["samples"] == uninterrupted["samples"]
     assert load(ckpt).step == 6
+
+
+def test_ctrl_c_before_any_save_says_to_start_again(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    data_file: Path,
+) -> None:
+    common = ["train", "--data", data_file, "--steps", 6, "--batch-size", 4]
+    with monkeypatch.context() as m:
+        interrupt_training_after(m, 2)
+        rc, out, err = run(capsys, *common)
+    assert rc == 130 and "done:" not in out
+    assert_one_error_line(err, "interrupted after step 2; nothing was saved", "--checkpoint PATH")
+
+    # --overwrite of an older run: that file is not this run's, so it is not resumed
+    ckpt = tmp_path / "old.npz"
+    rc, _, _ = run(capsys, *common, "--checkpoint", ckpt, "--num-samples", 0)
+    assert rc == 0
+    argv = [*common, "--checkpoint", ckpt, "--overwrite", "--checkpoint-every", 5]
+    with monkeypatch.context() as m:
+        interrupt_training_after(m, 2)
+        rc, _, err = run(capsys, *argv)
+    assert rc == 130
+    assert_one_error_line(err, "no checkpoint of this run was saved yet", "every 5 steps")
+    assert err.split("start again with: ", 1)[1].strip() == shlex.join(
+        ["microgpt-xp", *map(str, argv)]
+    )
+
+
+def test_resume_command_replaces_overwrite() -> None:
+    assert resume_command(["train", "--steps", "5", "--overwrite"]) == (
+        "microgpt-xp train --steps 5 --resume"
+    )
+    assert resume_command(["train", "--over", "--res", "--data", "my file.txt"]) == (
+        "microgpt-xp train --res --data 'my file.txt'"
+    )
+
+
+def test_ctrl_c_in_a_terminal_exits_130_with_the_resume_command(tmp_path: Path) -> None:
+    """A real SIGINT, sent to the command run as a child process."""
+    data = tmp_path / "names.txt"
+    data.write_text("\n".join(NAMES) + "\n", encoding="utf-8")
+    ckpt = tmp_path / "run.npz"
+    argv = ["train", "--data", str(data), "--steps", "1000000", "--batch-size", "4"]
+    argv += ["--checkpoint", str(ckpt), "--checkpoint-every", "1"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "microgpt_xp.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ckpt.exists() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 130, err
+    assert_one_error_line(err, "interrupted after step", f"the last checkpoint is {ckpt}")
+    assert err.rstrip().endswith(shlex.join(["microgpt-xp", *argv, "--resume"]))
+    assert out.startswith("train: ")
+
+
+# -- the model's shape and the block size -------------------------------------------------
+def test_shape_options_are_stored_and_sample_eval_export_read_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path
+) -> None:
+    ckpt = tmp_path / "big.npz"
+    shape = ["--n-layer", 2, "--n-embd", 8, "--n-head", 2, "--block-size", 12]
+    argv = ["train", "--data", data_file, "--steps", 3, "--batch-size", 4, *shape]
+    rc, out, err = run(capsys, *argv, "--checkpoint", ckpt, "--num-samples", 0)
+    assert rc == 0 and err == ""
+    config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, 2, 8, 2, 12)
+    assert out.splitlines()[0] == (
+        f"train: {len(NAMES)} docs | vocab {config.vocab_size} | {config.num_params} params "
+        "(n_layer 2, n_embd 8, n_head 2, block_size 12) | numpy float32 | batch 4 | 3 steps"
+    )
+    saved = load(ckpt)
+    assert saved.config == config and saved.tokenizer is not None
+
+    rc, out, _ = run(capsys, "sample", "--checkpoint", ckpt, "--num-samples", 9, "--json")
+    assert rc == 0
+    assert json.loads(out)["samples"] == sample(saved.params, saved.tokenizer, 9)
+    rc, out, _ = run(capsys, "eval", "--checkpoint", ckpt, "--data", data_file, "--json")
+    assert rc == 0
+    assert json.loads(out)["mean_loss"] == score_docs(saved.params, saved.tokenizer, NAMES).mean
+    rc, _, _ = run(capsys, "export", "--checkpoint", ckpt, "--out", tmp_path / "w.json")
+    assert rc == 0
+    state = json.loads((tmp_path / "w.json").read_text())
+    assert list(state) == state_dict_keys(config) and "layer1.mlp_fc2" in state
+    assert np.array(state["wpe"]).shape == (12, 8)
+
+
+@pytest.mark.parametrize(
+    ("shape", "status", "fragment"),
+    [
+        (["--n-embd", "10"], 2, "--n-embd 10 is not a multiple of --n-head 4"),
+        (["--n-head", "3"], 2, "--n-embd 16 is not a multiple of --n-head 3"),
+        (["--n-embd", "12", "--n-head", "5"], 2, "--n-embd 12 is not a multiple of --n-head 5"),
+        (["--n-layer", "0"], 2, "--n-layer"),
+        (["--n-embd", "-4"], 2, "--n-embd"),
+        (["--block-size", "0"], 2, "--block-size"),
+        (["--block-size", "two"], 2, "--block-size"),
+        (["--microgpt-exact", "--n-head", "3"], 2, "--n-embd 16 is not a multiple of --n-head 3"),
+    ],
+)  # fmt: skip
+def test_shape_errors_are_one_line_before_any_output(
+    capsys: pytest.CaptureFixture[str],
+    data_file: Path,
+    shape: list[str],
+    status: int,
+    fragment: str,
+) -> None:
+    rc, out, err = run(capsys, "train", "--data", data_file, "--batch-size", 4, *shape)
+    assert rc == status and out == ""
+    assert_one_error_line(err, fragment)
+
+
+def test_default_block_size_reads_every_document_whole(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    long_names = [*NAMES, "maximiliana-josephina-antonia"]  # 29 characters
+    data = tmp_path / "long.txt"
+    data.write_text("\n".join(long_names), encoding="utf-8")
+    ckpt = tmp_path / "long.npz"
+    argv = ["train", "--data", data, "--steps", 2, "--batch-size", 4, "--checkpoint", ckpt]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0 and err == ""  # nothing cut, nothing to say
+    assert load(ckpt).config.block_size == 30 and "block_size 30)" in out
+
+
+def test_embedded_corpus_keeps_the_originals_block_size_and_output(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "default.npz"
+    rc, out, err = run(capsys, "train", "--steps", 2, "--num-samples", 0, "--checkpoint", ckpt)
+    assert rc == 0 and err == ""
+    assert load(ckpt).config == GPTConfig(27)  # the spec's model, block size 16
+    assert out.splitlines() == [
+        f"train: {len(default_docs())} docs | vocab 27 | 4192 params | numpy float32 | "
+        "batch 32 | 2 steps",
+        *out.splitlines()[1:2],
+        f"checkpoint: {ckpt} (step 2)",
+    ]
+    assert re.fullmatch(r"done: 2 steps in \d+\.\d s \| final loss \d+\.\d{4}", out.splitlines()[1])
+
+
+def test_a_block_size_that_cuts_documents_says_how_many(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path
+) -> None:
+    cut = sum(len(name) >= 5 for name in NAMES)  # more than 4 characters
+    ckpt = tmp_path / "short.npz"
+    argv = ["train", "--data", data_file, "--steps", 2, "--batch-size", 4, "--block-size", 5]
+    rc, out, err = run(capsys, *argv, "--checkpoint", ckpt, "--num-samples", 0)
+    assert rc == 0 and out.startswith("train: ")
+    assert err == (
+        f"microgpt-xp: note: {cut} of {len(NAMES)} documents are longer than --block-size 5 "
+        "reads whole (4 characters): training sees only their first 5 characters, never "
+        f"their end (--block-size {FIT} fits the longest)\n"
+    )
+    # eval says it too, for the checkpoint's block size
+    rc, out, err = run(capsys, "eval", "--checkpoint", ckpt, "--data", data_file)
+    assert rc == 0 and out.startswith("mean loss")
+    assert err.count("\n") == 1 and f"note: {cut} of {len(NAMES)} documents" in err
+    assert "first 5 characters" in err
+
+
+def test_exact_mode_takes_the_shape_options_and_notes_cut_documents(
+    capsys: pytest.CaptureFixture[str], data_file: Path
+) -> None:
+    expected = reference.run_microgpt(
+        NAMES, num_steps=3, num_samples=2, block_size=6, n_embd=8, n_head=2, print_fn=lambda s: None
+    )
+    argv = ["train", "--microgpt-exact", "--data", data_file, "--steps", 3, "--num-samples", 2]
+    rc, out, err = run(capsys, *argv, "--block-size", 6, "--n-embd", 8, "--n-head", 2)
+    assert rc == 0
+    assert [line for line in re.split(r"[\r\n]", out) if line] == expected
+    cut = sum(len(name) >= 6 for name in NAMES)
+    assert err.count("\n") == 1 and f"note: {cut} of {len(NAMES)} documents" in err
+
+
+# -- existing checkpoints: --overwrite, --resume, extending a run -----------------------------
+def test_an_existing_checkpoint_needs_resume_or_overwrite(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path
+) -> None:
+    ckpt = tmp_path / "run.npz"
+    argv = ["train", "--data", data_file, "--num-samples", 0, "--checkpoint", ckpt]
+    assert run(capsys, *argv, "--steps", 3, "--batch-size", 4)[0] == 0
+    before = ckpt.read_bytes()
+    for extra in (["--batch-size", 4], ["--microgpt-exact"]):
+        rc, out, err = run(capsys, *argv, "--steps", 2, *extra)
+        assert rc == 1 and out == ""
+        assert_one_error_line(err, f"checkpoint '{ckpt}' exists", "--resume", "--overwrite")
+        assert ckpt.read_bytes() == before
+    rc, out, err = run(capsys, *argv, "--steps", 2, "--batch-size", 4, "--overwrite")
+    assert rc == 0 and load(ckpt).step == 2
+    rc, out, err = run(capsys, *argv, "--microgpt-exact", "--steps", 1, "--overwrite")
+    assert rc == 0 and load(ckpt).step == 1
+    rc, out, err = run(capsys, *argv, "--steps", 2, "--overwrite", "--resume")
+    assert rc == 2
+    assert_one_error_line(err, "--resume", "--overwrite")
+    rc, out, err = run(capsys, "train", "--overwrite")
+    assert rc == 2
+    assert_one_error_line(err, "need --checkpoint PATH")
+
+
+def test_resume_with_more_steps_extends_a_finished_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path
+) -> None:
+    ckpt = tmp_path / "run.npz"
+    argv = ["train", "--data", data_file, "--batch-size", 4, "--checkpoint", ckpt]
+    rc, _, _ = run(capsys, *argv, "--steps", 6, "--num-samples", 0)
+    assert rc == 0
+    rc, out, err = run(capsys, *argv, "--steps", 6, "--resume", "--num-samples", 0)
+    assert rc == 0 and "done: 0 steps (resumed at step 6)" in out
+    assert err == (
+        f"microgpt-xp: note: the run in '{ckpt}' has taken all its 6 steps; a larger --steps "
+        "extends it\n"
+    )
+    rc, out, err = run(capsys, *argv, "--steps", 10, "--resume", "--json")
+    assert rc == 0 and err == ""
+    extended = json.loads(out)
+    assert extended["steps"] == 10 and extended["steps_run"] == 4
+
+    # the library's extension: the learning rate decays as in a run of 10 steps from step 6
+    library = tmp_path / "library.npz"
+    config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, block_size=FIT)
+    common = dict(batch_size=4, config=config, checkpoint=library)
+    train(NAMES, steps=6, **common)  # type: ignore[arg-type]
+    expected = train(NAMES, steps=10, resume=True, **common)  # type: ignore[arg-type]
+    assert extended["final_loss"] == expected.losses[-1]
+    assert extended["samples"] == sample(expected.params, expected.tokenizer, 20)
+    saved = load(ckpt)
+    assert saved.step == 10 and saved.adam is not None and saved.adam.num_steps == 10
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (["--seed", "4"], "with --seed 4: its run has --seed 0"),
+        (["--batch-size", "3"], "with --batch-size 3: its run has --batch-size 4"),
+        (["--lr", "0.02"], "with --lr 0.02: its run has --lr 0.01"),
+        (["--dtype", "float64"], "with --dtype float64: its run has --dtype float32"),
+        (["--steps", "5"], "with --steps 5: its run has --steps 6"),
+        (["--data", "{other}"], "with --data {other}: its run trained on another corpus"),
+        (["--data", "{alphabet}"], "with --data {alphabet}: its run trained on a corpus of "
+                                   "other characters"),
+        (["--n-layer", "2"], "with --n-layer 2: its run has --n-layer 1"),
+        (["--block-size", "16"], f"with --block-size 16: its run has --block-size {FIT}"),
+    ],
+)  # fmt: skip
+def test_resume_errors_name_the_option_and_both_values(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    data_file: Path,
+    change: list[str],
+    fragment: str,
+) -> None:
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(reversed(NAMES)), encoding="utf-8")  # same characters
+    alphabet = tmp_path / "alphabet.txt"
+    alphabet.write_text("\n".join(["xyz", "zyx", "qqq", "abc", "ee"]), encoding="utf-8")
+    files = {"other": other, "alphabet": alphabet}
+    ckpt = tmp_path / "run.npz"
+    argv = ["train", "--data", data_file, "--steps", 6, "--batch-size", 4]
+    argv += ["--checkpoint", ckpt, "--num-samples", 0, "--checkpoint-every", 3]
+    with pytest.MonkeyPatch.context() as m:
+        interrupt_training_after(m, 4)
+        assert run(capsys, *argv)[0] == 130  # an unfinished run, saved at step 3
+    options = [str(a) for a in argv]
+    for i in range(0, len(change), 2):
+        flag, value = change[i], change[i + 1].format(**files)
+        if flag in options:
+            options[options.index(flag) + 1] = value
+        else:
+            options += [flag, value]
+    rc, out, err = run(capsys, *options, "--resume")
+    assert rc == 1 and out == ""
+    assert_one_error_line(err, f"cannot resume '{ckpt}'", fragment.format(**files))
+    assert load(ckpt).step == 3
 
 
 # -- sample, eval, export ----------------------------------------------------------------------
@@ -307,6 +609,158 @@ def test_export_round_trips_through_params_from_state_dict(
     assert restored.config == saved.config
     for key, value in saved.params.to_state_dict().items():
         assert np.array_equal(restored.to_state_dict()[key], value), key
+
+
+# -- sample: streaming ---------------------------------------------------------------------------
+class RecordingStdout(io.StringIO):
+    """A stdout that logs each write in ``events`` (shared with the sampler's spy)."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def write(self, text: str) -> int:
+        self.events.append("write")
+        return super().write(text)
+
+
+def test_sample_streams_each_batch_as_it_is_made(
+    monkeypatch: pytest.MonkeyPatch, checkpoint: Path
+) -> None:
+    events: list[str] = []
+    original = sample_module.decode_batch
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        events.append("batch")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sample_module, "decode_batch", spy)
+    stdout = RecordingStdout(events)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    argv = ["sample", "--checkpoint", str(checkpoint), "--num-samples", "7", "--seed", "2"]
+    assert main([*argv, "--batch-size", "3"]) == 0
+    # three batches (3 + 3 + 1), each printed before the next one is made
+    assert [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]] == [
+        "batch", "write", "batch", "write", "batch", "write",
+    ]  # fmt: skip
+    saved = load(checkpoint)
+    assert samples_of(stdout.getvalue()) == sample(saved.params, saved.tokenizer, 7, seed=2)
+
+
+def test_sample_json_is_streamed_as_print_json_prints_it(
+    capsys: pytest.CaptureFixture[str], checkpoint: Path
+) -> None:
+    saved = load(checkpoint)
+    for n, batch in ((7, 3), (1, 10), (6, 2)):
+        argv = ["sample", "--checkpoint", checkpoint, "--num-samples", n, "--json"]
+        rc, out, _ = run(capsys, *argv, "--batch-size", batch, "--temperature", 0.9)
+        assert rc == 0
+        expected = {
+            "checkpoint": str(checkpoint),
+            "step": 8,
+            "temperature": 0.9,
+            "seed": 0,
+            "microgpt_exact": False,
+            "samples": sample(saved.params, saved.tokenizer, n, temperature=0.9),
+        }
+        assert out == json.dumps(expected, indent=2) + "\n"
+
+
+def test_sample_out_writes_a_names_file_atomically(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    checkpoint: Path,
+) -> None:
+    saved = load(checkpoint)
+    names = sample(saved.params, saved.tokenizer, 11, seed=4)
+    out_file = tmp_path / "names.txt"
+    argv = ["sample", "--checkpoint", checkpoint, "--num-samples", 11, "--seed", 4]
+    rc, out, err = run(capsys, *argv, "--batch-size", 4, "--out", out_file)
+    assert rc == 0 and err == ""
+    assert out == f"wrote 11 names to {out_file}\n"
+    assert out_file.read_text(encoding="utf-8") == "".join(f"{n}\n" for n in names)
+    rc, out, _ = run(capsys, *argv, "--out", out_file, "--json")
+    assert json.loads(out)["num_samples"] == 11 and json.loads(out)["out"] == str(out_file)
+
+    # Ctrl-C after the first batch: the file keeps its old content, no temporary is left
+    original = sample_module.decode_batch
+    calls = []
+
+    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sample_module, "decode_batch", interrupted)
+    out_file.write_text("old\n", encoding="utf-8")
+    rc, out, err = run(capsys, *argv, "--batch-size", 4, "--out", out_file)
+    assert rc == 130 and out == ""
+    assert_one_error_line(err, "interrupted")
+    assert out_file.read_text(encoding="utf-8") == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["names.txt"]
+
+
+def test_sample_out_into_a_missing_folder_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, checkpoint: Path
+) -> None:
+    rc, out, err = run(
+        capsys, "sample", "--checkpoint", checkpoint, "--out", tmp_path / "no" / "names.txt"
+    )
+    assert rc == 1 and out == ""
+    assert_one_error_line(err, "does not exist")
+
+
+def test_out_of_memory_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, checkpoint: Path
+) -> None:
+    def no_memory(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise MemoryError("Unable to allocate 95.4 GiB for an array with shape (10000000, 16)")
+
+    monkeypatch.setattr(sample_module, "decode_batch", no_memory)
+    rc, out, err = run(capsys, "sample", "--checkpoint", checkpoint, "--num-samples", 10**7)
+    assert rc == 1 and out == ""
+    assert_one_error_line(err, "out of memory (Unable to allocate 95.4 GiB", "--batch-size")
+
+
+def test_a_closed_stdout_stops_quietly(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, checkpoint: Path
+) -> None:
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["sample", "--checkpoint", str(checkpoint), "--num-samples", "50"]) == 1
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", ["sample", "export"])
+def test_a_pipe_closed_by_its_reader_prints_no_broken_pipe(
+    tmp_path: Path, data_file: Path, command: str
+) -> None:
+    """``microgpt-xp sample | head``, ``microgpt-xp export --out - | head``: output far
+    bigger than a pipe's buffer, whose reader goes away after a few bytes."""
+    ckpt = tmp_path / "wide.npz"
+    with contextlib.redirect_stdout(io.StringIO()):
+        argv = ["train", "--data", data_file, "--steps", 1, "--batch-size", 4, "--n-embd", 64]
+        assert main([str(a) for a in [*argv, "--checkpoint", ckpt, "--num-samples", 0]]) == 0
+    argv = {
+        "sample": ["sample", "--num-samples", "100000", "--batch-size", "1000"],
+        "export": ["export", "--out", "-"],  # about 1.5 MB of JSON
+    }[command]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "microgpt_xp.cli", *argv, "--checkpoint", str(ckpt)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    head = child.stdout.read(100)
+    child.stdout.close()  # what `head` does once it has its lines
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 1
+    assert head and err == ""
 
 
 # -- microgpt-exact ----------------------------------------------------------------------------
@@ -407,7 +861,9 @@ needs_distributed = pytest.mark.skipif(not HAS_DISTRIBUTED, reason="needs dask.d
         (["train", "--lr", "-0.1"], 2, "--lr"),
         (["train", "--temperature", "0"], 2, "--temperature"),
         (["train", "--temperature", "nan"], 2, "--temperature"),
-        (["train", "--data", "{data}", "--batch-size", "100"], 1, "fewer than the batch size"),
+        (["train", "--data", "{data}", "--batch-size", "100"], 1,
+         f"has {len(NAMES)} documents, fewer than the batch size 100: use --batch-size "
+         f"{len(NAMES)} (or less)"),
         (["train", "--resume"], 2, "--checkpoint"),
         (["train", "--checkpoint-every", "3"], 2, "--checkpoint"),
         (["train", "--newlines"], 2, "--microgpt-exact"),
@@ -485,6 +941,71 @@ def test_a_device_the_backend_refuses_is_one_error_line(
     assert_one_error_line(err, "unknown device 'bogus' for backend 'numpy'")
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["train"], ["sample", "--checkpoint", "{ckpt}"], ["eval", "--checkpoint", "{ckpt}"]],
+)
+@pytest.mark.parametrize("device", [None, "cuda:3"])
+def test_a_gpu_backend_without_a_gpu_says_so(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    checkpoint: Path,
+    argv: list[str],
+    device: str | None,
+) -> None:
+    # what cupy.cuda.Device() raises on a machine without a GPU (cupy need not be here)
+    def no_gpu(backend: str, device: object = None) -> object:
+        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+
+    monkeypatch.setattr(cli_xp, "resolve_device", no_gpu)
+    where = [] if device is None else ["--device", device]
+    argv = [a.format(ckpt=checkpoint) for a in argv]
+    rc, out, err = run(capsys, *argv, "--backend", "cupy", *where)
+    assert rc == 1 and out == ""
+    which = "a GPU" if device is None else f"the GPU '{device}'"
+    assert_one_error_line(err, "backend 'cupy' needs an NVIDIA GPU with CUDA", which, "numpy")
+    assert "unknown device" not in err
+
+
+def test_a_missing_backend_says_what_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("torch", "array_api_compat.torch"):
+        monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules: ImportError
+    cli_xp.namespace.cache_clear()
+    try:
+        rc, out, err = run(capsys, "train", "--backend", "torch")
+    finally:
+        cli_xp.namespace.cache_clear()
+    assert rc == 1 and out == ""
+    # the backends table's install line: the CPU build of torch
+    assert_one_error_line(err, cli_xp.entry("torch").install)
+    assert "download.pytorch.org/whl/cpu" in err
+
+
+def test_install_hints_work_from_a_checkout(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("matplotlib", "matplotlib.backends", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)
+    rc, _, err = run(capsys, "train", "--plot", tmp_path / "loss.png")
+    assert rc == 1
+    assert_one_error_line(
+        err, "pip install 'microgpt-xp[plot]'", "from a checkout: pip install '.[plot]'"
+    )
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "distributed" else real_find_spec(name, *a),
+    )
+    rc, _, err = run(capsys, "train", "--backend", "dask", "--scheduler", "local")
+    assert rc == 1
+    assert_one_error_line(err, "--scheduler needs dask.distributed", cli_xp.entry("dask").install)
+    assert "from a checkout" in err
+
+
 # -- dask.distributed ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def scheduler_address() -> Iterator[str]:
@@ -518,20 +1039,28 @@ def test_scheduler_runs_eval_and_train_on_the_cluster(
     assert dask.config.get("scheduler", None) == before
 
 
+@pytest.fixture
+def quick_connect(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """connect() waits 1 s for a scheduler (or for a lost one to come back), not its
+    default 10 s; Dask's default scheduler must be the same after the command."""
+    import dask
+
+    before = dask.config.get("scheduler", None)
+    monkeypatch.setattr(cluster, "connect", functools.partial(cluster.connect, timeout=1.0))
+    yield
+    assert dask.config.get("scheduler", None) == before
+
+
 @needs_distributed
 @pytest.mark.parametrize("command", ["eval", "train"])
 def test_scheduler_that_does_not_answer_is_one_error_line(
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    quick_connect: None,
     checkpoint: Path,
     data_file: Path,
     command: str,
 ) -> None:
-    import dask
-
-    before = dask.config.get("scheduler", None)
-    # nothing listens on port 1; wait 1 s for it instead of connect's default 10 s
-    monkeypatch.setattr(cluster, "connect", functools.partial(cluster.connect, timeout=1.0))
+    # nothing listens on port 1
     argv = {
         "eval": ["eval", "--checkpoint", checkpoint, "--data", data_file],
         "train": ["train", "--data", data_file, "--steps", 1, "--batch-size", 4],
@@ -539,7 +1068,54 @@ def test_scheduler_that_does_not_answer_is_one_error_line(
     rc, out, err = run(capsys, *argv, "--backend", "dask", "--scheduler", "tcp://127.0.0.1:1")
     assert rc == 1 and out == ""
     assert_one_error_line(err, "cannot reach the Dask scheduler at 'tcp://127.0.0.1:1' within 1 s")
-    assert dask.config.get("scheduler", None) == before
+
+
+@needs_distributed
+@pytest.mark.parametrize("command", ["eval", "train"])
+def test_a_scheduler_lost_mid_run_is_one_error_line(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    quick_connect: None,
+    checkpoint: Path,
+    data_file: Path,
+    command: str,
+) -> None:
+    import distributed
+
+    from microgpt_xp import scale
+
+    lost = distributed.LocalCluster(
+        processes=False, n_workers=1, threads_per_worker=1, dashboard_address=":0"
+    )
+    if command == "train":  # the scheduler goes away after step 2
+        original = train_module.train
+
+        def train_then_lose(*args, callback, **kwargs):  # type: ignore[no-untyped-def]
+            def step_then_lose(step: int, loss: float) -> None:
+                callback(step, loss)
+                if step == 2:
+                    lost.close()
+
+            return original(*args, callback=step_then_lose, **kwargs)
+
+        monkeypatch.setattr(train_module, "train", train_then_lose)
+        argv = ["train", "--data", data_file, "--steps", 20, "--batch-size", 4]
+    else:  # the scheduler goes away as the scoring is submitted
+        compute = scale.CorpusScore.compute
+
+        def lose_then_compute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            lost.close()
+            return compute(self, *args, **kwargs)
+
+        monkeypatch.setattr(scale.CorpusScore, "compute", lose_then_compute)
+        argv = ["eval", "--checkpoint", checkpoint, "--data", data_file]
+    try:
+        argv += ["--backend", "dask", "--scheduler", lost.scheduler_address]
+        rc, out, err = run(capsys, *argv)
+    finally:
+        lost.close()
+    assert rc == 1 and "done:" not in out and "mean loss" not in out
+    assert_one_error_line(err, "lost the Dask scheduler at")
 
 
 # -- help and version -----------------------------------------------------------------------------
@@ -556,8 +1132,13 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     ("command", "defaults"),
     [
         ("train", ["--steps STEPS", "(default: 1000)", "(default: 32)", "(default: 0.01)",
-                   "(default: float32)", "(default: 0.5)", "(default: 20)", "(default: numpy)"]),
-        ("sample", ["(default: 20)", "(default: 0.5)", "(default: 0)", "(default: numpy)"]),
+                   "(default: float32)", "(default: 0.5)", "(default: 20)", "(default: numpy)",
+                   "--n-layer N transformer blocks (default: 1)",
+                   "(default: the longest document of --data + 1; 16 for the embedded corpus "
+                   "and with --microgpt-exact)"]),
+        ("sample", ["(default: 20)", "(default: 0.5)", "(default: 0)", "(default: numpy)",
+                    f"--batch-size N samples generated at once: memory grows with it, the "
+                    f"names do not depend on it (default: {sample_module.DEFAULT_BATCH_SIZE})"]),
         ("eval", ["--chunk-size N", "(default: 1024)", "(default: numpy)"]),
         ("export", ["--out FILE"]),
     ],
@@ -571,6 +1152,28 @@ def test_subcommand_help_shows_defaults(
     assert flat.startswith(f"usage: microgpt-xp {command}")
     for text in defaults:
         assert text in flat
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["sample"], ["eval"], ["export"]])
+def test_help_says_each_default_once_in_plain_text(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    rc, out, _ = run(capsys, *command, "--help")
+    assert rc == 0
+    assert "``" not in out and ":func:" not in out and ":mod:" not in out  # no rst markup
+    for meaningless in ("(default: None)", "(default: False)", "(default: True)"):
+        assert meaningless not in out
+    # each option's help (from its line to the next option) names its default at most once
+    flat = " ".join(out.split())
+    for option_help in re.split(r" (?=-{1,2}[a-z][\w-]*[ ,])", flat):
+        assert option_help.count("(default") <= 1, option_help
+
+
+def test_help_tells_processes_from_threads(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("train", "sample"):
+        _, out, _ = run(capsys, command, "--help")
+        flat = " ".join(out.split())
+        assert "--workers N numpy: N processes (not threads) share each batch" in flat
 
 
 def test_installed_console_script() -> None:

@@ -2,9 +2,10 @@
 weights, on any supported array backend.
 
 Every subcommand has --help. A mistake (a missing file, a bad option value, a corrupt
-checkpoint, ...) prints one "microgpt-xp: error: ..." line to stderr and exits with 2
-(usage errors) or 1 (everything else). Set MICROGPT_XP_TRACEBACK=1 to see the full
-traceback of such an error instead.
+checkpoint, ...) or a lost resource (memory, a Dask scheduler) prints one
+"microgpt-xp: error: ..." line to stderr and exits with 2 (usage errors) or 1
+(everything else); Ctrl-C exits with 130 (train says how to resume). Set
+MICROGPT_XP_TRACEBACK=1 to see the full traceback of such an error instead.
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ def _describe(exc: BaseException) -> str:
     return one_line(str(exc)) or type(exc).__name__
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still
+    buffered does not raise BrokenPipeError again at exit."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's buffer)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def _exit_status(code: object) -> int:
     if code is None:
         return 0
@@ -76,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(arguments)
+        args.argv = arguments  # what a command prints to be run again (train --resume)
         # the command owns its process: keep step temporaries mapped between steps
         tune_malloc()
         handler: Callable[[argparse.Namespace], int] = args.handler
@@ -85,9 +99,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         error(str(exc))
         return 2
-    except KeyboardInterrupt:
-        error("interrupted")
+    except KeyboardInterrupt as exc:  # train raises it again with how to resume
+        error(_describe(exc) if str(exc) else "interrupted")
         return 130
+    except BrokenPipeError:
+        # the reader of stdout went away (`microgpt-xp sample | head`): stop quietly, as
+        # https://docs.python.org/3/library/signal.html#note-on-sigpipe recommends
+        _silence_stdout()
+        return 1
+    except MemoryError as exc:
+        if os.environ.get("MICROGPT_XP_TRACEBACK"):
+            raise
+        detail = f" ({_describe(exc)})" if str(exc) else ""
+        error(f"out of memory{detail}; a smaller --batch-size (or --chunk-size) needs less")
+        return 1
     except _user_errors() as exc:
         if os.environ.get("MICROGPT_XP_TRACEBACK"):
             raise

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
+import logging
 import math
+import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeAlias
 
 from .._xp import BACKENDS
 
@@ -42,8 +47,22 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {one_line(message)} (see '{self.prog} --help')\n")
 
 
-class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Show option defaults and keep the line breaks of descriptions and epilogs."""
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keep the line breaks of descriptions and epilogs, and end an option's help with
+    ``(default: VALUE)`` where that says something: not for a required option, a flag, a
+    default of ``None`` (the help says in words what happens then) or a help that already
+    names its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "default" in text
+            or action.required
+            or any(action.default is v for v in (None, False, argparse.SUPPRESS))
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 #: What ``Parser.add_subparsers`` returns; each subcommand module adds its parser to it.
@@ -88,7 +107,13 @@ def add_command(sub: Subcommands, name: str, summary: str, description: str) -> 
 
 def add_checkpoint_option(p: argparse.ArgumentParser) -> None:
     """``--checkpoint PATH``, required: the checkpoint to load."""
-    p.add_argument("--checkpoint", metavar="PATH", required=True, help="checkpoint to load")
+    p.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        required=True,
+        help="checkpoint to load (written by 'microgpt-xp train --checkpoint PATH'; it "
+        "holds the model's shape, weights and tokenizer)",
+    )
 
 
 def add_backend_options(p: argparse.ArgumentParser) -> None:
@@ -97,8 +122,8 @@ def add_backend_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device",
         default=None,
-        help="device of the backend, e.g. 'cpu', 'cuda:0', 'device1' (array_api_strict); "
-        "None: the backend's default device",
+        help="device of the backend, e.g. 'cpu', 'cuda:0', 'device1' (array_api_strict) "
+        "(default: the backend's default device)",
     )
 
 
@@ -110,8 +135,8 @@ def add_workers_option(p: argparse.ArgumentParser) -> None:
         metavar="N",
         type=positive_int,
         default=None,
-        help="numpy: N processes share each batch by rows (this one and N-1 spawned worker "
-        "processes, ended with the command). None: this process alone",
+        help="numpy: N processes (not threads) share each batch by rows: this one and N-1 "
+        "spawned worker processes, ended with the command (default: this process alone)",
     )
 
 
@@ -124,7 +149,7 @@ def add_scheduler_option(p: argparse.ArgumentParser) -> None:
         default=None,
         help="a running dask.distributed scheduler to compute on (tcp://host:8786, or the "
         "JSON file of 'dask scheduler --scheduler-file'; 'local' starts a local cluster); "
-        "only with --backend dask. None: dask's local threads",
+        "only with --backend dask (default: Dask's threads in this process)",
     )
 
 
@@ -141,20 +166,33 @@ def check_workers(args: argparse.Namespace) -> None:
 
 
 def check_scheduler(args: argparse.Namespace) -> None:
-    """Refuse ``--scheduler`` without ``--backend dask`` (the address itself is checked by
-    :func:`microgpt_xp.cluster.connect`)."""
-    if args.scheduler is not None and args.backend != "dask":
+    """Refuse ``--scheduler`` without ``--backend dask`` or without ``dask.distributed``
+    installed (the address itself is checked by :func:`microgpt_xp.cluster.connect`)."""
+    if args.scheduler is None:
+        return
+    if args.backend != "dask":
         raise UsageError("--scheduler needs --backend dask")
+    if importlib.util.find_spec("distributed") is None:
+        from .. import _xp
+
+        raise ImportError(f"--scheduler needs dask.distributed: {_xp.entry('dask').install}")
 
 
 def check_device(backend: str, device: str | None) -> None:
     """Import the backend and resolve the device now, so that a bad one fails before any
-    work (``ImportError`` for a missing backend, ``ValueError`` for an unknown device)."""
+    work (``ImportError`` for a missing backend, ``ValueError`` for an unknown device or
+    a GPU backend on a machine without a usable GPU)."""
     from .. import _xp
 
     try:
         _xp.resolve_device(backend, device)
-    except RuntimeError as exc:  # torch.device("bogus") raises RuntimeError
+    except RuntimeError as exc:  # torch.device("bogus"), CUDA without a GPU
+        if _xp.entry(backend).needs_gpu:
+            which = "a GPU" if device is None else f"the GPU {device!r}"
+            raise ValueError(
+                f"backend {backend!r} needs an NVIDIA GPU with CUDA, and {which} is not "
+                f"available here ({exc}); use --backend numpy (or torch, jax) on a CPU"
+            ) from exc
         raise ValueError(f"unknown device {device!r} for backend {backend!r}: {exc}") from exc
 
 
@@ -169,8 +207,16 @@ def dask_client(address: str | None) -> Iterator[None]:
         return
     from .. import cluster
 
-    with cluster.connect(address) as client, cluster.computing(client):
-        yield
+    # a lost scheduler is reported as one ClusterError line; distributed's own log of
+    # its reconnection attempts would repeat it
+    client_log = logging.getLogger("distributed.client")
+    level = client_log.level
+    client_log.setLevel(logging.CRITICAL)
+    try:
+        with cluster.connect(address) as client, cluster.computing(client):
+            yield
+    finally:
+        client_log.setLevel(level)
 
 
 def read_docs(path: str | None) -> list[str]:
@@ -210,7 +256,44 @@ def print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2))
 
 
-def print_samples(names: Sequence[str]) -> None:
-    """Print ``sample  i: name`` lines, numbered from 1."""
-    for i, name in enumerate(names, start=1):
-        print(f"sample {i:2d}: {name}")
+def print_samples(names: Sequence[str], start: int = 1) -> None:
+    """Print ``sample  i: name`` lines, numbered from ``start``."""
+    if names:
+        print("\n".join(f"sample {i:2d}: {name}" for i, name in enumerate(names, start=start)))
+
+
+def print_json_stream(head: dict[str, Any], key: str, batches: Iterable[Sequence[Any]]) -> None:
+    """Print ``{**head, key: [items of all batches]}`` as :func:`print_json` prints it,
+    writing each batch as it comes (memory follows a batch, not the whole list)."""
+    opening = json.dumps({**head, key: []}, indent=2)
+    assert opening.endswith("[]\n}")
+    sys.stdout.write(opening[: -len("]\n}")])
+    first = True
+    for batch in batches:
+        if batch:
+            items = ",\n".join(f"    {json.dumps(item)}" for item in batch)
+            sys.stdout.write(("\n" if first else ",\n") + items)
+            first = False
+    sys.stdout.write("]\n}\n" if first else "\n  ]\n}\n")
+
+
+@contextlib.contextmanager
+def atomic_output(path: str) -> Iterator[TextIO]:
+    """A text file to write ``path`` through: a temporary file in the same folder, renamed
+    over ``path`` when the block ends without an error (removed otherwise), so that
+    ``path`` is never seen half-written and a failed or interrupted run leaves it as it
+    was."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"{path!r}: folder {str(target.parent)!r} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # the mode open() would give a new file
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

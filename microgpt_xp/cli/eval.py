@@ -18,6 +18,7 @@ from ._common import (
     check_scheduler,
     checkpoint_tokenizer,
     dask_client,
+    note,
     positive_int,
     print_json,
     read_docs,
@@ -33,14 +34,16 @@ def add_parser(sub: Subcommands) -> None:
         "eval",
         "mean loss of a checkpoint over a corpus",
         "Score every document of a corpus with a checkpoint and print the mean "
-        "of the\nper-document losses (mean negative log-likelihood per predicted token).",
+        "of the\nper-document losses (mean negative log-likelihood per predicted token).\n"
+        "A document longer than the checkpoint's block size reads whole is scored on its\n"
+        "first block-size characters (a note says how many are).",
     )
     add_checkpoint_option(e)
     e.add_argument(
         "--data",
         metavar="FILE",
         default=None,
-        help="UTF-8 text file, one document per line. None: the embedded corpus",
+        help="UTF-8 text file, one document per line (default: the embedded corpus)",
     )
     add_backend_options(e)
     e.add_argument(
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         ck = load(args.checkpoint, backend=args.backend, device=args.device)
         tokenizer = checkpoint_tokenizer(ck, args.checkpoint)
         docs = read_docs(args.data)
+        _note_cut(docs, ck.config.block_size)
         if args.backend == "dask":
             scores = score_corpus(ck.params, tokenizer, docs, chunk_size=args.chunk_size)
             mean_loss = scores.compute().mean
@@ -96,3 +100,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"mean loss {mean_loss:.4f} over {len(docs)} documents")
     return 0
+
+
+def _note_cut(docs: list[str], block_size: int) -> None:
+    """Say on stderr how many documents the checkpoint's block size cuts, if any."""
+    from ..data import count_cut
+
+    cut = count_cut(docs, block_size)
+    if cut:
+        note(
+            f"{cut} of {len(docs)} documents are longer than the checkpoint's block size "
+            f"{block_size} reads whole ({block_size - 1} characters): they are scored on "
+            f"their first {block_size} characters"
+        )

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ..sample import DEFAULT_BATCH_SIZE
 from ._common import (
     DEFAULT_NUM_SAMPLES,
     DEFAULT_SEED,
@@ -17,12 +19,14 @@ from ._common import (
     add_command,
     add_json_option,
     add_workers_option,
+    atomic_output,
     check_device,
     check_workers,
     checkpoint_tokenizer,
     positive_float,
     positive_int,
     print_json,
+    print_json_stream,
     print_samples,
 )
 
@@ -37,9 +41,13 @@ def add_parser(sub: Subcommands) -> None:
         sub,
         "sample",
         "sample names from a checkpoint",
-        "Sample documents (names) from a trained checkpoint through the KV "
-        "cache.\n\nWith --microgpt-exact, continue the random state that "
-        "'train --microgpt-exact\n--checkpoint' saved, and print the names that run printed.",
+        "Sample documents (names) from a trained checkpoint through the KV cache.\n\n"
+        "Names are made --batch-size at a time and printed as each batch is done, so any\n"
+        "number of them takes the memory of one batch. Sample i depends only on --seed,\n"
+        "--temperature and i: the first N names of a longer run are the names of a run\n"
+        "of N, whatever the batch size.\n\n"
+        "With --microgpt-exact, continue the random state that 'train --microgpt-exact\n"
+        "--checkpoint' saved, and print the names that run printed.",
     )
     add_checkpoint_option(s)
     s.add_argument(
@@ -55,11 +63,20 @@ def add_parser(sub: Subcommands) -> None:
     add_backend_options(s)
     s.add_argument(
         "--batch-size",
+        metavar="N",
         type=positive_int,
-        default=None,
-        help="samples generated at once (the names do not depend on it). None: all",
+        default=DEFAULT_BATCH_SIZE,
+        help="samples generated at once: memory grows with it, the names do not depend on it",
     )
     add_workers_option(s)
+    s.add_argument(
+        "--out",
+        metavar="FILE",
+        default=None,
+        help="write the names to FILE, one per line (a corpus for 'train --data'), through "
+        "a temporary file renamed to FILE at the end, so that FILE is complete or "
+        "untouched; stdout then gets one summary line (default: the names go to stdout)",
+    )
     add_json_option(s)
     s.add_argument(
         "--microgpt-exact",
@@ -71,7 +88,7 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the checkpoint onto ``--backend``/``--device`` and print its samples."""
+    """Load the checkpoint onto ``--backend``/``--device`` and stream its samples."""
     check_workers(args)
     check_device(args.backend, args.device)
     from ..checkpoint import load
@@ -80,31 +97,43 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = checkpoint_tokenizer(ck, args.checkpoint)
     if args.microgpt_exact:
         names = _sample_exact(args, ck, tokenizer)
+        batches: Iterable[list[str]] = [names]
     else:
-        from ..sample import sample
+        from ..sample import iter_samples
 
-        names = sample(
+        batches = iter_samples(
             ck.params,
             tokenizer,
             args.num_samples,
+            batch_size=args.batch_size,
             temperature=args.temperature,
             seed=args.seed,
-            batch_size=args.batch_size,
             workers=args.workers,
         )
-    if args.json:
-        print_json(
-            {
-                "checkpoint": args.checkpoint,
-                "step": ck.step,
-                "temperature": args.temperature,
-                "seed": None if args.microgpt_exact else args.seed,
-                "microgpt_exact": args.microgpt_exact,
-                "samples": names,
-            }
-        )
+    head = {
+        "checkpoint": args.checkpoint,
+        "step": ck.step,
+        "temperature": args.temperature,
+        "seed": None if args.microgpt_exact else args.seed,
+        "microgpt_exact": args.microgpt_exact,
+    }
+    if args.out is not None:
+        count = 0
+        with atomic_output(args.out) as f:
+            for names in batches:
+                f.writelines(f"{name}\n" for name in names)
+                count += len(names)
+        if args.json:
+            print_json({**head, "out": args.out, "num_samples": count})
+        else:
+            print(f"wrote {count} names to {args.out}")
+    elif args.json:
+        print_json_stream(head, "samples", batches)
     else:
-        print_samples(names)
+        done = 0
+        for names in batches:
+            print_samples(names, start=done + 1)
+            done += len(names)
     return 0
 
 
@@ -115,7 +144,11 @@ def _sample_exact(args: argparse.Namespace, ck: Checkpoint, tokenizer: Tokenizer
     from ..checkpoint import CheckpointError
     from ..exact import sample_exact
 
-    if args.seed != DEFAULT_SEED or args.batch_size is not None or args.workers is not None:
+    if (
+        args.seed != DEFAULT_SEED
+        or args.batch_size != DEFAULT_BATCH_SIZE
+        or args.workers is not None
+    ):
         raise UsageError(
             "--seed, --batch-size and --workers cannot be used with --microgpt-exact "
             "(it continues the saved random state, one name at a time)"

@@ -4,11 +4,12 @@ with ``--microgpt-exact`` the original script's run (:func:`microgpt_xp.run_exac
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._xp import DTYPES
 from ._common import (
@@ -18,6 +19,7 @@ from ._common import (
     DEFAULT_SEED,
     DEFAULT_STEPS,
     DEFAULT_TEMPERATURE,
+    PROG,
     Subcommands,
     UsageError,
     add_backend_options,
@@ -38,6 +40,26 @@ from ._common import (
     read_docs,
 )
 
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
+    from ..config import GPTConfig
+    from ..data import Tokenizer
+    from ..train import ResumeError
+
+#: The spec's model shape: the defaults of --n-layer, --n-embd, --n-head, and the block
+#: size of the embedded corpus and of --microgpt-exact.
+SPEC_SHAPE = {"n_layer": 1, "n_embd": 16, "n_head": 4, "block_size": 16}
+SHAPE_OPTIONS = {name: "--" + name.replace("_", "-") for name in SPEC_SHAPE}
+#: The CLI option of each train() argument a ResumeError can name.
+RESUME_OPTIONS = {
+    "seed": "--seed",
+    "batch_size": "--batch-size",
+    "lr": "--lr",
+    "dtype": "--dtype",
+    "steps": "--steps",
+    "docs": "--data",
+}
+
 
 def add_parser(sub: Subcommands) -> None:
     """Add the ``train`` subcommand to ``sub`` (the result of ``add_subparsers``)."""
@@ -46,10 +68,17 @@ def add_parser(sub: Subcommands) -> None:
         "train",
         "train on a data file or the embedded default corpus, then sample names",
         "Train microgpt with batched Adam and print sampled names.\n\n"
+        "The model's shape (--n-layer, --n-embd, --n-head, --block-size) is stored in the\n"
+        "checkpoint; sample, eval and export read it from there. By default the block size\n"
+        "fits the longest document of --data, so that no document is cut.\n\n"
+        "An existing --checkpoint is continued with --resume (a finished run is extended by\n"
+        "a larger --steps) or replaced with --overwrite; it is never overwritten otherwise.\n"
+        "Ctrl-C stops training and prints the command that continues the run.\n\n"
         "With --microgpt-exact, replay the original microgpt script instead: Python's\n"
         "random seeded with 42, one document per step in float64, the same printed output.\n"
         "--steps, --num-samples, --temperature, --backend, --device, --data, --checkpoint,\n"
-        "--plot and --json apply in that mode too; the other training options do not.",
+        "--overwrite, --plot, --json and the model's shape apply in that mode too; the\n"
+        "other training options do not.",
     )
     add_backend_options(t)
     t.add_argument(
@@ -59,7 +88,8 @@ def add_parser(sub: Subcommands) -> None:
         "--steps",
         type=positive_int,
         default=DEFAULT_STEPS,
-        help="number of Adam steps (also the length of the linear learning-rate decay)",
+        help="number of Adam steps (also the length of the linear learning-rate decay); "
+        "with --resume, more steps than a finished run took extend it",
     )
     t.add_argument(
         "--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="documents per step"
@@ -69,8 +99,8 @@ def add_parser(sub: Subcommands) -> None:
         "--data",
         metavar="FILE",
         default=None,
-        help="UTF-8 text file, one document per line. None: the embedded corpus of "
-        "English first names",
+        help="UTF-8 text file, one document per line (default: the embedded corpus of "
+        "English first names)",
     )
     t.add_argument(
         "--seed",
@@ -82,8 +112,9 @@ def add_parser(sub: Subcommands) -> None:
         "--checkpoint",
         metavar="PATH",
         default=None,
-        help="save params, optimizer state and tokenizer here at the end (and every "
-        "--checkpoint-every steps). None: no checkpoint",
+        help="save the weights, optimizer state, model shape and tokenizer here at the end "
+        "(and every --checkpoint-every steps); an existing file needs --resume or "
+        "--overwrite (default: no checkpoint)",
     )
     t.add_argument(
         "--checkpoint-every",
@@ -95,17 +126,26 @@ def add_parser(sub: Subcommands) -> None:
     t.add_argument(
         "--resume",
         action="store_true",
-        help="continue from --checkpoint if it exists (same --steps, --data and --seed)",
+        help="continue the run in --checkpoint if that file exists (with its --data, "
+        "--seed, --batch-size, --lr, --dtype and model shape; its --steps, or more to "
+        "extend a finished run: the learning rate then decays as in a run of the new "
+        "length, lr * (1 - step / steps))",
+    )
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --checkpoint file with a new run",
     )
     t.add_argument(
         "--chunk-size",
         metavar="N",
         type=positive_int,
         default=None,
-        help="dask: documents per chunk of the batch axis. None: one chunk",
+        help="dask: documents per chunk of the batch axis (default: one chunk)",
     )
     add_workers_option(t)
     add_scheduler_option(t)
+    _add_shape_options(t)
     t.add_argument(
         "--plot",
         metavar="FILE",
@@ -138,52 +178,152 @@ def add_parser(sub: Subcommands) -> None:
     t.set_defaults(handler=run)
 
 
+def _add_shape_options(t: argparse.ArgumentParser) -> None:
+    """--n-layer, --n-embd, --n-head and --block-size, in a group of their own."""
+    shape = t.add_argument_group(
+        "model shape",
+        "Stored in the checkpoint; sample, eval and export read it from there. With "
+        "--resume, the checkpoint's shape is used (an option given must match it).",
+    )
+    shape.add_argument(
+        "--n-layer",
+        metavar="N",
+        type=positive_int,
+        default=None,
+        help=f"transformer blocks (default: {SPEC_SHAPE['n_layer']})",
+    )
+    shape.add_argument(
+        "--n-embd",
+        metavar="N",
+        type=positive_int,
+        default=None,
+        help="channels of the residual stream, a multiple of --n-head "
+        f"(default: {SPEC_SHAPE['n_embd']})",
+    )
+    shape.add_argument(
+        "--n-head",
+        metavar="N",
+        type=positive_int,
+        default=None,
+        help=f"attention heads (default: {SPEC_SHAPE['n_head']})",
+    )
+    shape.add_argument(
+        "--block-size",
+        metavar="N",
+        type=positive_int,
+        default=None,
+        help="positions the model reads: a document of up to N-1 characters is read "
+        "whole; longer ones are cut to their first N characters, and a note says how "
+        "many (default: the longest document of --data + 1; "
+        f"{SPEC_SHAPE['block_size']} for the embedded corpus and with --microgpt-exact)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the options, then train (on the ``--scheduler`` cluster if given)."""
+    if args.resume and args.overwrite:
+        raise UsageError(
+            "--resume continues the run in --checkpoint and --overwrite replaces it: give one"
+        )
+    _check_shape(args)
     if args.microgpt_exact:
         return _run_exact(args)
     if args.newlines:
         raise UsageError("--newlines applies only with --microgpt-exact")
-    if (args.resume or args.checkpoint_every) and args.checkpoint is None:
-        raise UsageError("--resume and --checkpoint-every need --checkpoint PATH")
+    if (args.resume or args.overwrite or args.checkpoint_every) and args.checkpoint is None:
+        raise UsageError("--resume, --overwrite and --checkpoint-every need --checkpoint PATH")
     if args.chunk_size is not None and args.backend != "dask":
         raise UsageError("--chunk-size applies only with --backend dask")
     check_workers(args)
     check_scheduler(args)
     _check_plot(args.plot)
+    _check_checkpoint_free(args)
     check_device(args.backend, args.device)
     with dask_client(args.scheduler):
         return _train(args)
 
 
+def _check_shape(args: argparse.Namespace) -> None:
+    """Refuse an --n-embd that --n-head does not divide (each head takes ``n_embd /
+    n_head`` channels); with --resume the checkpoint's shape is checked instead."""
+    n_embd = SPEC_SHAPE["n_embd"] if args.n_embd is None else args.n_embd
+    n_head = SPEC_SHAPE["n_head"] if args.n_head is None else args.n_head
+    if n_embd % n_head and not args.resume:
+        raise UsageError(
+            f"--n-embd {n_embd} is not a multiple of --n-head {n_head} (each head takes "
+            "n_embd / n_head channels)"
+        )
+
+
+def _check_checkpoint_free(args: argparse.Namespace) -> None:
+    """Refuse to write over an existing --checkpoint without --resume or --overwrite."""
+    exists = args.checkpoint is not None and Path(args.checkpoint).exists()
+    if exists and not (args.resume or args.overwrite):
+        raise FileExistsError(
+            f"checkpoint {args.checkpoint!r} exists: continue its run with --resume, "
+            "or replace it with --overwrite"
+        )
+
+
 def _train(args: argparse.Namespace) -> int:
     """Batched training (``train`` without ``--microgpt-exact``), inside the scheduler."""
     docs = read_docs(args.data)
+    if len(docs) < args.batch_size:
+        from ..data import DataError
+
+        raise DataError(
+            f"{_corpus_name(args)} has {len(docs)} documents, fewer than the batch size "
+            f"{args.batch_size}: use --batch-size {len(docs)} (or less), or more documents"
+        )
 
     from tqdm import tqdm
 
-    from ..config import GPTConfig
     from ..data import Tokenizer
     from ..sample import sample
-    from ..train import train
+    from ..train import ResumeError, train
 
     tokenizer = Tokenizer.from_docs(docs)
-    if not args.json:
-        print(
-            f"train: {len(docs)} docs | vocab {tokenizer.vocab_size} | "
-            f"{GPTConfig(tokenizer.vocab_size).num_params} params | {args.backend} "
-            f"{args.dtype} | batch {args.batch_size} | {args.steps} steps"
+    resumed = _checkpoint_to_resume(args)
+    config = _config(args, docs, tokenizer, resumed)
+    header = (
+        f"train: {len(docs)} docs | vocab {tokenizer.vocab_size} | "
+        f"{config.num_params} params{_shape_text(config)} | {args.backend} "
+        f"{args.dtype} | batch {args.batch_size} | {args.steps} steps"
+    )
+    bar: Any = None
+
+    def begin(step: int) -> None:
+        """Print the notes and the header once train() has accepted its arguments (so
+        that an error is the only line), then show the progress bar from ``step`` on."""
+        nonlocal bar
+        size = config.block_size
+        what = f"the checkpoint's block size {size}" if resumed else f"--block-size {size}"
+        _note_cut(docs, size, what)
+        if args.resume and resumed is None:
+            note(f"--resume: {args.checkpoint!r} did not exist; the run started at step 0")
+        if not args.json:
+            print(header, flush=True)
+        bar = tqdm(
+            total=args.steps,
+            initial=step,
+            desc="train",
+            unit="step",
+            disable=None,
+            file=sys.stderr,
         )
-    if args.resume and not Path(args.checkpoint).exists():
-        note(f"--resume: {args.checkpoint!r} does not exist yet; starting from step 0")
 
+    done: list[int] = []  # the last step taken
+
+    def progress(step: int, loss: float) -> None:
+        if bar is None:
+            begin(step - 1)
+        done[:] = [step]
+        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        bar.update(step - bar.n)
+
+    started = time.time_ns()
     start = time.perf_counter()
-    with tqdm(total=args.steps, desc="train", unit="step", disable=None, file=sys.stderr) as bar:
-
-        def progress(step: int, loss: float) -> None:
-            bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-            bar.update(step - bar.n)
-
+    try:
         result = train(
             docs,
             steps=args.steps,
@@ -193,15 +333,32 @@ def _train(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             seed=args.seed,
+            config=config,
             tokenizer=tokenizer,
             chunk_size=args.chunk_size,
             workers=args.workers,
             checkpoint=args.checkpoint,
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
+            overwrite=args.overwrite,
             callback=progress,
         )
+    except ResumeError as exc:
+        raise ValueError(_resume_error(exc, args)) from exc
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_interrupted(args, done[0] if done else None, started)) from None
+    finally:
+        if bar is not None:
+            bar.close()
     seconds = time.perf_counter() - start
+    if bar is None:  # no step to take: the run in the checkpoint was finished
+        begin(result.step)
+        assert bar is not None
+        bar.close()
+        note(
+            f"the run in {args.checkpoint!r} has taken all its {result.step} steps; "
+            "a larger --steps extends it"
+        )
     names = (
         sample(
             result.params,
@@ -237,6 +394,7 @@ def _train(args: argparse.Namespace) -> int:
                 "dtype": args.dtype,
                 "batch_size": args.batch_size,
                 "num_docs": len(docs),
+                "config": config.to_dict(),
                 "checkpoint": args.checkpoint,
                 "samples": names,
             }
@@ -244,14 +402,139 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     steps_run = len(result.losses)
     loss_text = "n/a" if final_loss is None else f"{final_loss:.4f}"
-    resumed = f" (resumed at step {result.start_step})" if result.start_step else ""
-    print(f"done: {steps_run} steps{resumed} in {seconds:.1f} s | final loss {loss_text}")
+    resumed_at = f" (resumed at step {result.start_step})" if result.start_step else ""
+    print(f"done: {steps_run} steps{resumed_at} in {seconds:.1f} s | final loss {loss_text}")
     if args.checkpoint is not None:
         print(f"checkpoint: {args.checkpoint} (step {result.step})")
     if args.plot is not None and result.losses:
         print(f"loss curve: {args.plot}")
     print_samples(names)
     return 0
+
+
+def _corpus_name(args: argparse.Namespace) -> str:
+    return "the embedded corpus" if args.data is None else f"the corpus {args.data!r}"
+
+
+def _checkpoint_to_resume(args: argparse.Namespace) -> Checkpoint | None:
+    """The checkpoint that --resume continues (``None``: no --resume, or no file yet)."""
+    if not args.resume or not Path(args.checkpoint).exists():
+        return None
+    from ..checkpoint import load
+
+    return load(args.checkpoint)
+
+
+def _config(
+    args: argparse.Namespace, docs: Sequence[str], tokenizer: Tokenizer, resumed: Checkpoint | None
+) -> GPTConfig:
+    """The model shape: the resumed checkpoint's (the shape options given must match
+    it), else the options', the block size by default fitting the longest document."""
+    from ..config import GPTConfig
+    from ..data import block_size_for
+
+    given = {name: getattr(args, name) for name in SPEC_SHAPE}
+    if resumed is not None:
+        name = args.checkpoint
+        if resumed.tokenizer is not None and resumed.tokenizer != tokenizer:
+            raise ValueError(
+                f"cannot resume {name!r} with --data {args.data or '(the embedded corpus)'}: "
+                "its run trained on a corpus of other characters"
+            )
+        for key, value in given.items():
+            saved = getattr(resumed.config, key)
+            if value is not None and value != saved:
+                option = SHAPE_OPTIONS[key]
+                raise ValueError(
+                    f"cannot resume {name!r} with {option} {value}: its run has {option} {saved}"
+                )
+        return resumed.config
+    shape = {k: SPEC_SHAPE[k] if v is None else v for k, v in given.items()}
+    if given["block_size"] is None:
+        fit = block_size_for(docs)
+        # the embedded corpus keeps the original's 16 (its longest name fits in it)
+        shape["block_size"] = max(SPEC_SHAPE["block_size"], fit) if args.data is None else fit
+    return GPTConfig(tokenizer.vocab_size, **shape)
+
+
+def _shape_text(config: GPTConfig) -> str:
+    """`` (n_layer 2, ...)`` for a shape other than the spec's, else nothing (so that the
+    default run prints what it always printed)."""
+    shape = {name: getattr(config, name) for name in SPEC_SHAPE}
+    if shape == SPEC_SHAPE:
+        return ""
+    return " (" + ", ".join(f"{name} {value}" for name, value in shape.items()) + ")"
+
+
+def _note_cut(docs: Sequence[str], block_size: int, what: str) -> None:
+    """Say on stderr how many documents ``what`` (a block size of ``block_size``) cuts."""
+    from ..data import block_size_for, count_cut
+
+    cut = count_cut(docs, block_size)
+    if cut:
+        note(
+            f"{cut} of {len(docs)} documents are longer than {what} reads whole "
+            f"({block_size - 1} characters): training sees only their first {block_size} "
+            f"characters, never their end (--block-size {block_size_for(docs)} fits the "
+            "longest)"
+        )
+
+
+def _resume_error(exc: ResumeError, args: argparse.Namespace) -> str:
+    """A ResumeError in the words of the command line: the option, given and saved."""
+    name = args.checkpoint
+    option = RESUME_OPTIONS.get(exc.option, exc.option)
+    if exc.option == "docs":
+        given = args.data or "(the embedded corpus)"
+        return (
+            f"cannot resume {name!r} with --data {given}: its run trained on another corpus "
+            f"({exc.saved}, not {exc.given})"
+        )
+    text = f"cannot resume {name!r} with {option} {exc.given}: its run has {option} {exc.saved}"
+    if exc.option == "steps":
+        text += " (a finished run is extended by a larger --steps; an unfinished one keeps its own)"
+    return text
+
+
+def _interrupted(args: argparse.Namespace, step: int | None, started_ns: int) -> str:
+    """What Ctrl-C during training prints: where it stopped, the last checkpoint, and
+    the command that continues the run."""
+    where = "interrupted" + ("" if step is None else f" after step {step}")
+    if args.checkpoint is None:
+        return f"{where}; nothing was saved (with --checkpoint PATH a run can be resumed)"
+    path = Path(args.checkpoint)
+    ours = path.exists() and (args.resume or path.stat().st_mtime_ns >= started_ns)
+    if not ours:  # no file yet, or the old file that --overwrite has not replaced yet
+        every = (
+            f" (it is saved every {args.checkpoint_every} steps)"
+            if args.checkpoint_every
+            else " (--checkpoint-every N saves it every N steps)"
+        )
+        again = shlex.join([PROG, *args.argv])
+        return f"{where}; no checkpoint of this run was saved yet{every}; start again with: {again}"
+    try:
+        from ..checkpoint import load
+
+        saved = f" (step {load(args.checkpoint).step})"
+    except Exception:  # the message must come out whatever the file holds
+        saved = ""
+    return (
+        f"{where}; the last checkpoint is {args.checkpoint}{saved}; continue the run with: "
+        f"{resume_command(args.argv)}"
+    )
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command line ``argv`` of ``microgpt-xp`` with ``--resume`` instead of
+    ``--overwrite`` (argparse also takes unambiguous prefixes, ``--over``)."""
+
+    def is_flag(arg: str, flag: str) -> bool:
+        return len(arg) > 3 and flag.startswith(arg)
+
+    kept = [a for a in argv if not is_flag(a, "--overwrite")]
+    if not any(is_flag(a, "--resume") for a in kept):
+        kept.append("--resume")
+    return shlex.join([PROG, *kept])
 
 
 def _run_exact(args: argparse.Namespace) -> int:
@@ -274,7 +557,10 @@ def _run_exact(args: argparse.Namespace) -> int:
             f"{', '.join(given)} cannot be used with --microgpt-exact "
             "(it always trains on one document a step in float64 from seed 42)"
         )
+    if args.overwrite and args.checkpoint is None:
+        raise UsageError("--overwrite needs --checkpoint PATH")
     _check_plot(args.plot)
+    _check_checkpoint_free(args)
     check_device(args.backend, args.device)
     docs = read_docs(args.data)
     if args.data is None:
@@ -282,6 +568,15 @@ def _run_exact(args: argparse.Namespace) -> int:
             f"no --data: using the embedded corpus ({len(docs)} names); the original microgpt "
             "trained on makemore's names.txt"
         )
+    shape: dict[str, Any] = {
+        k: SPEC_SHAPE[k] if getattr(args, k) is None else getattr(args, k) for k in SPEC_SHAPE
+    }
+    size = shape["block_size"]
+    _note_cut(
+        docs,
+        size,
+        f"the original's block size {size}" if args.block_size is None else f"--block-size {size}",
+    )
 
     from ..exact import run_exact
 
@@ -296,6 +591,7 @@ def _run_exact(args: argparse.Namespace) -> int:
         num_samples=args.num_samples,
         temperature=args.temperature,
         newlines=args.newlines,
+        **shape,
         **printing,
     )
     seconds = time.perf_counter() - start
@@ -340,9 +636,9 @@ def _check_plot(path: str | None) -> None:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError as exc:
-        raise ImportError(
-            f"--plot needs matplotlib: pip install 'microgpt-xp[plot]' ({exc})"
-        ) from exc
+        from .._backends import _EXTRA  # the install line of an extra, as the backends say it
+
+        raise ImportError(f"--plot needs matplotlib: {_EXTRA.format('plot')} ({exc})") from exc
     suffix = Path(path).suffix.lstrip(".").lower()
     formats = FigureCanvasAgg.get_supported_filetypes()
     if suffix not in formats:
