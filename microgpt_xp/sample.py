@@ -56,10 +56,11 @@ def choose_columns(probs_t: Any, u: Any) -> Any:
 LOGIT_BOUND = 1e4
 
 #: Samples generated at once when no batch size is given (by :func:`iter_samples`,
-#: :func:`sample_tokens` and :func:`sample`): big enough that a batch's Python overhead
-#: is paid over many rows, small enough that memory stays a few MB whatever the number
-#: of samples (the choice is measured in ``docs/cli.md``).
-DEFAULT_BATCH_SIZE = 10_000
+#: :func:`sample_tokens` and :func:`sample`): big enough that a position's Python
+#: overhead is paid over many rows, small enough that a batch stays in the CPU's caches
+#: and a few MB, whatever the number of samples. The fastest size on NumPy in the
+#: measurements of docs/cli.md ("The default batch size").
+DEFAULT_BATCH_SIZE = 2_000
 
 
 def check_temperature(temperature: Any) -> float:
