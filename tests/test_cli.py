@@ -8,6 +8,7 @@ import functools
 import importlib.util
 import io
 import json
+import logging
 import re
 import shlex
 import shutil
@@ -1109,13 +1110,21 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
 
         monkeypatch.setattr(scale.CorpusScore, "compute", lose_then_compute)
         argv = ["eval", "--checkpoint", checkpoint, "--data", data_file]
+    # distributed logs its failed reconnection to its own stderr handler: no second line
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = logged.append  # type: ignore[method-assign]
+    client_log = logging.getLogger("distributed.client")
+    client_log.addHandler(handler)
     try:
         argv += ["--backend", "dask", "--scheduler", lost.scheduler_address]
         rc, out, err = run(capsys, *argv)
     finally:
+        client_log.removeHandler(handler)
         lost.close()
     assert rc == 1 and "done:" not in out and "mean loss" not in out
     assert_one_error_line(err, "lost the Dask scheduler at")
+    assert [r.getMessage() for r in logged] == []
 
 
 # -- help and version -----------------------------------------------------------------------------

@@ -56,7 +56,7 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if (
-            "default" in text
+            "(default" in text
             or action.required
             or any(action.default is v for v in (None, False, argparse.SUPPRESS))
             or not action.option_strings
@@ -282,7 +282,7 @@ def atomic_output(path: str) -> Iterator[TextIO]:
     """A text file to write ``path`` through: a temporary file in the same folder, renamed
     over ``path`` when the block ends without an error (removed otherwise), so that
     ``path`` is never seen half-written and a failed or interrupted run leaves it as it
-    was."""
+    was (what :func:`microgpt_xp._files.atomic_write` does for data held in memory)."""
     target = Path(path)
     if not target.parent.is_dir():
         raise FileNotFoundError(f"{path!r}: folder {str(target.parent)!r} does not exist")
@@ -290,6 +290,8 @@ def atomic_output(path: str) -> Iterator[TextIO]:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             yield f
+            f.flush()
+            os.fsync(f.fileno())  # the content is on disk before the name points to it
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(tmp, 0o666 & ~mask)  # the mode open() would give a new file

@@ -182,7 +182,7 @@ def _add_shape_options(t: argparse.ArgumentParser) -> None:
     """--n-layer, --n-embd, --n-head and --block-size, in a group of their own."""
     shape = t.add_argument_group(
         "model shape",
-        "Stored in the checkpoint; sample, eval and export read it from there. With "
+        "Stored in the checkpoint; sample, eval and export read it from there. With\n"
         "--resume, the checkpoint's shape is used (an option given must match it).",
     )
     shape.add_argument(
