@@ -120,7 +120,7 @@ def test_non_finite_weights_are_refused_at_the_edges(tmp_path: Path) -> None:
     state = {k: np.asarray(v) for k, v in ref_state(CONFIG, 0).items()}
     for bad in (np.nan, np.inf):
         broken = dict(state, wpe=np.where(np.eye(6, 8) == 1, bad, state["wpe"]))
-        with pytest.raises(ValueError, match="'wpe'.*not finite"):
+        with pytest.raises(ValueError, match=r"'wpe'.*not finite"):
             Params.from_state_dict(broken, config=CONFIG)
     # a file whose checksums are right but whose weights are not finite
     params = Params.from_state_dict(state, config=CONFIG, dtype="float64")
