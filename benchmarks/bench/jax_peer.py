@@ -67,6 +67,8 @@ class JaxGPT:
         device: Any = None,
     ) -> None:
         self.config = config
+        if dtype == "float64":
+            jax.config.update("jax_enable_x64", True)  # as microgpt_xp does for its arrays
         put = lambda a: jax.device_put(jnp.asarray(np.asarray(a), dtype=dtype), device)  # noqa: E731
         self.initial: Weights = {
             "wte": put(host["wte"]),
