@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from xp_testing import xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, score
 from microgpt_xp.checkpoint import CheckpointError, load
@@ -45,9 +46,10 @@ def _host(p: Params) -> dict[str, np.ndarray]:
 
 
 def _assert_params_equal(a: Params, b: Params) -> None:
-    ha, hb = _host(a), _host(b)
-    for k in ha:
-        np.testing.assert_array_equal(ha[k], hb[k], err_msg=k)
+    """Equal weights, on the namespace, device and dtype of ``b``."""
+    assert a.config == b.config
+    for name, x in a.arrays().items():
+        xp_assert_close(x, getattr(b, name), rtol=0, what=name)
 
 
 # -- determinism ------------------------------------------------------------------------------
@@ -136,7 +138,7 @@ def _resume_matches(backend: Any, tmp_path: Path, k: int) -> None:
     assert resumed.adam.t == STEPS
     final = load(path)
     assert final.step == STEPS
-    _assert_params_equal(final.params, full.params)
+    _assert_params_equal(final.params, full.params.to("numpy"))
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
