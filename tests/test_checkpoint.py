@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from microgpt_xp import GPTConfig, Params, _xp, init_params, loss_and_grads
+from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads
 from microgpt_xp.checkpoint import CheckpointError, load, save
 from microgpt_xp.data import Tokenizer, encode_docs
 from microgpt_xp.optim import Adam
 from microgpt_xp.params import materialize
+from microgpt_xp.train import to_batch
 
 DOCS = ["abca", "bc", "cabbac", "a"]
 TOKENIZER = Tokenizer.from_docs(DOCS)
@@ -42,13 +43,12 @@ def _trained(
     params = init_params(CONFIG, seed=3, backend=name, device=device, dtype=dtype)
     adam = Adam(params, lr=0.05, num_steps=10)
     tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
-    tok = _xp.asarray(tokens, name, device=device)
-    lens = _xp.asarray(lengths, name, device=device)
+    tok, lens = to_batch(tokens, lengths, name, device=device)
     for _ in range(steps):
-        _, grads = loss_and_grads(params, tok, lens)
+        loss, grads = loss_and_grads(params, tok, lens)
         params = adam.step(params, grads)
         # as train() does: evaluate each step (a no-op on eager backends)
-        _, params, adam.m, adam.v = materialize(0.0, params, adam.m, adam.v)
+        _, params, adam.m, adam.v = materialize(loss, params, adam.m, adam.v)
     return params, adam
 
 
@@ -98,7 +98,7 @@ def test_round_trip_continues_identically(backend: Any, tmp_path: Path) -> None:
     tok, lens = backend.asarray(tokens), backend.asarray(lengths)
     _, g1 = loss_and_grads(params, tok, lens)
     _, g2 = loss_and_grads(got.params, tok, lens)
-    _, want, got_next = materialize(0.0, adam.step(params, g1), got.adam.step(got.params, g2))
+    want, got_next = materialize(adam.step(params, g1), got.adam.step(got.params, g2))
     _assert_params_equal(got_next, want)
 
 
