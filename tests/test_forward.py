@@ -220,13 +220,8 @@ def test_padding_does_not_leak(backend: Any) -> None:
             changed[row, :n, :], base[row, :n], rtol=0, like=params.wte, what=f"changed row {row}"
         )
         for name, logits in (("narrow", narrow), ("wide", wide)):
-            xp_assert_close(
-                logits[row, :n, :],
-                base[row, :n],
-                rtol=RTOL["float64"],
-                like=params.wte,
-                what=f"{name} row {row}",
-            )
+            got, what = logits[row, :n, :], f"{name} row {row}"
+            xp_assert_close(got, base[row, :n], rtol=RTOL["float64"], like=params.wte, what=what)
 
 
 def test_batch_order_does_not_matter(backend: Any) -> None:
@@ -239,12 +234,9 @@ def test_batch_order_does_not_matter(backend: Any) -> None:
     permuted = forward(params, *to_backend(backend, tokens[perm], lengths[perm]))
     for i, row in enumerate(perm):
         n = int(lengths[row])
+        got = permuted[i, :n, :]
         xp_assert_close(
-            permuted[i, :n, :],
-            base[row, :n],
-            rtol=RTOL["float64"],
-            like=params.wte,
-            what=f"row {row}",
+            got, base[row, :n], rtol=RTOL["float64"], like=params.wte, what=f"row {row}"
         )
     # and a row alone gives the logits it has inside the batch
     alone = forward(params, *to_backend(backend, tokens[2:3], lengths[2:3]))
