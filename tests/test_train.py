@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from xp_testing import xp_assert_close
+from xp_testing import assert_params_equal
 
 from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, score
 from microgpt_xp.checkpoint import CheckpointError, load
@@ -45,13 +45,6 @@ def _host(p: Params) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in p.to("numpy").arrays().items()}
 
 
-def _assert_params_equal(a: Params, b: Params) -> None:
-    """Equal weights, on the namespace, device and dtype of ``b``."""
-    assert a.config == b.config
-    for name, x in a.arrays().items():
-        xp_assert_close(x, getattr(b, name), rtol=0, what=name)
-
-
 # -- determinism ------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_deterministic_for_a_seed(backend: Any, dtype: str) -> None:
@@ -60,7 +53,7 @@ def test_deterministic_for_a_seed(backend: Any, dtype: str) -> None:
     assert len(r1.losses) == STEPS
     assert all(isinstance(x, float) and math.isfinite(x) for x in r1.losses)
     assert r1.losses == r2.losses
-    _assert_params_equal(r1.params, r2.params)
+    assert_params_equal(r1.params, r2.params)
     assert r1.params.backend == backend.name
     assert str(r1.params.dtype).endswith(dtype)
     assert r1.step == STEPS and r1.start_step == 0 and r1.adam.t == STEPS
@@ -134,11 +127,11 @@ def _resume_matches(backend: Any, tmp_path: Path, k: int) -> None:
     assert resumed.start_step == k and resumed.step == STEPS
     assert seen == list(range(k + 1, STEPS + 1))
     assert resumed.losses == full.losses[k:]
-    _assert_params_equal(resumed.params, full.params)
+    assert_params_equal(resumed.params, full.params)
     assert resumed.adam.t == STEPS
     final = load(path)
     assert final.step == STEPS
-    _assert_params_equal(final.params, full.params.to("numpy"))
+    assert_params_equal(final.params, full.params.to("numpy"))
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -157,7 +150,7 @@ def test_resume_without_a_checkpoint_file_starts_fresh(tmp_path: Path) -> None:
     assert result.losses == _run().losses
     saved = load(path)
     assert saved.step == STEPS and saved.tokenizer == TOKENIZER
-    _assert_params_equal(saved.params, result.params)
+    assert_params_equal(saved.params, result.params)
 
 
 def test_resume_a_finished_run(tmp_path: Path) -> None:
@@ -165,7 +158,7 @@ def test_resume_a_finished_run(tmp_path: Path) -> None:
     first = _run(checkpoint=path)
     again = _run(checkpoint=path, resume=True)
     assert again.losses == [] and again.start_step == again.step == STEPS
-    _assert_params_equal(again.params, first.params)
+    assert_params_equal(again.params, first.params)
 
 
 def test_checkpoint_every(tmp_path: Path) -> None:

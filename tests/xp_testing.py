@@ -83,6 +83,14 @@ def xp_assert_close(
     )
 
 
+def assert_params_equal(actual: Params, desired: Params) -> None:
+    """The same config, and every field of ``actual`` equal to that of ``desired`` bit for
+    bit, on the namespace, device and dtype of ``desired``."""
+    assert actual.config == desired.config, f"config {actual.config} != {desired.config}"
+    for name, a in actual.arrays().items():
+        xp_assert_close(a, getattr(desired, name), rtol=0, what=name)
+
+
 def state_dict_arrays(params: Params) -> dict[str, Any]:
     """``params`` in the original's state-dict keys (``"wte"``, …, ``"layer0.attn_wq"``, …)
     as arrays of its own namespace and device: the layer fields sliced, not copied to
