@@ -142,6 +142,8 @@ def test_full_replay_on_names_equals_the_reference(names_txt) -> None:
 def test_full_replay_is_the_same_on_every_namespace(backend, names_txt) -> None:
     """The NumPy replay equals the reference (test above); every other namespace prints
     the same 1024 lines as NumPy."""
+    if backend.name == "numpy":
+        pytest.skip("NumPy is the reference here: it would be compared with itself")
     docs = read_docs(names_txt)
     ours = run_exact(docs, backend=backend.name, device=backend.device, print_fn=_quiet)
     numpy_run = run_exact(docs, print_fn=_quiet)

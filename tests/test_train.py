@@ -66,6 +66,8 @@ def test_deterministic_for_a_seed(backend: Any, dtype: str) -> None:
 
 def test_backend_matches_numpy(backend: Any) -> None:
     """The same seed gives the same run on every backend (float64, to rounding)."""
+    if backend.name == "numpy":
+        pytest.skip("NumPy is the reference here: it would be compared with itself")
     got = _run(backend).losses
     want = _run().losses
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
