@@ -12,13 +12,14 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
+import array_api_compat
 import numpy as np
 import pytest
 import reference
 from conftest import SPEC_SHAPES, ref_state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from xp_testing import xp_assert_close
+from xp_testing import assert_params_equal, xp_assert_close
 
 from microgpt_xp import GPTConfig, KVCache, Params, decode_step, forward, init_params
 from microgpt_xp.params import INIT_STD
@@ -299,11 +300,9 @@ def test_state_dict_round_trip(backend: Any, dtype: str) -> None:
     # from_state_dict(to_state_dict()) and the stacked layout
     again = Params.from_state_dict(out, config=config, backend=backend.name, device=backend.device)
     assert str(again.dtype) == str(params.dtype)
-    for name, a in again.arrays().items():
-        np.testing.assert_array_equal(backend.to_numpy(a), backend.to_numpy(params.arrays()[name]))
-    np.testing.assert_array_equal(
-        backend.to_numpy(params.attn_wk)[1], np.asarray(sd["layer1.attn_wk"], dtype=dtype)
-    )
+    assert_params_equal(again, params)
+    layer1_wk = backend.asarray(sd["layer1.attn_wk"], dtype=dtype)
+    xp_assert_close(params.attn_wk[1, ...], layer1_wk, rtol=0, what="layer1.attn_wk")
 
 
 def test_params_to_round_trip(backend: Any) -> None:
@@ -314,17 +313,33 @@ def test_params_to_round_trip(backend: Any) -> None:
     assert moved.config == config
     back = moved.to("numpy")
     assert back.backend == "numpy"
-    single = moved.to(dtype="float32")
-    assert single.backend == backend.name
-    assert str(single.dtype).split(".")[-1] == "float32"
+    assert_params_equal(back, host)
     for name, a in host.arrays().items():
-        np.testing.assert_array_equal(backend.to_numpy(getattr(moved, name)), a, err_msg=name)
-        np.testing.assert_array_equal(back.arrays()[name], a, err_msg=name)
-        np.testing.assert_array_equal(
-            backend.to_numpy(getattr(single, name)), a.astype(np.float32), err_msg=name
-        )
+        # the expected arrays are put on the backend by the fixture, not by Params.to
+        xp_assert_close(getattr(moved, name), backend.asarray(a), rtol=0, what=name)
     # the logits do not depend on where the weights live
     tokens = np.random.default_rng(6).integers(0, config.vocab_size, size=(2, 5))
     on_backend = forward(moved, backend.asarray(tokens, dtype="int64"))
     on_host = forward(host, tokens)
     xp_assert_close(on_backend, on_host, rtol=RTOL["float64"], like=moved.wte, what="logits")
+
+
+def test_params_to_another_dtype_stays_on_its_backend_and_device(
+    backend: Any, request: pytest.FixtureRequest
+) -> None:
+    host = params_on(HOST, CONFIGS["default"], 2, "float64")
+    moved = host.to(backend.name, device=backend.device)
+    if str(moved.device) != str(array_api_compat.device(backend.xp.asarray(0.0))):
+        # found when the comparison started to check devices: Params.to(dtype=...) copies
+        # through _xp.asarray(..., device=None), the namespace's default device
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True, reason="Params.to(dtype=...) moves the weights to the default device"
+            )
+        )
+    single = moved.to(dtype="float32")
+    assert single.backend == backend.name
+    assert str(single.dtype).split(".")[-1] == "float32"
+    for name, a in host.arrays().items():
+        want = backend.asarray(a, dtype="float32")
+        xp_assert_close(getattr(single, name), want, rtol=0, what=f"{name} in float32")
