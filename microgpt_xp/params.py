@@ -159,8 +159,11 @@ class Params:
     ) -> Params:
         """Copy to another backend, device and/or dtype (through host NumPy arrays).
 
-        ``backend=None`` keeps the current backend; ``dtype=None`` the current dtype.
+        ``backend=None`` keeps the current backend and, unless ``device`` is given, the
+        current device; ``dtype=None`` the current dtype.
         """
+        if backend is None and device is None:
+            device = self.device
         backend = self.backend if backend is None else _xp.check_backend(backend)
         dtype = str(self.dtype).split(".")[-1] if dtype is None else _xp.check_dtype(dtype)
         return Params(

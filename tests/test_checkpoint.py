@@ -3,6 +3,7 @@ files that are missing, truncated, corrupt, foreign or of another model."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -238,7 +239,9 @@ def test_flipped_bytes_in_an_array(saved: tuple[Path, Params, Adam]) -> None:
 
 def _rewrite(path: Path, edit: Any) -> None:
     """Rewrite an .npz as a valid archive, passing each member's array through ``edit``
-    (``edit(name, array) -> array | None``; ``None`` drops the member)."""
+    (``edit(name, array) -> array | None``; ``None`` drops the member). An edited header
+    gets its checksum recomputed, as a file written that way (by another version, say)
+    would have it."""
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
     out = {}
@@ -246,6 +249,9 @@ def _rewrite(path: Path, edit: Any) -> None:
         b = edit(k, a.copy())
         if b is not None:
             out[k] = b
+    if "__header__" in out and "__header_sha256__" in out:
+        digest = hashlib.sha256(out["__header__"].tobytes()).hexdigest().encode()
+        out["__header_sha256__"] = np.frombuffer(digest, dtype=np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **out)
     path.write_bytes(buf.getvalue())

@@ -246,7 +246,7 @@ def test_resume_extends_a_finished_run(tmp_path: Path) -> None:
         assert float(loss) == longer.losses[step - STEPS]
         params = adam.step(params, grads)
     assert adam.lr_at(STEPS) == pytest.approx(0.05 * 3 / (STEPS + 3))
-    _assert_params_equal(longer.params, params)
+    assert_params_equal(longer.params, params)
 
 
 def test_an_existing_checkpoint_is_not_overwritten(tmp_path: Path) -> None:
@@ -254,9 +254,9 @@ def test_an_existing_checkpoint_is_not_overwritten(tmp_path: Path) -> None:
     first = _run(checkpoint=path)
     with pytest.raises(FileExistsError, match=r"resume=True.*overwrite=True"):
         _run(checkpoint=path, seed=7)
-    _assert_params_equal(load(path).params, first.params)
+    assert_params_equal(load(path).params, first.params)
     other = _run(checkpoint=path, seed=7, overwrite=True)
-    _assert_params_equal(load(path).params, other.params)
+    assert_params_equal(load(path).params, other.params)
 
 
 # -- non-finite losses --------------------------------------------------------------------------
