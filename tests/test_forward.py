@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import reference
+from array_api_extra.testing import lazy_xp_function
 from conftest import SPEC_SHAPES, ref_state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,11 @@ from xp_testing import assert_params_equal, xp_assert_close
 
 from microgpt_xp import GPTConfig, KVCache, Params, decode_step, forward, init_params
 from microgpt_xp.params import INIT_STD
+
+# on JAX these run under jax.jit, on Dask without a compute (conftest's backend fixture);
+# decode_step reads its cache position to check it (one compute on Dask)
+lazy_xp_function(forward)
+lazy_xp_function(decode_step, allow_dask_compute=1)
 
 #: float64 logits agree with the scalar oracle to this relative error, float32 to the next.
 RTOL = {"float64": 1e-12, "float32": 1e-5}

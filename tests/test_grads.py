@@ -16,11 +16,16 @@ from typing import Any
 import numpy as np
 import pytest
 import reference
+from array_api_extra.testing import lazy_xp_function
 from conftest import ref_state
 from xp_testing import state_dict_arrays, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, loss_and_grads, score
 from microgpt_xp import layers as L
+
+# on JAX these run under jax.jit, on Dask without a compute (conftest's backend fixture)
+lazy_xp_function(loss_and_grads)
+lazy_xp_function(score)
 
 #: Directional derivatives agree with central differences to this relative error.
 FD_RTOL = 1e-6
