@@ -509,6 +509,7 @@ def test_blas_threads_round_trip() -> None:
     assert T.blas_threads() == n
 
 
+@pytest.mark.needs_jax
 def test_the_jax_peer_trains_the_same_model() -> None:
     """The jax peer's first loss is ours on the same weights and batch (so the benchmark
     compares the same work), and a step lowers it."""
