@@ -114,6 +114,24 @@ def test_a_worker_lost_mid_training_does_not_change_the_losses() -> None:
     assert got.losses == want.losses
 
 
+def test_lazy_results_outlive_the_cluster_or_say_why_not() -> None:
+    from microgpt_xp.cluster import ClusterError
+    from microgpt_xp.sample import generate
+    from microgpt_xp.scale import score_corpus
+
+    params = mx.init_params(CONFIG, dtype="float64")
+    with connect(None, n_workers=1, processes=False, timeout=60) as c:
+        in_graph = score_corpus(params, TOKENIZER, DOCS, chunk_size=64)
+        scattered = score_corpus(
+            params, TOKENIZER, DOCS, chunk_size=64, weights="scatter", client=c
+        )
+        ids = generate(params, 20, bos=TOKENIZER.bos, chunk_size=5)
+    assert in_graph.compute().mean == score_corpus(params, TOKENIZER, DOCS).compute().mean
+    np.testing.assert_array_equal(ids.compute(), generate(params, 20, bos=TOKENIZER.bos).compute())
+    with pytest.raises(ClusterError, match=r"weights='scatter'.*client has closed"):
+        scattered.compute()
+
+
 def test_corpus_means_repeat_bit_for_bit_on_a_cluster() -> None:
     from microgpt_xp.scale import ShuffledRepeat, score_corpus
 
