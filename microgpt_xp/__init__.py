@@ -12,11 +12,11 @@ from .checkpoint import Checkpoint, CheckpointError, load, save
 from .config import GPTConfig
 from .data import DataError, Tokenizer, default_docs, read_docs
 from .exact import run_exact, sample_exact
-from .model import KVCache, decode_step, forward, loss_and_grads, score
+from .model import KVCache, decode_step, forward, loss_and_grads, score, train_step
 from .optim import Adam, AdamState, adam_init, adam_update
 from .params import Params, init_params
 from .sample import sample
-from .train import TrainingError, TrainResult, train
+from .train import ResumeError, TrainingError, TrainResult, train
 
 __all__ = [
     "BACKENDS",
@@ -28,6 +28,7 @@ __all__ = [
     "GPTConfig",
     "KVCache",
     "Params",
+    "ResumeError",
     "Tokenizer",
     "TrainResult",
     "TrainingError",
@@ -47,4 +48,5 @@ __all__ = [
     "save",
     "score",
     "train",
+    "train_step",
 ]

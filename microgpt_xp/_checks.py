@@ -13,6 +13,7 @@ import numpy as np
 from array_api_compat import device
 
 from . import _xp
+from . import primitives as P
 from ._xp import array_namespace
 from .params import Params
 
@@ -61,12 +62,14 @@ def check_tokens(
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be 2-d (batch, time), got shape {tuple(tokens.shape)}")
     b, t = tokens.shape
+    if b == 0:
+        raise ValueError(f"an empty batch: tokens of shape {tuple(tokens.shape)} hold no rows")
     if t > max_len:
         raise ValueError(f"sequence length {t} exceeds the model's limit {max_len}")
     if t < min_length:
         raise ValueError(f"sequences need at least {min_length} tokens, got {t}")
     if lengths is None:
-        lengths = xp.full((b,), t, dtype=tokens.dtype, device=device(tokens))
+        lengths = P.full((b,), t, tokens)
     else:
         _check_same_place(params, {"lengths": lengths})
         if not _xp.is_integral(xp, lengths.dtype):

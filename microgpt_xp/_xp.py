@@ -5,7 +5,8 @@ Everything else in microgpt_xp takes its namespace and device from its input arr
 names a user types (``"numpy"``, ``"dask"``, ...) into a namespace and a device, move host
 (NumPy) data onto a backend and back, and answer the few questions that cannot be asked
 through the standard (is this array lazy, which backend is it). What differs between
-backends is in :data:`microgpt_xp._backends.BACKENDS`; nothing here names one.
+backends is in :data:`microgpt_xp._backends.BACKENDS`; the only backend named here is
+NumPy, in two fast paths for its arrays.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,8 +89,14 @@ def save(
         "meta": meta or {},
         "sha256": {k: _digest(v) for k, v in arrays.items()},
     }
+    raw = json.dumps(header).encode()
     buf = io.BytesIO()
-    np.savez(buf, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
+    np.savez(
+        buf,
+        __header__=np.frombuffer(raw, dtype=np.uint8),
+        __header_sha256__=np.frombuffer(hashlib.sha256(raw).hexdigest().encode(), dtype=np.uint8),
+        **arrays,  # type: ignore[arg-type]
+    )
     return atomic_write(path, buf.getvalue())
 
 
@@ -105,73 +110,97 @@ def load(
 ) -> Checkpoint:
     """Read a checkpoint onto ``backend``/``device`` (``dtype=None``: the saved dtype).
 
-    Raises :class:`CheckpointError` for a missing, truncated or corrupt file, a file that
-    is not a microgpt-xp checkpoint, and (when ``config`` is given) a config mismatch.
+    Raises :class:`CheckpointError` for a missing, truncated or corrupt file (every array
+    and the header carry a SHA-256, so a damaged byte anywhere is found), a file that is
+    not a microgpt-xp checkpoint, non-finite weights, and (when ``config`` is given) a
+    config mismatch.
     """
     path = Path(path)
+    name = str(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+        raise CheckpointError(f"checkpoint {name!r} does not exist")
     with path.open("rb") as f:
         magic = f.read(4)
     if magic != b"PK\x03\x04":
-        raise CheckpointError(
-            f"{str(path)!r} is not a microgpt-xp checkpoint (not an .npz archive)"
-        )
+        raise CheckpointError(f"{name!r} is not a microgpt-xp checkpoint (not an .npz archive)")
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated: {exc}") from exc
+    except Exception as exc:  # zipfile and the zip codecs raise many kinds on damage
+        raise CheckpointError(f"checkpoint {name!r} is corrupt or truncated: {exc!r}") from exc
+    header = _header(data, name)
     try:
-        header = json.loads(data.pop("__header__").tobytes().decode())
+        return _from_header(header, data, name, backend, device, dtype, config)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        # a header that passed its checksum but does not describe a valid checkpoint
+        raise CheckpointError(f"checkpoint {name!r} has an invalid header: {exc}") from exc
+
+
+def _header(data: dict[str, np.ndarray], name: str) -> dict[str, Any]:
+    """The checked JSON header (its SHA-256 and every array's), popped from ``data``."""
+    try:
+        raw = data.pop("__header__").tobytes()
+        header = json.loads(raw.decode())
     except (KeyError, ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(
-            f"{str(path)!r} is not a microgpt-xp checkpoint (no valid header)"
-        ) from exc
+        raise CheckpointError(f"{name!r} is not a microgpt-xp checkpoint (no valid header)") from exc
+    stored = data.pop("__header_sha256__", None)
+    if stored is not None and stored.tobytes().decode(errors="replace") != hashlib.sha256(
+        raw
+    ).hexdigest():
+        raise CheckpointError(f"checkpoint {name!r} is corrupt: its header fails its checksum")
     if not isinstance(header, dict):
         raise CheckpointError(
-            f"{str(path)!r} is not a microgpt-xp checkpoint (its header is not a mapping)"
+            f"{name!r} is not a microgpt-xp checkpoint (its header is not a mapping)"
         )
     if header.get("format") != FORMAT or header.get("version") != VERSION:
         raise CheckpointError(
-            f"{str(path)!r} is not a version-{VERSION} microgpt-xp checkpoint "
+            f"{name!r} is not a version-{VERSION} microgpt-xp checkpoint "
             f"(format {header.get('format')!r}, version {header.get('version')!r})"
         )
-    required = ("sha256", "config", "dtype", "step", "adam", "tokenizer", "meta")
-    missing = [k for k in required if k not in header]
+    missing = [k for k in _REQUIRED if k not in header]
     if missing:
-        raise CheckpointError(f"checkpoint {str(path)!r} has a damaged header: missing {missing}")
+        raise CheckpointError(f"checkpoint {name!r} has a damaged header: missing {missing}")
     digests = header["sha256"]
     if not isinstance(digests, dict) or set(digests) != set(data):
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} is incomplete: arrays do not match its header"
-        )
+        raise CheckpointError(f"checkpoint {name!r} is incomplete: arrays do not match its header")
     for k, a in data.items():
         if _digest(a) != digests[k]:
-            raise CheckpointError(
-                f"checkpoint {str(path)!r} is corrupt: array {k!r} fails its checksum"
-            )
+            raise CheckpointError(f"checkpoint {name!r} is corrupt: array {k!r} fails its checksum")
+    return header
+
+
+_REQUIRED = ("sha256", "config", "dtype", "step", "adam", "tokenizer", "meta")
+
+
+def _from_header(
+    header: dict[str, Any],
+    data: dict[str, np.ndarray],
+    name: str,
+    backend: str,
+    device: Any,
+    dtype: str | None,
+    config: GPTConfig | None,
+) -> Checkpoint:
+    """The :class:`Checkpoint` that a checked header and its arrays describe."""
     try:
         saved = GPTConfig.from_dict(header["config"])
     except (TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"checkpoint {str(path)!r} has an invalid config: {exc}") from exc
+        raise CheckpointError(f"checkpoint {name!r} has an invalid config: {exc}") from exc
     if config is not None and config != saved:
-        raise CheckpointError(f"checkpoint {str(path)!r} holds {saved}, not the requested {config}")
+        raise CheckpointError(f"checkpoint {name!r} holds {saved}, not the requested {config}")
     dtype = header["dtype"] if dtype is None else _xp.check_dtype(dtype)
 
     def record(prefix: str) -> Params:
+        host = {k: data[f"{prefix}/{k}"] for k in FIELDS}
+        bad = [k for k, a in host.items() if not np.isfinite(a).all()]
+        if bad:
+            raise CheckpointError(f"checkpoint {name!r} holds non-finite values in {prefix}/{bad}")
         try:
-            return from_host(
-                {k: data[f"{prefix}/{k}"] for k in FIELDS},
-                saved,
-                backend=backend,
-                device=device,
-                dtype=dtype,
-            )
-        except (KeyError, ValueError) as exc:
-            raise CheckpointError(
-                f"checkpoint {str(path)!r} does not match its config: {exc}"
-            ) from exc
+            return from_host(host, saved, backend=backend, device=device, dtype=dtype)
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint {name!r} does not match its config: {exc}") from exc
 
     params = record("params")
     adam = None
@@ -181,10 +210,13 @@ def load(
         adam = Adam(params, **hp)
         adam.m, adam.v, adam.t = record("adam_m"), record("adam_v"), t
     tok = header["tokenizer"]
+    step = header["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"checkpoint {name!r} has an invalid step {step!r}")
     return Checkpoint(
         params=params,
         adam=adam,
-        step=int(header["step"]),
+        step=step,
         tokenizer=None if tok is None else Tokenizer.from_dict(tok),
         meta=header["meta"],
     )

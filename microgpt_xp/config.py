@@ -18,8 +18,8 @@ class GPTConfig:
         n_head: H, attention heads; each has ``head_dim = n_embd // n_head`` channels.
         block_size: T, the longest sequence (number of positions) the model reads.
 
-    Raises ``ValueError`` for non-positive sizes or ``n_embd % n_head != 0`` and
-    ``TypeError`` for non-integers.
+    Raises ``ValueError`` for non-positive sizes, ``vocab_size < 2`` or ``n_embd % n_head
+    != 0``, and ``TypeError`` for non-integers.
     """
 
     vocab_size: int
@@ -35,6 +35,11 @@ class GPTConfig:
                 raise TypeError(f"GPTConfig.{name} must be an int, got {value!r}")
             if value < 1:
                 raise ValueError(f"GPTConfig.{name} must be positive, got {value}")
+        if self.vocab_size < 2:
+            raise ValueError(
+                f"GPTConfig.vocab_size must be at least 2 (BOS and one character), got "
+                f"{self.vocab_size}"
+            )
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"

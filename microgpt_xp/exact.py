@@ -169,7 +169,7 @@ def run_exact(
         lengths = _xp.asarray(np.array([len(row)], dtype=np.int64), backend, device=device)
         loss, grads = loss_and_grads(params, tokens, lengths)
         params = adam.step(params, grads)
-        loss, params, adam.m, adam.v = materialize(loss, params, adam.m, adam.v)
+        loss, params, adam.state = materialize(loss, params, adam.state)
         loss_value = float(_xp.to_numpy(loss))
         run.losses.append(loss_value)
         _emit(

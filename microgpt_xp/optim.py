@@ -15,6 +15,7 @@ from typing import Any
 
 from . import _pytree
 from . import primitives as P
+from ._xp import array_namespace
 from .params import Params, flatten, unflatten
 
 #: The spec's hyperparameters.
@@ -23,13 +24,15 @@ LR, BETA1, BETA2, EPS, NUM_STEPS = 0.01, 0.85, 0.99, 1e-8, 1000
 
 @dataclass(frozen=True)
 class AdamState:
-    """Adam's state: the first and second moments ``m`` and ``v`` (:class:`Params` of the
-    weights' namespace, device, dtype and shapes) and ``step``, a 0-d integer array of
-    that namespace holding the number of updates taken. A JAX pytree when JAX is
-    installed (see :mod:`microgpt_xp.params`)."""
+    """Adam's state: the first and second moments ``m`` and ``v``, each one flat
+    ``(num_params,)`` vector in the layout of :func:`~microgpt_xp.params.flatten` (the
+    weights' fields one after another; :func:`~microgpt_xp.params.unflatten` gives them
+    back as :class:`Params`), of the weights' namespace, device and dtype; and ``step``,
+    a 0-d integer array of that namespace holding the number of updates taken. A JAX
+    pytree when JAX is installed."""
 
-    m: Params
-    v: Params
+    m: Any
+    v: Any
     step: Any
 
 
@@ -44,9 +47,8 @@ def adam_init(params: Params) -> AdamState:
     """The state before the first update: zero moments, ``step = 0``."""
     if not isinstance(params, Params):
         raise TypeError(f"adam_init needs a Params, got {type(params).__name__}")
-    xp = params.xp
-    zeros = params.map(xp.zeros_like, check=False)
-    return AdamState(zeros, zeros, P.full((), 0, params.wte, dtype=xp.int64))
+    zeros = P.full((params.config.num_params,), 0.0, params.wte)
+    return AdamState(zeros, zeros, P.full((), 0, params.wte, dtype=params.xp.int64))
 
 
 def adam_update(
@@ -71,8 +73,9 @@ def adam_update(
     dtype, as Python floats would be; ``1 - beta`` is the Python float (0.15000000000000002
     for 0.85). No value is read to the host, so the function traces under ``jax.jit``.
 
-    The four records are updated as one flat vector each (a dozen array operations per
-    step rather than a dozen per field; every element's arithmetic is the same).
+    The weights and gradients are updated as one flat vector each, as the moments are
+    kept (a dozen array operations per step rather than a dozen per field; every
+    element's arithmetic is the same).
     """
     xp = params.xp
     dtype = params.dtype
@@ -82,12 +85,10 @@ def adam_update(
     bc2 = xp.astype(1.0 - xp.pow(xp.full_like(t, beta2), t + 1.0), dtype)
     c1, c2 = 1 - beta1, 1 - beta2  # Python floats, evaluated as the original does
     p, g = flatten(params), flatten(grads)
-    m = beta1 * flatten(state.m) + c1 * g
-    v = beta2 * flatten(state.v) + c2 * (g * g)
+    m = beta1 * state.m + c1 * g
+    v = beta2 * state.v + c2 * (g * g)
     p = p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + eps)
-    cfg = params.config
-    new_state = AdamState(unflatten(m, cfg), unflatten(v, cfg), state.step + 1)
-    return unflatten(p, cfg), new_state
+    return unflatten(p, params.config), AdamState(m, v, state.step + 1)
 
 
 def check_hyperparameters(lr: Any, beta1: Any, beta2: Any, eps: Any, num_steps: Any) -> None:
@@ -167,28 +168,29 @@ class Adam:
     def t(self, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= self.num_steps:
             raise ValueError(f"t must be an int in [0, {self.num_steps}], got {value!r}")
-        like = self.state.m.wte
-        step = P.full((), value, like, dtype=self.state.m.xp.int64)
-        self.state = AdamState(self.state.m, self.state.v, step)
+        m = self.state.m
+        step = P.full((), value, m, dtype=array_namespace(m).int64)
+        self.state = AdamState(m, self.state.v, step)
         self._t = value
 
     @property
     def m(self) -> Params:
-        """The first moments."""
-        return self.state.m
+        """The first moments, one array per field (views of the state's flat vector where
+        the namespace has views)."""
+        return unflatten(self.state.m, self.config)
 
     @m.setter
     def m(self, value: Params) -> None:
-        self.state = AdamState(self._check(value), self.state.v, self.state.step)
+        self.state = AdamState(flatten(self._check(value)), self.state.v, self.state.step)
 
     @property
     def v(self) -> Params:
-        """The second moments."""
-        return self.state.v
+        """The second moments, one array per field."""
+        return unflatten(self.state.v, self.config)
 
     @v.setter
     def v(self, value: Params) -> None:
-        self.state = AdamState(self.state.m, self._check(value), self.state.step)
+        self.state = AdamState(self.state.m, flatten(self._check(value)), self.state.step)
 
     def _check(self, record: Params) -> Params:
         if not isinstance(record, Params) or record.config != self.config:

@@ -159,8 +159,11 @@ class Params:
     ) -> Params:
         """Copy to another backend, device and/or dtype (through host NumPy arrays).
 
-        ``backend=None`` keeps the current backend; ``dtype=None`` the current dtype.
+        ``backend=None`` keeps the current backend and, unless ``device`` is given, the
+        current device; ``dtype=None`` the current dtype.
         """
+        if backend is None and device is None:
+            device = self.device
         backend = self.backend if backend is None else _xp.check_backend(backend)
         dtype = str(self.dtype).split(".")[-1] if dtype is None else _xp.check_dtype(dtype)
         return Params(
@@ -197,8 +200,8 @@ class Params:
 
         Without ``config`` it is inferred from the shapes with the default ``n_head`` (4);
         pass one where ``n_head`` differs (shapes do not tell it). ``dtype=None`` keeps a
-        float32/float64 input dtype and uses float64 for lists. Missing or extra keys and
-        wrong shapes raise ``ValueError``.
+        float32/float64 input dtype and uses float64 for lists. Missing or extra keys, wrong
+        shapes and non-finite values raise ``ValueError``.
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
@@ -222,6 +225,9 @@ class Params:
                 raise ValueError(
                     f"state dict entry {key!r} has shape {host[key].shape}, expected {want}"
                 )
+        bad = [k for k in expected if not np.isfinite(np.asarray(host[k], dtype=np.float64)).all()]
+        if bad:
+            raise ValueError(f"state dict entries {bad} are not finite (NaN or inf)")
         if dtype is None:
             kinds = {str(host[k].dtype) for k in expected}
             dtype = (

@@ -360,7 +360,9 @@ def generate(
     inside its chunk's task (:func:`row_uniforms`), so the samples of a seed are those of
     ``sample_tokens(params, bos, N, seed=seed)`` whatever the chunking, and no O(N) array
     of draws is built. ``weights``, ``client``, ``chunk_backend`` and ``chunk_device`` are
-    as in :func:`microgpt_xp.scale.score_corpus`.
+    as in :func:`microgpt_xp.scale.score_corpus`: with ``weights="graph"`` (the default)
+    the array can be computed after the client that built it has closed; with
+    ``"scatter"`` the weights live on that client's cluster, so compute it first.
     """
     dask, da = dask_modules()
     host = host_params(params)

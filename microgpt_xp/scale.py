@@ -35,7 +35,7 @@ import numpy as np
 
 from . import _xp
 from ._files import atomic_write
-from .cluster import computing
+from .cluster import ClusterError, computing
 from .dask_steps import (
     Weights,
     check_chunk_backend,
@@ -256,6 +256,11 @@ class CorpusScore:
         mean: 0-d float64, the mean of ``losses`` (microgpt's ``"mean"`` batch loss).
         token_mean: 0-d float64, the mean over all predicted tokens.
         num_docs, chunk_size, num_chunks: the corpus and its chunking.
+        scattered: with ``weights="scatter"``, the future of the weights on the cluster
+            (the result can only be computed while its client is open); else ``None``.
+
+    With ``weights="graph"`` (the default) the graph holds everything it needs, so it can
+    be computed after the client that built it has closed (on Dask's threads then).
     """
 
     losses: Any
@@ -265,6 +270,7 @@ class CorpusScore:
     num_docs: int
     chunk_size: int
     num_chunks: int
+    scattered: Any = None
 
     def compute(self, *, losses: bool = False, **compute_kwargs: Any) -> ScoreSummary:
         """Run the computation once (on the active scheduler, or ``scheduler=`` in
@@ -272,8 +278,15 @@ class CorpusScore:
         brings the per-document arrays back (O(N) memory on the client).
 
         Raises :class:`~microgpt_xp.cluster.ClusterError` if a distributed scheduler is
-        lost during the computation."""
+        lost during the computation, or if the weights were scattered to a cluster whose
+        client has closed since."""
         dask, _ = dask_modules()
+        if self.scattered is not None and self.scattered.client.status != "running":
+            raise ClusterError(
+                "these scores were built with weights='scatter', which live on a cluster "
+                "whose client has closed: compute them before closing it, or build them "
+                "with weights='graph'"
+            )
         wanted = [self.mean, self.token_mean]
         if losses:
             wanted += [self.losses, self.num_predictions]
@@ -398,6 +411,7 @@ def score_corpus(
     check_chunk_backend(chunk_backend)
     specs, corpus, sizes = _chunks_of(source, chunk_size)
     dtype = np.dtype(str(host.dtype).split(".")[-1])
+    node = None
     if method == "task":
         node = weights_node(host, weights, client)
         out = da.blockwise(
@@ -464,6 +478,7 @@ def score_corpus(
         num_docs=len(source),
         chunk_size=chunk_size,
         num_chunks=len(sizes),
+        scattered=node if method == "task" and weights == "scatter" else None,
     )
 
 

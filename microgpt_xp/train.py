@@ -193,6 +193,8 @@ def train(
             params = init_params(config, seed=seed, backend=home, device=home_device, dtype=dtype)
         elif params.config != config:
             raise ValueError(f"params have {params.config}, not {config}")
+        elif not _finite(params):
+            raise ValueError("params= holds weights that are not finite (NaN or inf)")
         elif backend == "dask":
             params = params.to(home, dtype=dtype)
         adam = Adam(params, lr=lr, num_steps=steps)
@@ -378,12 +380,17 @@ def _save(
 ) -> None:
     """Checkpoint the run after ``step`` steps, unless an update has made a weight
     non-finite (then :class:`TrainingError`, and the last good checkpoint stays)."""
-    if not all(np.isfinite(_xp.to_numpy(a)).all() for a in params.arrays().values()):
+    if not _finite(params):
         raise TrainingError(
             f"the weights are not finite after step {step}; training stopped; "
             f"the last good checkpoint {str(path)!r} is kept"
         )
     ckpt.save(path, params, adam=adam, step=step, tokenizer=tokenizer, meta={"run": run})
+
+
+def _finite(params: Params) -> bool:
+    """Whether every weight is finite (read on the host)."""
+    return all(np.isfinite(_xp.to_numpy(a)).all() for a in params.arrays().values())
 
 
 def _pooled_loss_and_grads(

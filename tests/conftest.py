@@ -7,10 +7,12 @@ non-default device ``device1`` so that a forgotten ``device=`` fails loudly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,21 +96,31 @@ class Backend:
 
 
 @pytest.fixture(params=selected_backends())
-def backend(request: pytest.FixtureRequest) -> Backend:
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """One array namespace. On JAX and Dask, the functions that a test module tags with
+    array-api-extra's ``lazy_xp_function`` run lazily in its tests
+    (``patch_lazy_xp_functions``): under ``jax.jit`` on JAX, and on Dask with every
+    ``compute()`` forbidden (a tag may allow some)."""
     name = request.param
     spec = BACKENDS[name]
     if importlib.util.find_spec(spec.package) is None:
         pytest.skip(f"{name} is not installed")
     if spec.needs_gpu and not gpu_usable(name):
         pytest.skip(f"{name} needs a GPU, and none is usable here")
+    lazy = contextlib.nullcontext()
+    if name in ("jax", "dask"):
+        from array_api_extra.testing import patch_lazy_xp_functions
+
+        lazy = patch_lazy_xp_functions(request, xp=_xp.namespace(name))
     if name == "dask":
         import dask
 
         # the synchronous scheduler keeps tests deterministic and light on 2 cores
-        with dask.config.set(scheduler="synchronous"):
+        with dask.config.set(scheduler="synchronous"), lazy:
             yield Backend(name, None)
         return
-    yield Backend(name, spec.test_device)
+    with lazy:
+        yield Backend(name, spec.test_device)
 
 
 @pytest.fixture
@@ -122,16 +134,17 @@ def names_txt() -> Path:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In the non-NumPy nox sessions run only the tests that take the ``backend`` fixture;
     the others (CLI, data, checkpoints, …) do not depend on the namespace and run once,
-    in the NumPy session. The torch session also runs the tests marked ``needs_torch``
-    (the benchmark's PyTorch peer), which the NumPy session skips without torch."""
+    in the NumPy session. A session also runs the tests marked ``needs_<its backend>``
+    (``needs_torch``: the benchmark's PyTorch peer; ``needs_jax``: the compiled path),
+    which the NumPy session skips without that library."""
     if os.environ.get("MICROGPT_XP_BACKEND_ONLY") != "1":
         return
-    torch_too = "torch" in selected_backends()
+    markers = {f"needs_{name}" for name in selected_backends()}
 
     def wanted(item: pytest.Item) -> bool:
         if "backend" in getattr(item, "fixturenames", ()):
             return True
-        return torch_too and item.get_closest_marker("needs_torch") is not None
+        return any(item.get_closest_marker(m) is not None for m in markers)
 
     keep = [i for i in items if wanted(i)]
     drop = [i for i in items if not wanted(i)]

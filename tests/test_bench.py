@@ -250,7 +250,7 @@ def test_peers_and_breakdown_on_another_backend_and_device() -> None:
 
 
 def test_a_peer_is_one_function_of_the_peers_table() -> None:
-    assert list(P.PEERS) == ["scalar", "torch", "torch_sdpa", "matmul"]
+    assert list(P.PEERS) == ["scalar", "torch", "torch_sdpa", "matmul", "jax"]
     case = W.Case("decode", "tiny", TINY, 2, "float32", "numpy")
     with pytest.raises(P.PeerSkipped, match="train and score only"):
         P.make_peer("matmul", case)
@@ -260,6 +260,8 @@ def test_a_peer_is_one_function_of_the_peers_table() -> None:
     with pytest.raises(P.PeerSkipped, match="too slow"):
         P.make_peer("scalar", medium)
     with pytest.raises(ValueError, match="unknown peer"):
+        P.make_peer("tensorflow", case)
+    with pytest.raises(P.PeerSkipped, match="against ours on JAX only"):
         P.make_peer("jax", case)
     timed = P.make_peer("scalar", case)
     assert timed.name == "scalar" and timed.tokens == TINY.block_size
@@ -505,3 +507,21 @@ def test_blas_threads_round_trip() -> None:
     finally:
         T.set_blas_threads(n)
     assert T.blas_threads() == n
+
+
+@pytest.mark.needs_jax
+def test_the_jax_peer_trains_the_same_model() -> None:
+    """The jax peer's first loss is ours on the same weights and batch (so the benchmark
+    compares the same work), and a step lowers it."""
+    pytest.importorskip("jax")
+    import microgpt_xp as mx
+    from benchmarks.bench.jax_peer import JaxGPT
+
+    case = W.Case("train", "tiny", TINY, 3, "float64", "jax")
+    tokens = case.host_tokens()
+    model = JaxGPT(P.host_weights(case, "float64"), TINY, "float64")
+    lengths = np.full(tokens.shape[0], tokens.shape[1])
+    want, _ = mx.loss_and_grads(case.params(), case.asarray(tokens), case.asarray(lengths))
+    first = model.train_step(tokens)
+    assert first == pytest.approx(float(want), rel=1e-12)
+    assert model.train_step(tokens) < first

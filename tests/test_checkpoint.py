@@ -3,6 +3,7 @@ files that are missing, truncated, corrupt, foreign or of another model."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -11,12 +12,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from xp_testing import assert_params_equal, xp_assert_close
 
-from microgpt_xp import GPTConfig, Params, _xp, init_params, loss_and_grads
+from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads
 from microgpt_xp.checkpoint import CheckpointError, load, save
 from microgpt_xp.data import Tokenizer, encode_docs
 from microgpt_xp.optim import Adam
 from microgpt_xp.params import materialize
+from microgpt_xp.train import to_batch
 
 DOCS = ["abca", "bc", "cabbac", "a"]
 TOKENIZER = Tokenizer.from_docs(DOCS)
@@ -27,14 +30,6 @@ def _host(p: Params) -> dict[str, np.ndarray]:
     return {k: np.asarray(p.to("numpy").arrays()[k]) for k in p.arrays()}
 
 
-def _assert_params_equal(a: Params, b: Params) -> None:
-    assert a.config == b.config
-    ha, hb = _host(a), _host(b)
-    for k in ha:
-        assert ha[k].dtype == hb[k].dtype, k
-        np.testing.assert_array_equal(ha[k], hb[k], err_msg=k)
-
-
 def _trained(
     name: str = "numpy", device: Any = None, dtype: str = "float64", steps: int = 2
 ) -> tuple[Params, Adam]:
@@ -42,13 +37,12 @@ def _trained(
     params = init_params(CONFIG, seed=3, backend=name, device=device, dtype=dtype)
     adam = Adam(params, lr=0.05, num_steps=10)
     tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
-    tok = _xp.asarray(tokens, name, device=device)
-    lens = _xp.asarray(lengths, name, device=device)
+    tok, lens = to_batch(tokens, lengths, name, device=device)
     for _ in range(steps):
-        _, grads = loss_and_grads(params, tok, lens)
+        loss, grads = loss_and_grads(params, tok, lens)
         params = adam.step(params, grads)
         # as train() does: evaluate each step (a no-op on eager backends)
-        _, params, adam.m, adam.v = materialize(0.0, params, adam.m, adam.v)
+        _, params, adam.m, adam.v = materialize(loss, params, adam.m, adam.v)
     return params, adam
 
 
@@ -77,12 +71,12 @@ def test_round_trip(backend: Any, tmp_path: Path, dtype: str) -> None:
     assert got.params.backend == backend.name
     assert str(got.params.device) == str(params.device)
     assert str(got.params.dtype) == str(params.dtype)
-    _assert_params_equal(got.params, params)
+    assert_params_equal(got.params, params)
     assert got.adam is not None
     assert got.adam.state_dict() == adam.state_dict()
     assert got.adam.t == 2
-    _assert_params_equal(got.adam.m, adam.m)
-    _assert_params_equal(got.adam.v, adam.v)
+    assert_params_equal(got.adam.m, adam.m)
+    assert_params_equal(got.adam.v, adam.v)
     assert got.adam.m.backend == backend.name
     # the moments are non-trivial, so the round trip above tested something
     assert np.any(_host(adam.m)["wte"] != 0) and np.any(_host(adam.v)["mlp_fc2"] != 0)
@@ -98,16 +92,18 @@ def test_round_trip_continues_identically(backend: Any, tmp_path: Path) -> None:
     tok, lens = backend.asarray(tokens), backend.asarray(lengths)
     _, g1 = loss_and_grads(params, tok, lens)
     _, g2 = loss_and_grads(got.params, tok, lens)
-    _, want, got_next = materialize(0.0, adam.step(params, g1), got.adam.step(got.params, g2))
-    _assert_params_equal(got_next, want)
+    want, got_next = materialize(adam.step(params, g1), got.adam.step(got.params, g2))
+    assert_params_equal(got_next, want)
 
 
 def test_load_on_numpy_and_other_dtype(saved: tuple[Path, Params, Adam]) -> None:
     path, params, _ = saved
     got = load(path, dtype="float32")
     assert str(got.params.dtype) == "float32"
+    float32_on_numpy = np.zeros((), dtype=np.float32)
     for k, a in _host(params).items():
-        np.testing.assert_array_equal(_host(got.params)[k], a.astype(np.float32), err_msg=k)
+        want = a.astype(np.float32)
+        xp_assert_close(getattr(got.params, k), want, rtol=0, like=float32_on_numpy, what=k)
     with pytest.raises(ValueError, match="dtype"):
         load(path, dtype="float16")
 
@@ -118,7 +114,7 @@ def test_round_trip_without_adam_and_tokenizer(tmp_path: Path) -> None:
     got = load(path)
     assert got.adam is None and got.tokenizer is None
     assert got.step == 0 and got.meta == {}
-    _assert_params_equal(got.params, params)
+    assert_params_equal(got.params, params)
 
 
 def test_save_overwrites(saved: tuple[Path, Params, Adam]) -> None:
@@ -151,7 +147,7 @@ def test_crash_in_rename_keeps_previous(
     assert _leftovers(path.parent, path) == []
     got = load(path)
     assert got.step == 2
-    _assert_params_equal(got.params, params)
+    assert_params_equal(got.params, params)
 
 
 @pytest.mark.parametrize("exc", [OSError("disk full"), KeyboardInterrupt()])
@@ -188,7 +184,7 @@ def test_crash_mid_write_keeps_previous(
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert _leftovers(path.parent, path) == []
-    _assert_params_equal(load(path).params, params)
+    assert_params_equal(load(path).params, params)
 
 
 def test_first_save_crash_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -243,7 +239,9 @@ def test_flipped_bytes_in_an_array(saved: tuple[Path, Params, Adam]) -> None:
 
 def _rewrite(path: Path, edit: Any) -> None:
     """Rewrite an .npz as a valid archive, passing each member's array through ``edit``
-    (``edit(name, array) -> array | None``; ``None`` drops the member)."""
+    (``edit(name, array) -> array | None``; ``None`` drops the member). An edited header
+    gets its checksum recomputed, as a file written that way (by another version, say)
+    would have it."""
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
     out = {}
@@ -251,6 +249,9 @@ def _rewrite(path: Path, edit: Any) -> None:
         b = edit(k, a.copy())
         if b is not None:
             out[k] = b
+    if "__header__" in out and "__header_sha256__" in out:
+        digest = hashlib.sha256(out["__header__"].tobytes()).hexdigest().encode()
+        out["__header_sha256__"] = np.frombuffer(digest, dtype=np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **out)
     path.write_bytes(buf.getvalue())

@@ -24,6 +24,8 @@ import pytest
 
 pytest.importorskip("dask")
 import dask
+import dask.array as da
+from xp_testing import xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, score
 from microgpt_xp.data import DataError, Tokenizer, batch_indices, default_docs, encode_docs
@@ -109,7 +111,7 @@ def test_score_corpus_equals_numpy_on_the_whole_corpus(
     got = result.compute(losses=True)
     want, n = _oracle(params64, docs)
     assert got.losses is not None and got.num_predictions is not None
-    np.testing.assert_allclose(got.losses, want, rtol=1e-12, atol=0)
+    xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
     np.testing.assert_array_equal(got.num_predictions, n)
     assert got.losses.dtype == np.float64 and got.num_predictions.dtype == np.int64
     # the two corpus means are loss_and_grads' two batch losses (another code path)
@@ -129,7 +131,7 @@ def test_score_corpus_float32_keeps_the_dtype_and_a_float64_mean() -> None:
     assert got.losses is not None and got.losses.dtype == np.float32
     # chunks of 64 documents against one batch of 200: BLAS may round a float32 row of a
     # matrix product differently with the number of rows (OpenBLAS does on AVX2-only CPUs)
-    np.testing.assert_allclose(got.losses, want, rtol=2e-6, atol=0)
+    xp_assert_close(got.losses, want, rtol=2e-6, like=p32.wte, elementwise=True)
     # the mean accumulates the float32 losses in float64
     assert got.mean == pytest.approx(float(np.mean(got.losses.astype(np.float64))), rel=1e-12)
 
@@ -151,7 +153,7 @@ def test_a_virtual_corpus_is_scored_chunk_by_chunk_inside_the_tasks(params64: Pa
     assert sorted(calls) == [(s, min(s + 128, 1000)) for s in range(0, 1000, 128)]
     want, _ = _oracle(params64, ShuffledRepeat(DOCS[:100], 1000, seed=2).docs(0, 1000))
     assert got.losses is not None
-    np.testing.assert_allclose(got.losses, want, rtol=1e-12, atol=0)
+    xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
 
 
 def test_the_chunking_does_not_change_the_result(params64: Params) -> None:
@@ -161,7 +163,7 @@ def test_the_chunking_does_not_change_the_result(params64: Params) -> None:
         for c in (97, 2000)
     ]
     assert runs[0].losses is not None and runs[1].losses is not None
-    np.testing.assert_allclose(runs[0].losses, runs[1].losses, rtol=1e-12, atol=0)
+    xp_assert_close(runs[0].losses, runs[1].losses, rtol=1e-12, like=params64.wte, elementwise=True)
     assert runs[0].mean == pytest.approx(runs[1].mean, rel=1e-12)
 
 
@@ -246,7 +248,7 @@ def test_weights_of_another_backend_are_copied_once(params64: Params) -> None:
     got = score_corpus(on_dask, TOKENIZER, DOCS[:50], chunk_size=16).compute(losses=True)
     want, _ = _oracle(params64, DOCS[:50])
     assert got.losses is not None
-    np.testing.assert_allclose(got.losses, want, rtol=1e-12, atol=0)
+    xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
 
 
 @pytest.mark.skipif(
@@ -259,7 +261,7 @@ def test_chunks_can_run_on_another_backend(params64: Params) -> None:
     ).compute(losses=True)
     want, _ = _oracle(params64, DOCS[:50])
     assert got.losses is not None
-    np.testing.assert_allclose(got.losses, want, rtol=1e-12, atol=0)
+    xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
 
 
 def test_write_scores_writes_after_the_computation(params64: Params, tmp_path: Path) -> None:
@@ -340,9 +342,16 @@ def test_dask_training_equals_numpy_and_reduces_gradients_in_a_tree() -> None:
     with dask.config.set(scheduler="synchronous"):
         got = train(docs, backend="dask", chunk_size=8, **args)
     np.testing.assert_allclose(got.losses, ref.losses, rtol=1e-10, atol=0)
-    for name, a in got.params.to("numpy").arrays().items():
-        np.testing.assert_allclose(
-            a, ref.params.arrays()[name], rtol=1e-9, atol=1e-12, err_msg=name
+    float64_on_dask = da.zeros((), dtype=np.float64)
+    for name, a in got.params.arrays().items():
+        xp_assert_close(
+            a,
+            ref.params.arrays()[name],
+            rtol=1e-9,
+            atol=1e-12,
+            like=float64_on_dask,
+            what=name,
+            elementwise=True,
         )
     # the gradient of a weight is a contraction over the chunked batch axis: per-chunk
     # partial products combined in a tree (fan-in below the 8 chunks of the batch)

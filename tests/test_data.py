@@ -4,6 +4,8 @@ batches (spec §6) and the epoch-wise batch order."""
 from __future__ import annotations
 
 import string
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from microgpt_xp import data
 from microgpt_xp.data import (
     DataError,
     Tokenizer,
@@ -143,10 +144,34 @@ def test_default_docs_needs_no_shared_file(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(default_docs()) > 100
 
 
-def test_default_docs_without_mimesis(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(DataError, match="mimesis"):
-        default_docs()
+#: Runs default_docs() in a Python where ``mimesis`` cannot be found or imported (a
+#: ``None`` entry in ``sys.modules`` is how Python marks a module as absent) and prints the
+#: DataError's message.
+_WITHOUT_MIMESIS = """
+import sys
+sys.modules["mimesis"] = None
+from microgpt_xp import DataError, default_docs
+try:
+    default_docs()
+except DataError as exc:
+    print(exc)
+else:
+    print("no DataError")
+"""
+
+
+def test_default_docs_without_mimesis() -> None:
+    root = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_MIMESIS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=root,  # python -c looks in its working directory first: this checkout
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "needs the 'mimesis' package: pip install mimesis" in proc.stdout, proc.stdout
 
 
 # -- Tokenizer ------------------------------------------------------------------------------

@@ -15,12 +15,19 @@ from typing import Any
 import numpy as np
 import pytest
 import reference
+from array_api_extra.testing import lazy_xp_function
 from conftest import SPEC_SHAPES, ref_state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from xp_testing import assert_params_equal, xp_assert_close
 
 from microgpt_xp import GPTConfig, KVCache, Params, decode_step, forward, init_params
 from microgpt_xp.params import INIT_STD
+
+# on JAX these run under jax.jit, on Dask without a compute (conftest's backend fixture);
+# decode_step reads its cache position to check it (one compute on Dask)
+lazy_xp_function(forward)
+lazy_xp_function(decode_step, allow_dask_compute=1)
 
 #: float64 logits agree with the scalar oracle to this relative error, float32 to the next.
 RTOL = {"float64": 1e-12, "float32": 1e-5}
@@ -33,16 +40,6 @@ CONFIGS = {
     "two_layers": GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8),
     "three_heads": GPTConfig(vocab_size=7, n_layer=1, n_embd=12, n_head=3, block_size=5),
 }
-
-
-def assert_rel_close(actual: Any, expected: Any, rtol: float, what: str = "") -> None:
-    """``max|actual - expected| <= rtol * max|expected|`` (norm-wise relative error)."""
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-    err = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
-    assert err <= rtol * scale, f"{what}: max abs error {err:.3e} > {rtol:g} * {scale:.3e}"
 
 
 @functools.cache
@@ -99,12 +96,12 @@ def test_forward_matches_reference(backend: Any, config_name: str, dtype: str) -
     tokens, lengths = random_batch(rng, config, b=5, width=config.block_size)
     logits = forward(params, *to_backend(backend, tokens, lengths))
     assert tuple(logits.shape) == (5, config.block_size, config.vocab_size)
-    assert logits.dtype == params.dtype
-    host = backend.to_numpy(logits)
     for row in range(tokens.shape[0]):
         n = int(lengths[row])
         expected = ref_logits(config, seed, dtype, tuple(int(i) for i in tokens[row, :n]))
-        assert_rel_close(host[row, :n], expected, RTOL[dtype], f"row {row} (length {n})")
+        xp_assert_close(
+            logits[row, :n, :], expected, rtol=RTOL[dtype], like=params.wte, what=f"row {row}"
+        )
 
 
 def test_forward_default_lengths_are_full(backend: Any) -> None:
@@ -112,10 +109,12 @@ def test_forward_default_lengths_are_full(backend: Any) -> None:
     config = CONFIGS["default"]
     params = params_on(backend, config, 3, "float64")
     tokens = np.random.default_rng(2).integers(0, config.vocab_size, size=(3, config.block_size))
-    host = backend.to_numpy(forward(params, backend.asarray(tokens, dtype="int64")))
+    logits = forward(params, backend.asarray(tokens, dtype="int64"))
     for row in range(3):
         expected = ref_logits(config, 3, "float64", tuple(int(i) for i in tokens[row]))
-        assert_rel_close(host[row], expected, RTOL["float64"], f"row {row}")
+        xp_assert_close(
+            logits[row, :, :], expected, rtol=RTOL["float64"], like=params.wte, what=f"row {row}"
+        )
 
 
 @st.composite
@@ -142,11 +141,13 @@ def test_forward_matches_reference_random_batches(
     config = CONFIGS["two_layers"]
     tokens, lengths = batch
     params = params_on(backend, config, 11, "float64")
-    host = backend.to_numpy(forward(params, *to_backend(backend, tokens, lengths)))
+    logits = forward(params, *to_backend(backend, tokens, lengths))
     for row in range(tokens.shape[0]):
         n = int(lengths[row])
         expected = ref_logits(config, 11, "float64", tuple(int(i) for i in tokens[row, :n]))
-        assert_rel_close(host[row, :n], expected, RTOL["float64"], f"row {row}")
+        xp_assert_close(
+            logits[row, :n, :], expected, rtol=RTOL["float64"], like=params.wte, what=f"row {row}"
+        )
 
 
 # -- the KV-cache decoder ------------------------------------------------------------------------
@@ -172,18 +173,33 @@ def test_decode_step_matches_forward(backend: Any, config_name: str, dtype: str)
     h, d = config.n_head, config.head_dim
     for pos in range(t):
         step_logits, cache = decode_step(params, tok[:, pos], cache)
-        assert cache.pos == pos + 1
+        assert int(backend.to_numpy(cache.pos)) == pos + 1
         assert len(cache.keys) == len(cache.values) == config.n_layer
         for k, v in zip(cache.keys, cache.values, strict=True):
-            assert tuple(k.shape) == tuple(v.shape) == (pos + 1, h * d, b)
-        step_host = backend.to_numpy(step_logits)
-        assert step_host.shape == (b, config.vocab_size)
-        real = pos < lengths
-        assert_rel_close(step_host[real], full[real, pos], RTOL[dtype], f"position {pos}")
+            # fixed-size buffers: every step has the same shapes; the slots past pos are 0
+            assert tuple(k.shape) == tuple(v.shape) == (t, h * d, b)
+            assert not backend.to_numpy(k)[pos + 1 :].any()
+            assert not backend.to_numpy(v)[pos + 1 :].any()
+        assert tuple(step_logits.shape) == (b, config.vocab_size)
+        real = np.flatnonzero(pos < lengths)
+        for row in real:
+            xp_assert_close(
+                step_logits[int(row), :],
+                full[row, pos],
+                rtol=RTOL[dtype],
+                like=params.wte,
+                what=f"row {row} position {pos}",
+            )
         # the oracle feeds tokens one at a time, as decode_step does: check it directly too
-        for row in np.flatnonzero(real)[:1]:
+        for row in real[:1]:
             expected = ref_logits(config, 5, dtype, tuple(int(i) for i in tokens[row, : pos + 1]))
-            assert_rel_close(step_host[row], expected[pos], RTOL[dtype], f"row {row} pos {pos}")
+            xp_assert_close(
+                step_logits[int(row), :],
+                expected[pos],
+                rtol=RTOL[dtype],
+                like=params.wte,
+                what=f"row {row} pos {pos} against the oracle",
+            )
 
 
 # -- padding and batch invariances ---------------------------------------------------------------
@@ -199,19 +215,22 @@ def test_padding_does_not_leak(backend: Any) -> None:
     # other padding values (any valid ids): bitwise the same logits at real positions
     other = np.where(real, tokens, rng.integers(0, config.vocab_size, size=tokens.shape))
     assert (other[~real] != tokens[~real]).any()
-    changed = backend.to_numpy(forward(params, *to_backend(backend, other, lengths)))
-    np.testing.assert_array_equal(changed[real], base[real])
+    changed = forward(params, *to_backend(backend, other, lengths))
 
     # less padding (width = the longest row) and more padding (width = block_size)
     width = int(lengths.max())
-    narrow = backend.to_numpy(forward(params, *to_backend(backend, tokens[:, :width], lengths)))
+    narrow = forward(params, *to_backend(backend, tokens[:, :width], lengths))
     pad = rng.integers(0, config.vocab_size, size=(4, config.block_size - 10))
     wide_tokens = np.concatenate([tokens, pad], axis=1)
-    wide = backend.to_numpy(forward(params, *to_backend(backend, wide_tokens, lengths)))
+    wide = forward(params, *to_backend(backend, wide_tokens, lengths))
     for row in range(4):
         n = int(lengths[row])
-        assert_rel_close(narrow[row, :n], base[row, :n], RTOL["float64"], f"narrow row {row}")
-        assert_rel_close(wide[row, :n], base[row, :n], RTOL["float64"], f"wide row {row}")
+        xp_assert_close(  # the real positions (the first n): bitwise the same
+            changed[row, :n, :], base[row, :n], rtol=0, like=params.wte, what=f"changed row {row}"
+        )
+        for name, logits in (("narrow", narrow), ("wide", wide)):
+            got, what = logits[row, :n, :], f"{name} row {row}"
+            xp_assert_close(got, base[row, :n], rtol=RTOL["float64"], like=params.wte, what=what)
 
 
 def test_batch_order_does_not_matter(backend: Any) -> None:
@@ -221,14 +240,19 @@ def test_batch_order_does_not_matter(backend: Any) -> None:
     tokens, lengths = random_batch(rng, config, b=6, width=config.block_size)
     perm = rng.permutation(6)
     base = backend.to_numpy(forward(params, *to_backend(backend, tokens, lengths)))
-    permuted = backend.to_numpy(forward(params, *to_backend(backend, tokens[perm], lengths[perm])))
+    permuted = forward(params, *to_backend(backend, tokens[perm], lengths[perm]))
     for i, row in enumerate(perm):
         n = int(lengths[row])
-        assert_rel_close(permuted[i, :n], base[row, :n], RTOL["float64"], f"row {row}")
+        got = permuted[i, :n, :]
+        xp_assert_close(
+            got, base[row, :n], rtol=RTOL["float64"], like=params.wte, what=f"row {row}"
+        )
     # and a row alone gives the logits it has inside the batch
-    alone = backend.to_numpy(forward(params, *to_backend(backend, tokens[2:3], lengths[2:3])))
+    alone = forward(params, *to_backend(backend, tokens[2:3], lengths[2:3]))
     n = int(lengths[2])
-    assert_rel_close(alone[0, :n], base[2, :n], RTOL["float64"], "row 2 alone")
+    xp_assert_close(
+        alone[0, :n, :], base[2, :n], rtol=RTOL["float64"], like=params.wte, what="row 2 alone"
+    )
 
 
 # -- the weights record --------------------------------------------------------------------------
@@ -284,11 +308,9 @@ def test_state_dict_round_trip(backend: Any, dtype: str) -> None:
     # from_state_dict(to_state_dict()) and the stacked layout
     again = Params.from_state_dict(out, config=config, backend=backend.name, device=backend.device)
     assert str(again.dtype) == str(params.dtype)
-    for name, a in again.arrays().items():
-        np.testing.assert_array_equal(backend.to_numpy(a), backend.to_numpy(params.arrays()[name]))
-    np.testing.assert_array_equal(
-        backend.to_numpy(params.attn_wk)[1], np.asarray(sd["layer1.attn_wk"], dtype=dtype)
-    )
+    assert_params_equal(again, params)
+    layer1_wk = backend.asarray(sd["layer1.attn_wk"], dtype=dtype)
+    xp_assert_close(params.attn_wk[1, ...], layer1_wk, rtol=0, what="layer1.attn_wk")
 
 
 def test_params_to_round_trip(backend: Any) -> None:
@@ -299,17 +321,25 @@ def test_params_to_round_trip(backend: Any) -> None:
     assert moved.config == config
     back = moved.to("numpy")
     assert back.backend == "numpy"
+    assert_params_equal(back, host)
+    for name, a in host.arrays().items():
+        # the expected arrays are put on the backend by the fixture, not by Params.to
+        xp_assert_close(getattr(moved, name), backend.asarray(a), rtol=0, what=name)
+    # the logits do not depend on where the weights live
+    tokens = np.random.default_rng(6).integers(0, config.vocab_size, size=(2, 5))
+    on_backend = forward(moved, backend.asarray(tokens, dtype="int64"))
+    on_host = forward(host, tokens)
+    xp_assert_close(on_backend, on_host, rtol=RTOL["float64"], like=moved.wte, what="logits")
+
+
+def test_params_to_another_dtype_stays_on_its_backend_and_device(backend: Any) -> None:
+    # found when the comparison started to check devices: Params.to(dtype=...) copied
+    # through _xp.asarray(..., device=None), the namespace's default device
+    host = params_on(HOST, CONFIGS["default"], 2, "float64")
+    moved = host.to(backend.name, device=backend.device)
     single = moved.to(dtype="float32")
     assert single.backend == backend.name
     assert str(single.dtype).split(".")[-1] == "float32"
     for name, a in host.arrays().items():
-        np.testing.assert_array_equal(backend.to_numpy(getattr(moved, name)), a, err_msg=name)
-        np.testing.assert_array_equal(back.arrays()[name], a, err_msg=name)
-        np.testing.assert_array_equal(
-            backend.to_numpy(getattr(single, name)), a.astype(np.float32), err_msg=name
-        )
-    # the logits do not depend on where the weights live
-    tokens = np.random.default_rng(6).integers(0, config.vocab_size, size=(2, 5))
-    on_backend = backend.to_numpy(forward(moved, backend.asarray(tokens, dtype="int64")))
-    on_host = forward(host, tokens)
-    assert_rel_close(on_backend, on_host, RTOL["float64"], "logits")
+        want = backend.asarray(a, dtype="float32")
+        xp_assert_close(getattr(single, name), want, rtol=0, what=f"{name} in float32")

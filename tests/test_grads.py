@@ -16,10 +16,16 @@ from typing import Any
 import numpy as np
 import pytest
 import reference
+from array_api_extra.testing import lazy_xp_function
 from conftest import ref_state
+from xp_testing import state_dict_arrays, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, loss_and_grads, score
 from microgpt_xp import layers as L
+
+# on JAX these run under jax.jit, on Dask without a compute (conftest's backend fixture)
+lazy_xp_function(loss_and_grads)
+lazy_xp_function(score)
 
 #: Directional derivatives agree with central differences to this relative error.
 FD_RTOL = 1e-6
@@ -32,16 +38,6 @@ CONFIGS = {
     "default": GPTConfig(vocab_size=27),
     "two_layers": GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8),
 }
-
-
-def assert_rel_close(actual: Any, expected: Any, rtol: float, what: str = "") -> None:
-    """``max|actual - expected| <= rtol * max|expected|`` (norm-wise relative error)."""
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    err = float(np.max(np.abs(actual - expected)))
-    scale = float(np.max(np.abs(expected)))
-    assert err <= rtol * scale, f"{what}: max abs error {err:.3e} > {rtol:g} * {scale:.3e}"
 
 
 def check_directional(
@@ -82,11 +78,10 @@ def test_embedding_block(backend: Any) -> None:
         )
         return float(np.sum(backend.to_numpy(e) * weight))
 
-    e, cache = L.embedding_forward(
-        tok, backend.asarray(inputs["wte"], "float64"), backend.asarray(inputs["wpe"], "float64")
-    )
+    wte = backend.asarray(inputs["wte"], "float64")
+    e, cache = L.embedding_forward(tok, wte, backend.asarray(inputs["wpe"], "float64"))
     expected = inputs["wte"][tokens] + inputs["wpe"][None, :, :]
-    np.testing.assert_array_equal(backend.to_numpy(e), expected.reshape(b * t, c))
+    xp_assert_close(e, expected.reshape(b * t, c), rtol=0, like=wte, what="embedding")
     dwte, dwpe = L.embedding_backward(backend.asarray(weight, "float64"), cache)
     grads = {"wte": backend.to_numpy(dwte), "wpe": backend.to_numpy(dwpe)}
     assert (grads["wte"][5:] == 0).all(), "unused token rows must get exactly zero gradient"
@@ -104,7 +99,8 @@ def test_linear_block(backend: Any) -> None:
         )
 
     y, cache = run(inputs)
-    assert_rel_close(backend.to_numpy(y), inputs["x"] @ inputs["w"].T, 1e-15, "y")
+    like = backend.asarray(inputs["x"], "float64")
+    xp_assert_close(y, inputs["x"] @ inputs["w"].T, rtol=1e-15, like=like, what="y")
     dx, dw = L.linear_backward(backend.asarray(weight, "float64"), cache)
     grads = {"x": backend.to_numpy(dx), "w": backend.to_numpy(dw)}
     check_directional(
@@ -124,7 +120,7 @@ def test_rmsnorm_block(backend: Any) -> None:
 
     y, cache = run(x)
     expected = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-5)
-    assert_rel_close(backend.to_numpy(y), expected, 1e-15, "y")
+    xp_assert_close(y, expected, rtol=1e-15, like=backend.asarray(x, "float64"), what="y")
     dx = backend.to_numpy(L.rmsnorm_backward(backend.asarray(weight, "float64"), cache))
     check_directional(
         lambda d: float(np.sum(backend.to_numpy(run(d["x"])[0]) * weight)),
@@ -144,18 +140,22 @@ def test_relu_block(backend: Any) -> None:
         return L.relu_forward(backend.asarray(x, "float64"))
 
     y, cache = run(x)
-    np.testing.assert_array_equal(backend.to_numpy(y), np.maximum(x, 0.0))
-    dx = backend.to_numpy(L.relu_backward(backend.asarray(weight, "float64"), cache))
-    np.testing.assert_array_equal(dx, weight * (x > 0))
+    like = backend.asarray(x, "float64")
+    xp_assert_close(y, np.maximum(x, 0.0), rtol=0, like=like, what="y")
+    dx = L.relu_backward(backend.asarray(weight, "float64"), cache)
+    xp_assert_close(dx, weight * (x > 0), rtol=0, like=like, what="dx")
     check_directional(
         lambda d: float(np.sum(backend.to_numpy(run(d["x"])[0]) * weight)),
         {"x": x},
-        {"x": dx},
+        {"x": backend.to_numpy(dx)},
         rng,
     )
     # the derivative at exactly 0 is 0 (the spec's relu)
-    _, mask = L.relu_forward(backend.asarray(np.zeros((1, 3)), "float64"))
-    np.testing.assert_array_equal(backend.to_numpy(mask), np.zeros((1, 3)))
+    zeros = backend.asarray(np.zeros((1, 3)), "float64")
+    y0, mask = L.relu_forward(zeros)
+    xp_assert_close(y0, np.zeros((1, 3)), rtol=0, like=zeros, what="relu(0)")
+    dx0 = L.relu_backward(backend.asarray(np.ones((1, 3)), "float64"), mask)
+    xp_assert_close(dx0, np.zeros((1, 3)), rtol=0, like=zeros, what="relu'(0)")
 
 
 def _numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
@@ -185,7 +185,8 @@ def test_attend_block(backend: Any, tq: int, tk: int, causal: bool) -> None:
 
     y, cache = run(inputs)
     expected = _numpy_attention(inputs["q"], inputs["k"], inputs["v"], causal)
-    assert_rel_close(backend.to_numpy(y), expected, 1e-14, "attention output")
+    like = backend.asarray(inputs["q"], "float64")
+    xp_assert_close(y, expected, rtol=1e-14, like=like, what="attention output")
     dq, dk, dv = L.attend_backward(backend.asarray(weight, "float64"), cache)
     grads = {"q": backend.to_numpy(dq), "k": backend.to_numpy(dk), "v": backend.to_numpy(dv)}
     check_directional(
@@ -208,7 +209,8 @@ def test_causal_attention_block(backend: Any) -> None:
         for i in range(3)
     ]
     expected = np.transpose(_numpy_attention(*heads, causal=True), (0, 2, 1, 3)).reshape(b * t, c)
-    assert_rel_close(backend.to_numpy(y), expected, 1e-14, "attention output")
+    like = backend.asarray(qkv, "float64")
+    xp_assert_close(y, expected, rtol=1e-14, like=like, what="attention output")
     dqkv = backend.to_numpy(L.causal_attention_backward(backend.asarray(weight, "float64"), cache))
     check_directional(
         lambda d: float(np.sum(backend.to_numpy(run(d["qkv"])[0]) * weight)),
@@ -233,8 +235,11 @@ def test_cross_entropy_block(backend: Any) -> None:
     losses, cache = run(logits)
     shifted = logits - logits.max(axis=-1, keepdims=True)
     expected = np.log(np.exp(shifted).sum(axis=-1)) - shifted[np.arange(n), targets]
-    assert_rel_close(backend.to_numpy(losses), expected, 1e-14, "losses")
-    dlogits = backend.to_numpy(L.cross_entropy_backward(backend.asarray(dlosses, "float64"), cache)).T
+    like = backend.asarray(logits, "float64")
+    xp_assert_close(losses, expected, rtol=1e-14, like=like, what="losses")
+    dlogits = backend.to_numpy(
+        L.cross_entropy_backward(backend.asarray(dlosses, "float64"), cache)
+    ).T
     check_directional(
         lambda d: float(np.sum(backend.to_numpy(run(d["logits"])[0]) * dlosses)),
         {"logits": logits},
@@ -281,7 +286,9 @@ def params_on(backend: Any, config: GPTConfig, seed: int) -> Params:
 
 def run_loss(
     backend: Any, params: Params, tokens: np.ndarray, lengths: np.ndarray, **kwargs: Any
-) -> tuple[float, dict[str, np.ndarray]]:
+) -> tuple[Any, Params]:
+    """``loss_and_grads`` of a host batch on ``backend``: the loss (a 0-d array) and the
+    gradients, both on the namespace, device and dtype of ``params``."""
     loss, grads = loss_and_grads(
         params,
         backend.asarray(tokens, dtype="int64"),
@@ -292,7 +299,14 @@ def run_loss(
     assert grads.backend == params.backend
     assert str(grads.dtype) == str(params.dtype)
     assert grads.config == params.config
-    return float(backend.to_numpy(loss)), grads.to_state_dict()
+    return loss, grads
+
+
+def host_loss(
+    backend: Any, params: Params, tokens: np.ndarray, lengths: np.ndarray, **kw: Any
+) -> float:
+    """The loss of :func:`run_loss` as a Python float (for finite differences)."""
+    return float(backend.to_numpy(run_loss(backend, params, tokens, lengths, **kw)[0]))
 
 
 @pytest.mark.parametrize("config_name", list(CONFIGS))
@@ -304,10 +318,14 @@ def test_single_doc_matches_reference_autograd(backend: Any, config_name: str) -
     for doc in random_docs(rng, config, [2, 5, config.block_size + 1]):
         ref_loss, ref_grads = ref_loss_and_grads(config, 1, doc)
         loss, grads = run_loss(backend, params, np.array([doc]), np.array([len(doc)]))
-        assert abs(loss - ref_loss) <= REF_RTOL * abs(ref_loss), (loss, ref_loss)
-        assert list(grads) == list(ref_grads)
-        for key, g in grads.items():
-            assert_rel_close(g, ref_grads[key], REF_RTOL, f"d{key} (doc length {len(doc)})")
+        what = f"doc length {len(doc)}"
+        xp_assert_close(loss, ref_loss, rtol=REF_RTOL, like=params.wte, what=f"loss ({what})")
+        got = state_dict_arrays(grads)
+        assert list(got) == list(ref_grads)
+        for key, g in got.items():
+            xp_assert_close(
+                g, ref_grads[key], rtol=REF_RTOL, like=params.wte, what=f"d{key} ({what})"
+            )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "token_mean"])
@@ -323,15 +341,15 @@ def test_batch_is_the_mean_of_reference_docs(backend: Any, reduction: str) -> No
     n = np.minimum(lengths - 1, config.block_size).astype(np.float64)
     weights = np.full(len(docs), 1 / len(docs)) if reduction == "mean" else n / n.sum()
     expected_loss = sum(w * r[0] for w, r in zip(weights, refs, strict=True))
-    assert abs(loss - expected_loss) <= REF_RTOL * expected_loss, (loss, expected_loss)
-    for key, g in grads.items():
+    xp_assert_close(loss, expected_loss, rtol=REF_RTOL, like=params.wte, what="loss")
+    for key, g in state_dict_arrays(grads).items():
         expected = sum(w * r[1][key] for w, r in zip(weights, refs, strict=True))
-        assert_rel_close(g, expected, REF_RTOL, f"d{key} ({reduction})")
+        xp_assert_close(g, expected, rtol=REF_RTOL, like=params.wte, what=f"d{key} ({reduction})")
     # the per-document losses are what score returns
     scores = score(
         params, backend.asarray(tokens, dtype="int64"), backend.asarray(lengths, dtype="int64")
     )
-    assert_rel_close(backend.to_numpy(scores), [r[0] for r in refs], REF_RTOL, "score")
+    xp_assert_close(scores, [r[0] for r in refs], rtol=REF_RTOL, like=params.wte, what="score")
 
 
 @pytest.mark.parametrize("reduction", ["mean", "token_mean"])
@@ -347,11 +365,12 @@ def test_whole_model_directional_derivative(backend: Any, reduction: str) -> Non
         p = Params.from_state_dict(
             state, config=config, backend=backend.name, device=backend.device, dtype="float64"
         )
-        return run_loss(backend, p, tokens, lengths, reduction=reduction)[0]
+        return host_loss(backend, p, tokens, lengths, reduction=reduction)
 
-    _, grads = run_loss(
+    _, on_backend = run_loss(
         backend, params_on(backend, config, 3), tokens, lengths, reduction=reduction
     )
+    grads = on_backend.to_state_dict()
     for _ in range(3):
         u = {k: rng.standard_normal(v.shape) for k, v in sd.items()}
         plus = f({k: v + H * u[k] for k, v in sd.items()})
@@ -370,7 +389,7 @@ def test_unused_rows_get_exactly_zero_gradient(backend: Any) -> None:
     docs = [(bos, *(int(i) for i in rng.choice(used, size=n)), bos) for n in (3, 6, 1)]
     lengths = np.array([len(d) for d in docs])  # at most 8 tokens: 7 positions
     tokens = pad(docs, 10, rng, config.vocab_size)  # padding holds any valid ids
-    _, grads = run_loss(backend, params_on(backend, config, 4), tokens, lengths)
+    grads = run_loss(backend, params_on(backend, config, 4), tokens, lengths)[1].to_state_dict()
     inputs = {bos, *used}
     for row in range(config.vocab_size):
         nonzero = bool(np.any(grads["wte"][row] != 0))
@@ -388,14 +407,17 @@ def test_padding_does_not_change_loss_or_grads(backend: Any) -> None:
     params = params_on(backend, config, 5)
     loss_a, grads_a = run_loss(backend, params, pad(docs, 7, rng, config.vocab_size), lengths)
     loss_b, grads_b = run_loss(backend, params, pad(docs, 7, rng, config.vocab_size), lengths)
-    assert loss_a == loss_b
-    for key in grads_a:
-        np.testing.assert_array_equal(grads_a[key], grads_b[key], err_msg=key)
+    # other padding ids of the same width: bitwise the same
+    xp_assert_close(loss_b, loss_a, rtol=0, like=params.wte, what="loss")
+    for name, g in grads_b.arrays().items():
+        xp_assert_close(g, grads_a.arrays()[name], rtol=0, like=params.wte, what=f"d{name}")
     # wider padding: the same numbers up to rounding
     loss_c, grads_c = run_loss(backend, params, pad(docs, 9, rng, config.vocab_size), lengths)
-    assert abs(loss_c - loss_a) <= REF_RTOL * loss_a
-    for key in grads_a:
-        assert_rel_close(grads_c[key], grads_a[key], REF_RTOL, key)
+    xp_assert_close(loss_c, loss_a, rtol=REF_RTOL, like=params.wte, what="loss, wider")
+    for name, g in grads_c.arrays().items():
+        xp_assert_close(
+            g, grads_a.arrays()[name], rtol=REF_RTOL, like=params.wte, what=f"d{name}, wider"
+        )
 
 
 def test_padding_whose_target_probability_underflows_stays_out_of_the_loss(backend: Any) -> None:
@@ -418,11 +440,13 @@ def test_padding_whose_target_probability_underflows_stays_out_of_the_loss(backe
         tokens[row, : len(doc)] = doc
     expected = np.log(config.vocab_size - 1)
     loss, grads = run_loss(backend, params, tokens, lengths)
-    assert abs(loss - expected) <= 1e-12 * expected
-    assert all(np.isfinite(g).all() for g in grads.values())
+    xp_assert_close(loss, expected, rtol=1e-12, like=params.wte, what="loss")
+    assert all(np.isfinite(g).all() for g in grads.to_state_dict().values())
     loss_t, _ = run_loss(backend, params, tokens, lengths, reduction="token_mean")
-    assert abs(loss_t - expected) <= 1e-12 * expected
-    scores = backend.to_numpy(
-        score(params, backend.asarray(tokens, dtype="int64"), backend.asarray(lengths, "int64"))
+    xp_assert_close(loss_t, expected, rtol=1e-12, like=params.wte, what="token_mean loss")
+    scores = score(
+        params, backend.asarray(tokens, dtype="int64"), backend.asarray(lengths, "int64")
     )
-    np.testing.assert_allclose(scores, [expected, expected], rtol=1e-12)
+    xp_assert_close(
+        scores, [expected, expected], rtol=1e-12, like=params.wte, what="scores", elementwise=True
+    )

@@ -8,8 +8,10 @@ from typing import Any
 
 import array_api_compat
 import numpy as np
+import reference
 
-from microgpt_xp import _xp
+# _xp.to_numpy: the host copy of any backend's array, as the fixtures of conftest use it
+from microgpt_xp import Params, _xp
 
 
 def xp_assert_close(
@@ -20,35 +22,85 @@ def xp_assert_close(
     atol: float = 0.0,
     like: Any = None,
     what: str = "",
+    elementwise: bool = False,
 ) -> None:
     """Assert that ``actual`` is an array like ``like`` and close to ``desired``.
 
-    ``like`` (default: ``desired`` itself) is an array whose namespace, dtype and device
-    ``actual`` must share; pass it when ``desired`` is a host (NumPy or list) reference
-    for a result of another backend. Values are compared norm-wise on the host, in
-    float64: ``max|actual - desired| <= atol + rtol * max|desired|`` (a relative error
-    that does not blow up at entries near zero), with equal shapes.
+    ``actual`` is a result of the library, compared as it is (not a host copy), so that a
+    result on the wrong namespace, dtype or device fails. ``like`` (default: ``desired``
+    itself) is an array whose namespace, dtype and device ``actual`` must share; it is
+    required when ``desired`` is not an array (a list or a number), and is how a host
+    (NumPy or list) reference is compared with a result of another backend.
+
+    Values are compared on the host, in float64, with equal shapes. By default the
+    error is norm-wise relative: ``max|actual - desired| <= atol + rtol * max|desired|``
+    (a relative error that does not blow up at entries near zero). ``elementwise=True``
+    checks every entry alone, ``|actual - desired| <= atol + rtol * |desired|``
+    (``numpy.testing.assert_allclose``'s rule). ``rtol=0`` (and ``atol=0``) asks for
+    equal values. Either way NaNs and infinities must stand where the desired ones do.
     """
-    like = desired if like is None else like
     label = f"{what}: " if what else ""
-    if not isinstance(like, (list, tuple, float, int)):
-        want_xp = _xp.array_namespace(like)
-        got_xp = _xp.array_namespace(actual)
-        assert got_xp is want_xp, f"{label}namespace {got_xp.__name__} != {want_xp.__name__}"
-        assert actual.dtype == like.dtype, f"{label}dtype {actual.dtype} != {like.dtype}"
-        got_dev, want_dev = array_api_compat.device(actual), array_api_compat.device(like)
-        assert str(got_dev) == str(want_dev), f"{label}device {got_dev} != {want_dev}"
+    if like is None:
+        if not array_api_compat.is_array_api_obj(desired):
+            raise TypeError(f"{label}pass like=: the desired values are not an array")
+        like = desired
+    assert array_api_compat.is_array_api_obj(actual), (
+        f"{label}not an array: {type(actual).__name__}"
+    )
+    want_xp = array_api_compat.array_namespace(like)
+    got_xp = array_api_compat.array_namespace(actual)
+    assert got_xp is want_xp, f"{label}namespace {got_xp.__name__} != {want_xp.__name__}"
+    assert actual.dtype == like.dtype, f"{label}dtype {actual.dtype} != {like.dtype}"
+    got_dev, want_dev = array_api_compat.device(actual), array_api_compat.device(like)
+    assert str(got_dev) == str(want_dev), f"{label}device {got_dev} != {want_dev}"
+
     got = np.asarray(_host(actual), dtype=np.float64)
     want = np.asarray(_host(desired), dtype=np.float64)
     assert got.shape == want.shape, f"{label}shape {got.shape} != {want.shape}"
-    if got.size == 0:
-        return
-    assert not np.isnan(got).any() or np.isnan(want).any(), f"{label}NaN in the result"
-    err = float(np.max(np.abs(got - want)))
-    scale = float(np.max(np.abs(want)))
-    assert err <= atol + rtol * scale, (
-        f"{label}max abs error {err:.3e} > {atol:g} + {rtol:g} * {scale:.3e}"
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    finite = np.isfinite(got) & np.isfinite(want)
+    odd = ~same & ~finite
+    assert not odd.any(), (
+        f"{label}{int(odd.sum())} non-finite value(s) differ, first at "
+        f"{tuple(int(i) for i in np.argwhere(odd)[0])}: {got[odd][0]!r} != {want[odd][0]!r}"
     )
+    if not finite.any():
+        return
+    got, want = np.where(finite, got, 0.0), np.where(finite, want, 0.0)
+    err = np.abs(got - want)
+    if elementwise:
+        bound = atol + rtol * np.abs(want)
+        bad = err > bound
+        assert not bad.any(), (
+            f"{label}{int(bad.sum())} of {bad.size} entries differ, the worst by "
+            f"{float(np.max(err - bound)):.3e} over {atol:g} + {rtol:g} * |desired|"
+        )
+        return
+    worst = float(np.max(err))
+    scale = float(np.max(np.abs(want)))
+    assert worst <= atol + rtol * scale, (
+        f"{label}max abs error {worst:.3e} > {atol:g} + {rtol:g} * {scale:.3e}"
+    )
+
+
+def assert_params_equal(actual: Params, desired: Params) -> None:
+    """The same config, and every field of ``actual`` equal to that of ``desired`` bit for
+    bit, on the namespace, device and dtype of ``desired``."""
+    assert actual.config == desired.config, f"config {actual.config} != {desired.config}"
+    for name, a in actual.arrays().items():
+        xp_assert_close(a, getattr(desired, name), rtol=0, what=name)
+
+
+def state_dict_arrays(params: Params) -> dict[str, Any]:
+    """``params`` in the original's state-dict keys (``"wte"``, …, ``"layer0.attn_wq"``, …)
+    as arrays of its own namespace and device: the layer fields sliced, not copied to
+    the host, so that they can be compared with :func:`xp_assert_close`."""
+    out = {}
+    for key in reference.state_dict_keys(params.config.n_layer):
+        layer, _, name = key.rpartition(".")
+        field = getattr(params, name)
+        out[key] = field[int(layer.removeprefix("layer")), ...] if layer else field
+    return out
 
 
 def _host(x: Any) -> Any:

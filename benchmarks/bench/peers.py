@@ -8,6 +8,8 @@
 * ``torch``, ``torch_sdpa``: the same model in PyTorch eager (:mod:`.torch_peer`), autograd
   and ``torch.optim.Adam``, on the torch device next to our arrays.
 * ``matmul``: the step's matrix products alone: the machine's yardstick.
+* ``jax``: the same model in ``jax.numpy`` with ``jax.value_and_grad`` and Adam under one
+  ``jax.jit`` (:mod:`.jax_peer`): the peer of ours on JAX.
 
 A new peer (e.g. ours against a namespace's own autodiff) is one more function in
 :data:`PEERS`.
@@ -202,6 +204,25 @@ def torch_sdpa(case: Case) -> Timed:
     return _torch(case, "torch_sdpa", "sdpa")
 
 
+def jax_autodiff(case: Case) -> Timed:
+    """``jax``: the same model in ``jax.numpy`` with ``jax.value_and_grad`` and Adam in one
+    ``jax.jit`` (:mod:`.jax_peer`), on the JAX device of our arrays: the peer of ours on
+    JAX (train, score)."""
+    if case.backend != "jax":
+        raise PeerSkipped("jax peer: against ours on JAX only (--backend jax)")
+    if case.workload == "decode":
+        raise PeerSkipped("jax peer: train and score only")
+    import jax
+
+    from .jax_peer import JaxGPT
+
+    model = JaxGPT(host_weights(case, case.dtype), case.config, case.dtype, device=case.params().device)
+    tok = jax.device_put(case.host_tokens(), case.params().device)
+    if case.workload == "train":
+        return Timed("jax", every(RESET_EVERY, lambda: model.train_step(tok), model.reset), case.tokens)
+    return Timed("jax", lambda: float(model.score(tok)[0]), case.tokens)
+
+
 def matmul(case: Case) -> Timed:
     """``matmul``: the step's matrix products alone (:func:`matmul_shapes`), on our backend
     and device (NumPy for Dask, whose chunks compute there); train and score only."""
@@ -229,6 +250,7 @@ PEERS: dict[str, Callable[[Case], Timed]] = {
     "torch": torch_eager,
     "torch_sdpa": torch_sdpa,
     "matmul": matmul,
+    "jax": jax_autodiff,
 }
 
 

@@ -5,6 +5,7 @@ breakdown of our training step in :mod:`benchmarks.bench.profiling`.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,8 +15,8 @@ import numpy as np
 
 from microgpt_xp import _xp
 from microgpt_xp.config import GPTConfig
-from microgpt_xp.model import loss_and_grads, score
-from microgpt_xp.optim import Adam
+from microgpt_xp.model import _train_step, score
+from microgpt_xp.optim import Adam, adam_init
 from microgpt_xp.params import Params, init_params, materialize
 from microgpt_xp.sample import decode_batch
 
@@ -174,8 +175,9 @@ def sync(x: Any) -> float:
 
 
 def ours(case: Case) -> Timed:
-    """Our code on ``case.backend``, in this one process: a training step
-    (``loss_and_grads``, ``Adam.step``, materialize, the loss to the host),
+    """Our code on ``case.backend``, in this one process: a training step as
+    :func:`microgpt_xp.train` runs it (the pure ``train_step``, compiled where the namespace
+    has a compiler, materialized, the loss to the host),
     ``score`` of the batch, or :func:`microgpt_xp.sample.decode_batch` for ``T`` positions
     (what :func:`microgpt_xp.sample.sample_tokens` runs, without the early stop)."""
     params = case.params()
@@ -185,14 +187,19 @@ def ours(case: Case) -> Timed:
     lens = case.asarray(np.full(case.batch, case.seq_len + 1, dtype=np.int64))
     name = f"ours[{backend}]"
     if case.workload == "train":
-        adam = Adam(params, num_steps=2**62)
-        state = {"params": params}
+        # what train() runs each step: the pure step, compiled where the namespace has a
+        # compiler (jax.jit), then materialized (Dask) and the loss read to the host
+        hyper = Adam(params, num_steps=2**62).hyperparameters
+        step = functools.partial(_train_step, reduction="mean", **hyper)
+        compile_fn = _xp.compiler(backend, None)
+        if compile_fn is not None:
+            step = compile_fn(step)
+        state: dict[str, Any] = {"params": params, "adam": adam_init(params)}
 
         def train_step() -> float:
-            loss, grads = loss_and_grads(state["params"], tok, lens)
-            new = adam.step(state["params"], grads)
-            loss, new, adam.m, adam.v = materialize(loss, new, adam.m, adam.v)
-            state["params"] = new
+            new, adam_state, loss = step(state["params"], state["adam"], tok, lens)
+            loss, new, adam_state = materialize(loss, new, adam_state)
+            state["params"], state["adam"] = new, adam_state
             return sync(loss)
 
         def reset() -> None:
