@@ -196,6 +196,15 @@ def test_a_temperature_whose_inverse_overflows_is_argmax(dtype: str, temperature
         assert sample(params, TOKENIZER, 5, temperature=as_float32, seed=0) == [greedy] * 5
 
 
+@pytest.mark.parametrize(("dtype", "temperature"), [("float32", 1e-40), ("float64", 1e-310)])
+def test_a_temperature_whose_inverse_overflows_is_argmax_on_every_backend(
+    backend: Any, dtype: str, temperature: float
+) -> None:
+    params = _params(backend, dtype=dtype, seed=2)
+    greedy = "".join(TOKENIZER.chars[i] for i in _greedy(_params(dtype=dtype, seed=2)))
+    assert sample(params, TOKENIZER, N, temperature=temperature, seed=0) == [greedy] * N
+
+
 def test_a_tie_at_zero_temperature_is_drawn_among() -> None:
     # every lm_head row equal: every id ties for the largest logit at every position,
     # so the uniforms choose among all of them (not always the first id)
