@@ -3,17 +3,24 @@ filter of ``python -m benchmarks.bench`` (used to measure proposed changes to
 layers.py/model.py without touching the repository). From the repository root:
 
     python -m benchmarks.ab_variants A_DIR B_DIR [--workload train] [--config default]
-        [--batch 64] [--repeats 9] [--min-time 0.2] [--tune-malloc] [--gap 0.3]
+        [--batch 64] [--backend numpy] [--repeats 9] [--min-time 0.2] [--tune-malloc]
+        [--gap 0.3] [--threads N]
 
 ``A_DIR`` and ``B_DIR`` each hold a ``microgpt_xp`` package (e.g. the repository root and a
 scratch copy with an edited ``layers.py``). Each is imported under its own name, so both
 run in the same process on the same data. Prints seconds per call of each and the
 median of the per-round speedups ``time(A) / time(B)`` over the undisturbed rounds.
+
+``--backend`` puts the weights and the batch on another backend (``torch``, ``jax``, ...):
+training then runs the pure ``train_step`` as ``python -m benchmarks.bench`` does (compiled
+where the backend has a compiler, ``jax.jit``); on NumPy it runs ``loss_and_grads`` and
+``Adam.step``, as it always has.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import shutil
 import sys
@@ -23,7 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench.timing import Timed, calibrate, interleave, summary, tune_malloc
+from benchmarks.bench.timing import (
+    Timed,
+    calibrate,
+    interleave,
+    set_blas_threads,
+    summary,
+    tune_malloc,
+)
 
 CONFIGS = {
     "default": dict(vocab_size=27, n_layer=1, n_embd=16, n_head=4, block_size=16),
@@ -44,16 +58,22 @@ def load(src: Path, alias: str, scratch: Path):
     }
 
 
-def timed(name: str, mods: dict, workload: str, config: str, batch: int) -> Timed:
+def timed(
+    name: str, mods: dict, workload: str, config: str, batch: int, backend: str = "numpy"
+) -> Timed:
     """One training step / score / decode of the package ``mods`` as a ``Timed``."""
     pkg, model, optim, sample, layers = (
         mods[k] for k in ("", "model", "optim", "sample", "layers")
     )
+    xpmod = importlib.import_module(f"{pkg.__name__}._xp")
     cfg = pkg.GPTConfig(**CONFIGS[config])
-    params = pkg.init_params(cfg, dtype="float32")
+    params = pkg.init_params(cfg, dtype="float32", backend=backend)
     t = cfg.block_size
-    tok = np.random.default_rng([0, 1]).integers(0, cfg.vocab_size, (batch, t + 1))
-    lens = np.full(batch, t + 1)
+    host_tok = np.random.default_rng([0, 1]).integers(0, cfg.vocab_size, (batch, t + 1))
+    tok = xpmod.asarray(host_tok, backend)
+    lens = xpmod.asarray(np.full(batch, t + 1), backend)
+    if workload == "train" and backend != "numpy":
+        return _pure_train(name, pkg, xpmod, model, optim, params, tok, lens, batch * t, backend)
     if workload == "train":
         adam = optim.Adam(params, num_steps=2**62)
         state = {"p": params, "n": 0}
@@ -90,6 +110,36 @@ def timed(name: str, mods: dict, workload: str, config: str, batch: int) -> Time
     return Timed(name, decode, batch * t)
 
 
+def _pure_train(name, pkg, xpmod, model, optim, params, tok, lens, tokens, backend) -> Timed:
+    """The pure training step as the benchmark runs it on ``backend`` (compiled where the
+    backend has a compiler), the loss read to the host."""
+    hyper = optim.Adam(params, num_steps=2**62).hyperparameters
+    step = functools.partial(model._train_step, reduction="mean", **hyper)
+    compile_fn = xpmod.compiler(backend, None)
+    if compile_fn is not None:
+        step = compile_fn(step)
+    state = {"p": params, "s": optim.adam_init(params), "n": 0}
+
+    def call() -> float:
+        state["n"] += 1
+        if state["n"] % 100 == 0:  # back to the initial weights, as the bench does
+            state["p"] = params
+        state["p"], state["s"], loss = step(state["p"], state["s"], tok, lens)
+        return float(xpmod.to_numpy(loss))
+
+    return Timed(name, call, tokens)
+
+
+def set_threads(n: int) -> None:
+    """NumPy's BLAS and torch (where installed) to ``n`` threads, as ``bench --threads``."""
+    set_blas_threads(n)
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(n)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("a", type=Path)
@@ -99,6 +149,10 @@ def main() -> None:
     )
     ap.add_argument("--config", default="default", choices=sorted(CONFIGS))
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--backend", default="numpy", help="numpy (default), torch, jax, ...")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="BLAS and torch threads (default: as they are)"
+    )
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--min-time", type=float, default=0.2)
     ap.add_argument("--max-other", type=float, default=0.05)
@@ -109,9 +163,22 @@ def main() -> None:
     args = ap.parse_args()
     if args.tune_malloc:
         tune_malloc()
+    if args.threads is not None:
+        set_threads(args.threads)
+    if args.backend == "jax":
+        # imported before the two copies: each would otherwise install its own import hook
+        # for JAX's pytrees, and the two hooks would call each other without end
+        importlib.import_module("jax")
     with tempfile.TemporaryDirectory() as tmp:
         ts = [
-            timed(n, load(d, f"mgx_{n}", Path(tmp)), args.workload, args.config, args.batch)
+            timed(
+                n,
+                load(d, f"mgx_{n}", Path(tmp)),
+                args.workload,
+                args.config,
+                args.batch,
+                args.backend,
+            )
             for n, d in (("a", args.a), ("b", args.b))
         ]
         for t in ts:
