@@ -125,16 +125,9 @@ def relu_backward(dy: Array, cache: Any) -> Array:
 # -- softmax and attention ----------------------------------------------------------------
 def softmax(z: Array, axis: int = -1) -> Array:
     """Softmax over ``axis`` (the last, or 0) as the original computes it: ``e * (Σe)**-1``
-    with ``e = exp(z - max(z))``. Entries of ``-inf`` get probability 0."""
-    xp = array_namespace(z)
-    if axis == -1:
-        e = xp.exp(z - P.max_last(z))
-        return e * P.sum_last(e) ** -1
-    if axis != 0:
-        raise ValueError(f"softmax runs over axis -1 or 0, not {axis}")
-    # a reduction over the leading axis is already one vectorized pass per row
-    e = xp.exp(z - xp.max(z, axis=0, keepdims=True))
-    return e * xp.sum(e, axis=0, keepdims=True) ** -1
+    with ``e = exp(z - max(z))``. Entries of ``-inf`` get probability 0
+    (:func:`~microgpt_xp.primitives.softmax`)."""
+    return P.softmax(z, axis)
 
 
 def causal_bias(t: int, like: Array) -> Array:
@@ -142,23 +135,17 @@ def causal_bias(t: int, like: Array) -> Array:
 
     Created on ``like``'s device with its dtype.
     """
-    xp = array_namespace(like)
-    pos = P.arange(t, like)
-    zero = P.full((t, t), 0.0, like)
-    return xp.where(pos[:, None] >= pos[None, :], zero, zero - xp.inf)
+    return P.causal_bias(t, like)
 
 
 def split_heads(x: Array, b: int, t: int, n_head: int) -> Array:
     """``(B*T, C)`` -> ``(B, H, T, D)``."""
-    xp = array_namespace(x)
-    return xp.permute_dims(xp.reshape(x, (b, t, n_head, x.shape[-1] // n_head)), (0, 2, 1, 3))
+    return P.split_heads(x, b, t, n_head)
 
 
 def merge_heads(x: Array) -> Array:
     """``(B, H, T, D)`` -> ``(B*T, C)``: head outputs concatenated in head order."""
-    xp = array_namespace(x)
-    b, h, t, d = x.shape
-    return xp.reshape(xp.permute_dims(x, (0, 2, 1, 3)), (b * t, h * d))
+    return P.merge_heads(x)
 
 
 def attend_forward(q: Array, k: Array, v: Array, bias: Array | None) -> tuple[Array, Any]:
@@ -168,23 +155,12 @@ def attend_forward(q: Array, k: Array, v: Array, bias: Array | None) -> tuple[Ar
     every key is visible), ``att = softmax(scores)``, returns ``att @ v (B, H, Tq, D)``.
     The scale goes on ``q``, a quarter of the size of the scores when ``Tk = 4 D``.
     """
-    scale = float(q.shape[-1]) ** -0.5
-    qs = q * scale
-    scores = P.matmul_nt(qs, k)
-    if bias is not None:
-        scores = scores + bias
-    att = softmax(scores)
-    return att @ v, (qs, k, v, att, scale)
+    return P.attention(q, k, v, bias)
 
 
 def attend_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array]:
     """``dy (B, H, Tq, D)`` -> ``(dq, dk, dv)`` with the shapes of ``q, k, v``."""
-    xp = array_namespace(dy)
-    qs, k, v, att, scale = cache
-    datt = P.matmul_nt(dy, v)
-    dv = xp.matrix_transpose(att) @ dy
-    dscores = att * (datt - P.sum_last(datt * att))
-    return (dscores @ k) * scale, xp.matrix_transpose(dscores) @ qs, dv
+    return P.attention_backward(dy, cache)
 
 
 def causal_attention_forward(qkv: Array, b: int, t: int, n_head: int) -> tuple[Array, Any]:
@@ -192,23 +168,17 @@ def causal_attention_forward(qkv: Array, b: int, t: int, n_head: int) -> tuple[A
 
     ``qkv (B*T, 3C)`` holds ``q | k | v`` side by side; returns ``(B*T, C)``. Position
     ``t`` attends to positions ``0..t`` (itself included). Right-padding never reaches a
-    real position, because padding only ever comes after it.
+    real position, because padding only ever comes after it. The math is
+    :func:`attend_forward` over :func:`split_heads` with :func:`causal_bias`, then
+    :func:`merge_heads` (:func:`~microgpt_xp.primitives.causal_attention`; NumPy lays the
+    scores out for its reductions there).
     """
-    c = qkv.shape[-1] // 3
-    q, k, v = (split_heads(qkv[:, i * c : (i + 1) * c], b, t, n_head) for i in range(3))
-    y, cache = attend_forward(q, k, v, causal_bias(t, qkv))
-    return merge_heads(y), cache
+    return P.causal_attention(qkv, b, t, n_head)
 
 
 def causal_attention_backward(dy: Array, cache: Any) -> Array:
     """``dy (B*T, C)`` -> ``dqkv (B*T, 3C)``."""
-    xp = array_namespace(dy)
-    q = cache[0]
-    b, h, t, _ = q.shape
-    dq, dk, dv = attend_backward(split_heads(dy, b, t, h), cache)
-    # (B, 3, H, T, D) -> (B, T, 3, H, D): one relayout copy instead of three and a concat
-    stacked = xp.permute_dims(xp.stack([dq, dk, dv], axis=1), (0, 3, 1, 2, 4))
-    return xp.reshape(stacked, (b * t, 3 * h * dq.shape[-1]))
+    return P.causal_attention_backward(dy, cache)
 
 
 def decode_attention(

@@ -18,7 +18,10 @@ Overrides:
   row-major second operand, BLAS prefers the longer side first in a weight gradient,
   a scatter-add is fastest as a one-hot product, and running sums over the leading
   axis as a product with a triangular matrix of ones. NumPy's products are always
-  computed in the arrays' precision, so these tricks cost no accuracy there.
+  computed in the arrays' precision, so these tricks cost no accuracy there. Causal
+  attention lays its scores out ``(H, Tk, B, Tq)``, so that the softmax and its backward
+  reduce over a leading axis, and writes its products' results in place
+  (:func:`causal_attention`).
 - **PyTorch, JAX, CuPy**: the scatter-add of the embedding gradient uses the library's
   own indexed add (``index_add``, ``.at[].add``, ``cupyx.scatter_add``) instead of a
   one-hot product, which would also be rounded to TF32/bfloat16 where products may be.
@@ -32,10 +35,12 @@ TPUs): only the NumPy overrides use products for sums.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import array_api_compat
+import numpy as np
 from array_api_compat import device
 
 from ._xp import array_namespace
@@ -45,6 +50,12 @@ Array = Any
 
 def _is_numpy(xp: Any) -> bool:
     return bool(array_api_compat.is_numpy_namespace(xp))
+
+
+def _all_numpy(*arrays: Any) -> bool:
+    """Whether every argument is exactly a NumPy ndarray (not a subclass, not a chunk
+    stand-in): what the NumPy overrides take."""
+    return all(type(a) is np.ndarray for a in arrays)
 
 
 # -- reductions over the last axis -----------------------------------------------------------
@@ -201,3 +212,186 @@ def cumulative_sum0(x: Array) -> Array:
         ids = xp.arange(x.shape[0])
         return xp.astype(ids[:, None] >= ids[None, :], x.dtype) @ x
     return xp.cumulative_sum(x, axis=0)
+
+
+# -- attention --------------------------------------------------------------------------------
+def softmax(z: Array, axis: int = -1) -> Array:
+    """Softmax over ``axis`` (the last, or 0) as the original computes it: ``e * (Σe)**-1``
+    with ``e = exp(z - max(z))``. Entries of ``-inf`` get probability 0."""
+    xp = array_namespace(z)
+    if axis == -1:
+        e = xp.exp(z - max_last(z))
+        return e * sum_last(e) ** -1
+    if axis != 0:
+        raise ValueError(f"softmax runs over axis -1 or 0, not {axis}")
+    # a reduction over the leading axis is already one vectorized pass per row
+    e = xp.exp(z - xp.max(z, axis=0, keepdims=True))
+    return e * xp.sum(e, axis=0, keepdims=True) ** -1
+
+
+def causal_bias(t: int, like: Array) -> Array:
+    """``(T, T)`` additive mask: 0 where key ≤ query (the diagonal included), ``-inf`` above,
+    on ``like``'s device with its dtype."""
+    xp = array_namespace(like)
+    pos = arange(t, like)
+    zero = full((t, t), 0.0, like)
+    return xp.where(pos[:, None] >= pos[None, :], zero, zero - xp.inf)
+
+
+def split_heads(x: Array, b: int, t: int, n_head: int) -> Array:
+    """``(B*T, C)`` -> ``(B, H, T, D)``."""
+    xp = array_namespace(x)
+    return xp.permute_dims(xp.reshape(x, (b, t, n_head, x.shape[-1] // n_head)), (0, 2, 1, 3))
+
+
+def merge_heads(x: Array) -> Array:
+    """``(B, H, T, D)`` -> ``(B*T, C)``: head outputs concatenated in head order."""
+    xp = array_namespace(x)
+    b, h, t, d = x.shape
+    return xp.reshape(xp.permute_dims(x, (0, 2, 1, 3)), (b * t, h * d))
+
+
+def attention(q: Array, k: Array, v: Array, bias: Array | None) -> tuple[Array, Any]:
+    """Scaled dot-product attention for ``q (B, H, Tq, D)`` over ``k, v (B, H, Tk, D)``:
+    ``softmax((q * D**-0.5) @ k.T + bias) @ v`` -> ``(B, H, Tq, D)`` and the cache of
+    :func:`attention_backward` (bias ``(Tq, Tk)`` of 0/−inf, or ``None``)."""
+    scale = float(q.shape[-1]) ** -0.5
+    qs = q * scale
+    scores = matmul_nt(qs, k)
+    if bias is not None:
+        scores = scores + bias
+    att = softmax(scores)
+    return att @ v, (qs, k, v, att, scale)
+
+
+def attention_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array]:
+    """``dy (B, H, Tq, D)`` -> ``(dq, dk, dv)`` with the shapes of ``q, k, v``."""
+    xp = array_namespace(dy)
+    qs, k, v, att, scale = cache
+    datt = matmul_nt(dy, v)
+    dv = xp.matrix_transpose(att) @ dy
+    dscores = att * (datt - sum_last(datt * att))
+    return (dscores @ k) * scale, xp.matrix_transpose(dscores) @ qs, dv
+
+
+def causal_attention(qkv: Array, b: int, t: int, n_head: int) -> tuple[Array, Any]:
+    """Causal multi-head self-attention over fused projections: ``qkv (B*T, 3C)`` holds
+    ``q | k | v`` side by side; returns ``(B*T, C)`` (the heads' outputs in head order) and
+    the cache of :func:`causal_attention_backward`.
+
+    NumPy: :func:`_numpy_causal_attention`, the scores laid out key-major with the heads
+    and the batch outside, so that the softmax reduces over a leading axis.
+    """
+    if _all_numpy(qkv):
+        return _numpy_causal_attention(qkv, b, t, n_head)
+    return _causal_attention(qkv, b, t, n_head)
+
+
+def causal_attention_backward(dy: Array, cache: Any) -> Array:
+    """``dy (B*T, C)`` -> ``dqkv (B*T, 3C)`` from the cache of :func:`causal_attention`."""
+    if isinstance(cache, _NumpyAttention):
+        return _numpy_causal_attention_backward(dy, cache)
+    return _causal_attention_backward(dy, cache)
+
+
+def _causal_attention(qkv: Array, b: int, t: int, n_head: int) -> tuple[Array, Any]:
+    """The generic :func:`causal_attention`."""
+    c = qkv.shape[-1] // 3
+    q, k, v = (split_heads(qkv[:, i * c : (i + 1) * c], b, t, n_head) for i in range(3))
+    y, cache = attention(q, k, v, causal_bias(t, qkv))
+    return merge_heads(y), cache
+
+
+def _causal_attention_backward(dy: Array, cache: Any) -> Array:
+    """The generic :func:`causal_attention_backward`."""
+    xp = array_namespace(dy)
+    b, h, t, d = cache[0].shape
+    dq, dk, dv = attention_backward(split_heads(dy, b, t, h), cache)
+    # (B, 3, H, T, D) -> (B, T, 3, H, D): one relayout copy instead of three and a concat
+    stacked = xp.permute_dims(xp.stack([dq, dk, dv], axis=1), (0, 3, 1, 2, 4))
+    return xp.reshape(stacked, (b * t, 3 * h * d))
+
+
+class _NumpyAttention(NamedTuple):
+    """The cache of :func:`_numpy_causal_attention`: views of ``q``, ``k``, ``v`` ``(B, H,
+    T, D)`` into the forward's ``qkv``, the probabilities ``att[h, key, b, query]`` and the
+    scale."""
+
+    q: Any
+    k: Any
+    v: Any
+    att: Any
+    scale: float
+
+
+def _numpy_causal_attention(qkv: Any, b: int, t: int, n_head: int) -> tuple[Any, Any]:
+    """NumPy's :func:`causal_attention`.
+
+    The scores are laid out ``(H, Tk, B, Tq)``: each ``(b, h)`` block ``k @ (q*scale).T``
+    is a ``(Tk, Tq)`` matrix with unit column stride, so the batched product writes it in
+    place (``out=``), and the softmax over the keys is a reduction over axis 1 of an
+    ``(H, Tk, B*Tq)`` array, vectorized over whole contiguous rows (the scores' last axis
+    is short: a reduction over it runs row by row, and even a relaid copy for it costs
+    more than the rest of the softmax). The causal mask is a cached full-size constant
+    added in place. The output product reads the probabilities as transposed blocks and
+    writes the heads' outputs straight into the merged ``(B, T, H, D)`` layout.
+    """
+    c = qkv.shape[-1] // 3
+    h, d = n_head, c // n_head
+    dtype = qkv.dtype
+    scale = float(d) ** -0.5
+    x5 = qkv.reshape(b, t, 3, h, d)
+    q, k, v = (x5[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, H, T, D) views
+    qs_t = np.empty((b, h, d, t), dtype)
+    np.multiply(q.transpose(0, 1, 3, 2), scale, out=qs_t)
+    att = np.empty((h, t, b, t), dtype)  # att[h, key, b, query]
+    np.matmul(k, qs_t, out=att.transpose(2, 0, 1, 3))
+    rows = att.reshape(h, t, b * t)
+    np.add(rows, _numpy_key_query_bias(h, t, b, dtype), out=rows)
+    np.subtract(rows, rows.max(axis=1, keepdims=True), out=rows)
+    np.exp(rows, out=rows)
+    total = rows.sum(axis=1, keepdims=True)
+    np.multiply(rows, np.reciprocal(total, out=total), out=rows)
+    y = np.empty((b, t, h, d), dtype)
+    np.matmul(att.transpose(2, 0, 3, 1), v, out=y.transpose(0, 2, 1, 3))
+    return y.reshape(b * t, c), _NumpyAttention(q, k, v, att, scale)
+
+
+def _numpy_causal_attention_backward(dy: Any, cache: _NumpyAttention) -> Any:
+    """NumPy's :func:`causal_attention_backward`, in the layout of the forward: the
+    gradient of the probabilities is written as ``(H, Tk, B, Tq)``, the softmax's
+    backward reduces over its axis 1, and ``dq``, ``dk``, ``dv`` are written straight into
+    their column blocks of ``dqkv``. The scale goes on the scores' gradient once (the
+    generic code scales ``dq`` and, through ``q * scale``, ``dk``)."""
+    q, k, v, att, scale = cache
+    b, h, t, d = q.shape
+    dtype = att.dtype
+    dy_heads = dy.reshape(b, t, h, d).transpose(0, 2, 1, 3)  # (B, H, T, D) view
+    dy_t = np.empty((b, h, d, t), dtype)
+    np.copyto(dy_t, dy_heads.transpose(0, 1, 3, 2))
+    datt = np.empty((h, t, b, t), dtype)  # datt[h, key, b, query]
+    np.matmul(v, dy_t, out=datt.transpose(2, 0, 1, 3))
+    rows, probs = datt.reshape(h, t, b * t), att.reshape(h, t, b * t)
+    dot = np.multiply(rows, probs).sum(axis=1, keepdims=True)
+    np.subtract(rows, dot, out=rows)
+    np.multiply(rows, probs, out=rows)
+    np.multiply(rows, scale, out=rows)  # the scores' gradient, times the scale
+    dqkv = np.empty((b, t, 3, h, d), dtype)
+    dscores_t = datt.transpose(2, 0, 1, 3)  # (B, H, Tk, Tq)
+    np.matmul(dscores_t.transpose(0, 1, 3, 2), k, out=dqkv[:, :, 0].transpose(0, 2, 1, 3))
+    np.matmul(dscores_t, q, out=dqkv[:, :, 1].transpose(0, 2, 1, 3))
+    np.matmul(att.transpose(2, 0, 1, 3), dy_heads, out=dqkv[:, :, 2].transpose(0, 2, 1, 3))
+    return dqkv.reshape(b * t, 3 * h * d)
+
+
+@functools.lru_cache(maxsize=8)
+def _numpy_key_query_bias(h: int, t: int, b: int, dtype: Any) -> Any:
+    """The causal mask in the layout of :func:`_numpy_causal_attention`'s scores, ``(H, Tk,
+    B*Tq)``: ``-inf`` where the key comes after the query, else 0. Built once per shape
+    and dtype and read-only (an eager constant: NumPy arrays only)."""
+    pos = np.arange(t)
+    key_query = np.where(pos[:, None] > pos[None, :], -np.inf, 0.0).astype(dtype)
+    mask = np.ascontiguousarray(np.broadcast_to(key_query[None, :, None, :], (h, t, b, t)))
+    mask = mask.reshape(h, t, b * t)
+    mask.flags.writeable = False
+    return mask
