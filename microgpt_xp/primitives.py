@@ -22,6 +22,9 @@ Overrides:
   attention lays its scores out ``(H, Tk, B, Tq)``, so that the softmax and its backward
   reduce over a leading axis, and writes its products' results in place
   (:func:`causal_attention`).
+- **PyTorch**: causal attention with torch's fused softmax and softmax backward
+  (``torch.softmax``, ``torch._softmax_backward_data``: one kernel each, where the
+  generic softmax is six and its backward four) and the mask added in place.
 - **PyTorch, JAX, CuPy**: the scatter-add of the embedding gradient uses the library's
   own indexed add (``index_add``, ``.at[].add``, ``cupyx.scatter_add``) instead of a
   one-hot product, which would also be rounded to TF32/bfloat16 where products may be.
@@ -284,6 +287,8 @@ def causal_attention(qkv: Array, b: int, t: int, n_head: int) -> tuple[Array, An
     """
     if _all_numpy(qkv):
         return _numpy_causal_attention(qkv, b, t, n_head)
+    if array_api_compat.is_torch_array(qkv):
+        return _torch_causal_attention(qkv, b, t, n_head)
     return _causal_attention(qkv, b, t, n_head)
 
 
@@ -291,6 +296,8 @@ def causal_attention_backward(dy: Array, cache: Any) -> Array:
     """``dy (B*T, C)`` -> ``dqkv (B*T, 3C)`` from the cache of :func:`causal_attention`."""
     if isinstance(cache, _NumpyAttention):
         return _numpy_causal_attention_backward(dy, cache)
+    if isinstance(cache, _TorchAttention):
+        return _torch_causal_attention_backward(dy, cache)
     return _causal_attention_backward(dy, cache)
 
 
@@ -395,3 +402,59 @@ def _numpy_key_query_bias(h: int, t: int, b: int, dtype: Any) -> Any:
     mask = mask.reshape(h, t, b * t)
     mask.flags.writeable = False
     return mask
+
+
+class _TorchAttention(NamedTuple):
+    """The cache of :func:`_torch_causal_attention`: ``q * scale``, ``k``, ``v`` ``(B, H, T,
+    D)``, the probabilities ``(B, H, Tq, Tk)`` and the scale."""
+
+    qs: Any
+    k: Any
+    v: Any
+    att: Any
+    scale: float
+
+
+def _torch_causal_attention(qkv: Any, b: int, t: int, n_head: int) -> tuple[Any, Any]:
+    """PyTorch's :func:`causal_attention`: the generic math with torch's fused kernels,
+    the mask added in place to the scores and ``torch.softmax`` (one kernel for the six of
+    the generic softmax)."""
+    import torch
+
+    c = qkv.shape[-1] // 3
+    h, d = n_head, c // n_head
+    scale = float(d) ** -0.5
+    x5 = qkv.reshape(b, t, 3, h, d)
+    q, k, v = (x5[:, :, i].transpose(1, 2) for i in range(3))
+    qs = q * scale
+    scores = torch.matmul(qs, k.transpose(-1, -2))
+    scores.add_(_torch_causal_bias(t, qkv.dtype, qkv.device))
+    att = torch.softmax(scores, dim=-1)
+    y = torch.matmul(att, v)
+    return y.transpose(1, 2).reshape(b * t, c), _TorchAttention(qs, k, v, att, scale)
+
+
+def _torch_causal_attention_backward(dy: Any, cache: _TorchAttention) -> Any:
+    """PyTorch's :func:`causal_attention_backward`: the softmax's backward is torch's
+    one kernel (``_softmax_backward_data``, what autograd runs)."""
+    import torch
+
+    qs, k, v, att, scale = cache
+    b, h, t, d = qs.shape
+    dy_heads = dy.reshape(b, t, h, d).transpose(1, 2)
+    datt = torch.matmul(dy_heads, v.transpose(-1, -2))
+    dscores = torch._softmax_backward_data(datt, att, -1, att.dtype)
+    dq = torch.matmul(dscores, k).mul_(scale)
+    dk = torch.matmul(dscores.transpose(-1, -2), qs)
+    dv = torch.matmul(att.transpose(-1, -2), dy_heads)
+    stacked = torch.stack([dq, dk, dv], dim=1).permute(0, 3, 1, 2, 4)
+    return stacked.reshape(b * t, 3 * h * d)
+
+
+@functools.lru_cache(maxsize=8)
+def _torch_causal_bias(t: int, dtype: Any, dev: Any) -> Any:
+    """The ``(T, T)`` causal mask of :func:`causal_bias` as a torch tensor, built once per
+    size, dtype and device (an eager constant, never written to)."""
+    import torch
+
+    return torch.full((t, t), float("-inf"), dtype=dtype, device=dev).triu(1)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from microgpt_xp import _xp
 from microgpt_xp import primitives as P
 
 #: Norm-wise relative error allowed between an override and the generic code.
@@ -27,8 +28,8 @@ def assert_same(actual: Any, desired: Any, dtype: str, what: str) -> None:
     dtype and shape, and to ``RTOL[dtype]`` in value."""
     assert type(actual) is type(desired), what
     assert actual.dtype == desired.dtype, what
-    assert actual.shape == desired.shape, what
-    got, want = (np.asarray(a, dtype=np.float64) for a in (actual, desired))
+    assert tuple(actual.shape) == tuple(desired.shape), what
+    got, want = (np.asarray(_xp.to_numpy(a), dtype=np.float64) for a in (actual, desired))
     scale = float(np.max(np.abs(want))) if want.size else 0.0
     assert float(np.max(np.abs(got - want), initial=0.0)) <= RTOL[dtype] * scale, what
 
@@ -73,3 +74,26 @@ def test_attention_of_a_numpy_subclass_takes_the_generic_code() -> None:
     qkv = np.random.default_rng(0).standard_normal((8, 12)).view(Sub)
     _, cache = P.causal_attention(qkv, 2, 4, 2)
     assert not isinstance(cache, P._NumpyAttention)
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES)
+def test_torch_causal_attention_equals_the_generic_code(
+    shape: tuple[int, int, int, int], dtype: str
+) -> None:
+    torch = pytest.importorskip("torch")
+    b, t, c, h = shape
+    rng = np.random.default_rng(sum(shape))
+    qkv = torch.from_numpy((1.5 * rng.standard_normal((b * t, 3 * c))).astype(dtype))
+    dy = torch.from_numpy(rng.standard_normal((b * t, c)).astype(dtype))
+    before = qkv.clone(), dy.clone()
+    y, cache = P.causal_attention(qkv, b, t, h)
+    assert isinstance(cache, P._TorchAttention)  # the override ran
+    want_y, want_cache = P._causal_attention(qkv, b, t, h)
+    assert_same(y, want_y, dtype, "output")
+    dqkv = P.causal_attention_backward(dy, cache)
+    assert_same(dqkv, P._causal_attention_backward(dy, want_cache), dtype, "dqkv")
+    assert torch.equal(qkv, before[0]) and torch.equal(dy, before[1])
+    # the cached mask is never written to
+    assert torch.equal(P._torch_causal_bias(t, qkv.dtype, qkv.device), P.causal_bias(t, qkv))
