@@ -21,10 +21,13 @@ Overrides:
   computed in the arrays' precision, so these tricks cost no accuracy there. Causal
   attention lays its scores out ``(H, Tk, B, Tq)``, so that the softmax and its backward
   reduce over a leading axis, and writes its products' results in place
-  (:func:`causal_attention`).
+  (:func:`causal_attention`). One-hot matrices are zeros with ones written at flat
+  indices, and the loss picks its targets' entries by indexing (:func:`one_hot`,
+  :func:`cross_entropy`).
 - **PyTorch**: causal attention with torch's fused softmax and softmax backward
   (``torch.softmax``, ``torch._softmax_backward_data``: one kernel each, where the
-  generic softmax is six and its backward four) and the mask added in place.
+  generic softmax is six and its backward four) and the mask added in place; the loss
+  with ``log_softmax``, ``gather`` and ``scatter_add_`` (:func:`cross_entropy`).
 - **PyTorch, JAX, CuPy**: the scatter-add of the embedding gradient uses the library's
   own indexed add (``index_add``, ``.at[].add``, ``cupyx.scatter_add``) instead of a
   one-hot product, which would also be rounded to TF32/bfloat16 where products may be.
@@ -131,12 +134,37 @@ def weight_grad(dy: Array, x: Array) -> Array:
 # -- indexing and scatter ---------------------------------------------------------------------
 def one_hot(ids: Array, num_classes: int, dtype: Any, *, axis: int = -1) -> Array:
     """``(…,)`` integer ids -> ``(…, num_classes)`` one-hot rows of ``dtype``, on the ids'
-    device; with ``axis=0``, 1-d ``ids (N,)`` -> ``(num_classes, N)`` one-hot columns."""
+    device; with ``axis=0``, 1-d ``ids (N,)`` -> ``(num_classes, N)`` one-hot columns.
+
+    NumPy, for ids in ``[0, num_classes)`` (what the model passes; the generic code gives
+    a row of zeros for an id outside): zeros with a 1 written at each id's flat index,
+    instead of comparing every id with every class and converting the booleans.
+    """
+    if _all_numpy(ids):
+        return _numpy_one_hot(ids, num_classes, dtype, axis)
+    return _one_hot(ids, num_classes, dtype, axis)
+
+
+def _one_hot(ids: Array, num_classes: int, dtype: Any, axis: int) -> Array:
+    """The generic :func:`one_hot`."""
     xp = array_namespace(ids)
     classes = arange(num_classes, ids, dtype=ids.dtype)
     if axis == 0:
         return xp.astype(classes[:, None] == ids[None, :], dtype)
     return xp.astype(ids[..., None] == classes, dtype)
+
+
+def _numpy_one_hot(ids: Any, num_classes: int, dtype: Any, axis: int) -> Any:
+    """NumPy's :func:`one_hot`."""
+    flat_ids = ids.reshape(-1)
+    n = flat_ids.shape[0]
+    if axis == 0:
+        out = np.zeros((num_classes, n), dtype)
+        out.reshape(-1)[flat_ids * n + np.arange(n)] = 1
+    else:
+        out = np.zeros((*ids.shape, num_classes), dtype)
+        out.reshape(-1)[np.arange(n) * num_classes + flat_ids] = 1
+    return out
 
 
 # -- creation --------------------------------------------------------------------------------
@@ -458,3 +486,94 @@ def _torch_causal_bias(t: int, dtype: Any, dev: Any) -> Any:
     import torch
 
     return torch.full((t, t), float("-inf"), dtype=dtype, device=dev).triu(1)
+
+
+# -- the loss ---------------------------------------------------------------------------------
+def cross_entropy(logits_t: Array, targets: Array, valid: Array | None) -> tuple[Array, Any]:
+    """Per-position ``log Σ exp(z − max z) − (z[target] − max z)`` of ``logits_t (V, N)``
+    (one column per position) and ``targets (N,)``: ``losses (N,)``, 0 where ``valid``
+    (if given) is 0, and the cache of :func:`cross_entropy_backward`.
+
+    NumPy: the target's entry is picked by indexing (the generic code multiplies by a
+    one-hot matrix and sums: the same exact value), and the one-hot matrix is written by
+    flat indices. PyTorch: ``log_softmax`` and ``gather`` (one kernel each), and a
+    ``scatter_add_`` in the backward."""
+    if _all_numpy(logits_t, targets):
+        return _numpy_cross_entropy(logits_t, targets, valid)
+    if array_api_compat.is_torch_array(logits_t):
+        return _torch_cross_entropy(logits_t, targets, valid)
+    return _cross_entropy(logits_t, targets, valid)
+
+
+def cross_entropy_backward(dlosses: Array, cache: Any) -> Array:
+    """``dlosses (N,)`` -> ``dlogits_t (V, N) = (p − onehot(target)) * dlosses`` from the
+    cache of :func:`cross_entropy`."""
+    if isinstance(cache, _PickedTargets):
+        return _torch_cross_entropy_backward(dlosses, cache)
+    return _cross_entropy_backward(dlosses, cache)
+
+
+def _cross_entropy(logits_t: Array, targets: Array, valid: Array | None) -> tuple[Array, Any]:
+    """The generic :func:`cross_entropy`."""
+    xp = array_namespace(logits_t, targets)
+    shifted = logits_t - xp.max(logits_t, axis=0, keepdims=True)
+    e = xp.exp(shifted)
+    total = xp.sum(e, axis=0)
+    p = e * total[None, :] ** -1
+    onehot = one_hot(targets, logits_t.shape[0], logits_t.dtype, axis=0)
+    losses = xp.log(total) - xp.sum(shifted * onehot, axis=0)
+    if valid is not None:
+        losses = xp.where(valid != 0, losses, xp.zeros_like(losses))
+    return losses, (p, onehot)
+
+
+def _cross_entropy_backward(dlosses: Array, cache: Any) -> Array:
+    """The generic :func:`cross_entropy_backward`."""
+    p, onehot = cache
+    return (p - onehot) * dlosses[None, :]
+
+
+class _PickedTargets(NamedTuple):
+    """The cache of PyTorch's :func:`cross_entropy`: the log-probabilities ``(V, N)`` and
+    the targets as ``(1, N)`` int64 (the index of ``gather`` and ``scatter_add_``)."""
+
+    p: Any
+    targets: Any
+
+
+def _numpy_cross_entropy(logits_t: Any, targets: Any, valid: Any) -> tuple[Any, Any]:
+    """NumPy's :func:`cross_entropy`: the generic arithmetic, with the target's entry
+    picked and the one-hot matrix of the backward written by flat indices."""
+    v, n = logits_t.shape
+    shifted = logits_t - logits_t.max(axis=0)
+    e = np.exp(shifted)
+    total = e.sum(axis=0)
+    np.multiply(e, np.reciprocal(total), out=e)
+    flat = targets.reshape(-1) * n + np.arange(n)
+    losses = np.log(total) - shifted.reshape(-1)[flat]
+    if valid is not None:
+        losses = np.where(valid != 0, losses, losses.dtype.type(0))
+    onehot = np.zeros((v, n), logits_t.dtype)
+    onehot.reshape(-1)[flat] = 1
+    return losses, (e, onehot)
+
+
+def _torch_cross_entropy(logits_t: Any, targets: Any, valid: Any) -> tuple[Any, Any]:
+    """PyTorch's :func:`cross_entropy`: ``-log_softmax(z)[target]``."""
+    import torch
+
+    index = targets[None, :].long()  # gather's index (no copy for int64 ids)
+    logp = torch.log_softmax(logits_t, dim=0)
+    losses = logp.gather(0, index)[0].neg_()
+    if valid is not None:
+        losses = torch.where(valid != 0, losses, 0.0)
+    return losses, _PickedTargets(logp, index)
+
+
+def _torch_cross_entropy_backward(dlosses: Any, cache: _PickedTargets) -> Any:
+    """PyTorch's :func:`cross_entropy_backward`: ``exp(logp) * dlosses``, ``dlosses``
+    subtracted at the targets (``scatter_add_`` into its own temporary)."""
+    import torch
+
+    out = torch.exp(cache.p).mul_(dlosses[None, :])
+    return out.scatter_add_(0, cache.targets, -dlosses[None, :])

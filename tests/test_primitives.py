@@ -97,3 +97,69 @@ def test_torch_causal_attention_equals_the_generic_code(
     assert torch.equal(qkv, before[0]) and torch.equal(dy, before[1])
     # the cached mask is never written to
     assert torch.equal(P._torch_causal_bias(t, qkv.dtype, qkv.device), P.causal_bias(t, qkv))
+
+
+def _loss_inputs(dtype: str, v: int = 27, n: int = 96) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {
+        "logits_t": (5 * rng.standard_normal((v, n))).astype(dtype),
+        "targets": rng.integers(0, v, n),
+        "valid": (rng.random(n) > 0.2).astype(dtype),
+        "dlosses": rng.random(n).astype(dtype),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("with_valid", [True, False])
+def test_numpy_cross_entropy_equals_the_generic_code(
+    dtype: str, with_valid: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _loss_inputs(dtype)
+    valid = a["valid"] if with_valid else None
+    before = {k: x.copy() for k, x in a.items()}
+    calls = []
+    override = P._numpy_cross_entropy
+    monkeypatch.setattr(P, "_numpy_cross_entropy", lambda *args: calls.append(1) or override(*args))
+    losses, cache = P.cross_entropy(a["logits_t"], a["targets"], valid)
+    assert calls  # the override ran
+    want, want_cache = P._cross_entropy(a["logits_t"], a["targets"], valid)
+    # the same arithmetic: the same bits, and the cache of the generic backward
+    np.testing.assert_array_equal(losses, want)
+    assert losses.dtype == want.dtype
+    got_d = P.cross_entropy_backward(a["dlosses"], cache)
+    np.testing.assert_array_equal(got_d, P._cross_entropy_backward(a["dlosses"], want_cache))
+    for k, x in a.items():
+        np.testing.assert_array_equal(x, before[k])
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("with_valid", [True, False])
+def test_torch_cross_entropy_equals_the_generic_code(dtype: str, with_valid: bool) -> None:
+    torch = pytest.importorskip("torch")
+    a = {k: torch.from_numpy(x) for k, x in _loss_inputs(dtype).items()}
+    valid = a["valid"] if with_valid else None
+    before = {k: x.clone() for k, x in a.items()}
+    losses, cache = P.cross_entropy(a["logits_t"], a["targets"], valid)
+    assert isinstance(cache, P._PickedTargets)  # the override ran
+    want, want_cache = P._cross_entropy(a["logits_t"], a["targets"], valid)
+    assert_same(losses, want, dtype, "losses")
+    got_d = P.cross_entropy_backward(a["dlosses"], cache)
+    assert_same(got_d, P._cross_entropy_backward(a["dlosses"], want_cache), dtype, "dlogits")
+    assert all(torch.equal(x, before[k]) for k, x in a.items())
+    # int32 ids are gathered as well
+    losses32, _ = P.cross_entropy(a["logits_t"], a["targets"].to(torch.int32), valid)
+    assert torch.equal(losses32, losses)
+
+
+@pytest.mark.parametrize("axis", [0, -1])
+@pytest.mark.parametrize("shape", [(96,), (4, 5), (0,), (1,)])
+def test_numpy_one_hot_equals_the_generic_code(shape: tuple[int, ...], axis: int) -> None:
+    if axis == 0 and len(shape) != 1:
+        pytest.skip("axis=0 takes 1-d ids")
+    ids = np.random.default_rng(1).integers(0, 7, shape)
+    for dtype in (np.float32, np.float64):
+        got = P.one_hot(ids, 7, dtype, axis=axis)
+        want = P._one_hot(ids, 7, dtype, axis)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
