@@ -111,15 +111,14 @@ def rmsnorm_backward(dy: Array, cache: Any) -> Array:
 
 # -- relu -----------------------------------------------------------------------------
 def relu_forward(x: Array) -> tuple[Array, Any]:
-    """``max(0, x)`` elementwise; the cache is the 0/1 mask (the derivative, 0 at 0)."""
-    xp = array_namespace(x)
-    mask = xp.astype(x > 0, x.dtype)
-    return x * mask, mask
+    """``max(0, x)`` elementwise; the cache holds the derivative, 1 where ``x > 0`` and 0
+    elsewhere (0 at 0) (:func:`~microgpt_xp.primitives.relu`)."""
+    return P.relu(x)
 
 
 def relu_backward(dy: Array, cache: Any) -> Array:
     """``dy`` -> ``dy * mask``."""
-    return dy * cache
+    return P.relu_backward(dy, cache)
 
 
 # -- softmax and attention ----------------------------------------------------------------

@@ -27,7 +27,8 @@ Overrides:
 - **PyTorch**: causal attention with torch's fused softmax and softmax backward
   (``torch.softmax``, ``torch._softmax_backward_data``: one kernel each, where the
   generic softmax is six and its backward four) and the mask added in place; the loss
-  with ``log_softmax``, ``gather`` and ``scatter_add_`` (:func:`cross_entropy`).
+  with ``log_softmax``, ``gather`` and ``scatter_add_`` (:func:`cross_entropy`); ReLU
+  with ``torch.relu`` and ``threshold_backward`` (:func:`relu`).
 - **PyTorch, JAX, CuPy**: the scatter-add of the embedding gradient uses the library's
   own indexed add (``index_add``, ``.at[].add``, ``cupyx.scatter_add``) instead of a
   one-hot product, which would also be rounded to TF32/bfloat16 where products may be.
@@ -243,6 +244,37 @@ def cumulative_sum0(x: Array) -> Array:
         ids = xp.arange(x.shape[0])
         return xp.astype(ids[:, None] >= ids[None, :], x.dtype) @ x
     return xp.cumulative_sum(x, axis=0)
+
+
+# -- activations ------------------------------------------------------------------------------
+def relu(x: Array) -> tuple[Array, Any]:
+    """``max(0, x)`` elementwise and the cache of :func:`relu_backward`: generic, the 0/1
+    mask (``x * mask`` is the output). PyTorch: ``torch.relu``, its output the cache (the
+    mask's comparison, conversion and product cost torch ten times as much)."""
+    if array_api_compat.is_torch_array(x):
+        import torch
+
+        y = torch.relu(x)
+        return y, _TorchReLU(y)
+    xp = array_namespace(x)
+    mask = xp.astype(x > 0, x.dtype)
+    return x * mask, mask
+
+
+def relu_backward(dy: Array, cache: Any) -> Array:
+    """``dy * mask`` from the cache of :func:`relu`. PyTorch: ``threshold_backward`` of the
+    output (one kernel, what autograd runs)."""
+    if isinstance(cache, _TorchReLU):
+        import torch
+
+        return torch.ops.aten.threshold_backward(dy, cache.y, 0)
+    return dy * cache
+
+
+class _TorchReLU(NamedTuple):
+    """The cache of PyTorch's :func:`relu`: its output."""
+
+    y: Any
 
 
 # -- attention --------------------------------------------------------------------------------

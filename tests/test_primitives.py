@@ -163,3 +163,20 @@ def test_numpy_one_hot_equals_the_generic_code(shape: tuple[int, ...], axis: int
         want = P._one_hot(ids, 7, dtype, axis)
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_torch_relu_equals_the_generic_code(dtype: str) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    host = rng.standard_normal((64, 48)).astype(dtype)
+    host[0, :4] = 0.0  # the derivative at 0 is 0
+    x, dy = torch.from_numpy(host), torch.from_numpy(rng.standard_normal((64, 48)).astype(dtype))
+    before = x.clone()
+    y, cache = P.relu(x)
+    assert isinstance(cache, P._TorchReLU)  # the override ran
+    mask = (x > 0).to(x.dtype)  # the generic code's cache
+    np.testing.assert_array_equal(y.numpy(), (x * mask).numpy())
+    np.testing.assert_array_equal(P.relu_backward(dy, cache).numpy(), (dy * mask).numpy())
+    assert torch.equal(x, before)
