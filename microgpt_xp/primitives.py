@@ -478,14 +478,16 @@ class _TorchAttention(NamedTuple):
 def _torch_causal_attention(qkv: Any, b: int, t: int, n_head: int) -> tuple[Any, Any]:
     """PyTorch's :func:`causal_attention`: the generic math with torch's fused kernels,
     the mask added in place to the scores and ``torch.softmax`` (one kernel for the six of
-    the generic softmax)."""
+    the generic softmax). ``q``, ``k``, ``v`` are laid out head-major by one copy (a
+    batched product copies a strided operand each time it reads it: twice each here and
+    in the backward)."""
     import torch
 
     c = qkv.shape[-1] // 3
     h, d = n_head, c // n_head
     scale = float(d) ** -0.5
-    x5 = qkv.reshape(b, t, 3, h, d)
-    q, k, v = (x5[:, :, i].transpose(1, 2) for i in range(3))
+    heads = qkv.reshape(b, t, 3, h, d).permute(2, 0, 3, 1, 4).contiguous()  # (3, B, H, T, D)
+    q, k, v = heads.unbind(0)
     qs = q * scale
     scores = torch.matmul(qs, k.transpose(-1, -2))
     scores.add_(_torch_causal_bias(t, qkv.dtype, qkv.device))
@@ -496,19 +498,21 @@ def _torch_causal_attention(qkv: Any, b: int, t: int, n_head: int) -> tuple[Any,
 
 def _torch_causal_attention_backward(dy: Any, cache: _TorchAttention) -> Any:
     """PyTorch's :func:`causal_attention_backward`: the softmax's backward is torch's
-    one kernel (``_softmax_backward_data``, what autograd runs)."""
+    one kernel (``_softmax_backward_data``, what autograd runs); ``dq``, ``dk``, ``dv``
+    are written into one head-major buffer and relaid into ``dqkv`` by one copy."""
     import torch
 
     qs, k, v, att, scale = cache
     b, h, t, d = qs.shape
-    dy_heads = dy.reshape(b, t, h, d).transpose(1, 2)
+    dy_heads = dy.reshape(b, t, h, d).transpose(1, 2).contiguous()
     datt = torch.matmul(dy_heads, v.transpose(-1, -2))
     dscores = torch._softmax_backward_data(datt, att, -1, att.dtype)
-    dq = torch.matmul(dscores, k).mul_(scale)
-    dk = torch.matmul(dscores.transpose(-1, -2), qs)
-    dv = torch.matmul(att.transpose(-1, -2), dy_heads)
-    stacked = torch.stack([dq, dk, dv], dim=1).permute(0, 3, 1, 2, 4)
-    return stacked.reshape(b * t, 3 * h * d)
+    grads = torch.empty((3, b, h, t, d), dtype=dy.dtype, device=dy.device)
+    torch.matmul(dscores, k, out=grads[0])
+    grads[0].mul_(scale)
+    torch.matmul(dscores.transpose(-1, -2), qs, out=grads[1])
+    torch.matmul(att.transpose(-1, -2), dy_heads, out=grads[2])
+    return grads.permute(1, 3, 0, 2, 4).reshape(b * t, 3 * h * d)
 
 
 @functools.lru_cache(maxsize=8)
