@@ -81,8 +81,9 @@ def adam_update(
     dtype = params.dtype
     t = xp.astype(state.step, xp.float64)
     lr_t = xp.astype(lr * (1.0 - t / num_steps), dtype)
-    bc1 = xp.astype(1.0 - xp.pow(xp.full_like(t, beta1), t + 1.0), dtype)
-    bc2 = xp.astype(1.0 - xp.pow(xp.full_like(t, beta2), t + 1.0), dtype)
+    t1 = t + 1.0
+    bc1 = xp.astype(1.0 - beta1**t1, dtype)
+    bc2 = xp.astype(1.0 - beta2**t1, dtype)
     c1, c2 = 1 - beta1, 1 - beta2  # Python floats, evaluated as the original does
     p, g = flatten(params), flatten(grads)
     m = beta1 * state.m + c1 * g

@@ -72,13 +72,20 @@ def sum_last(x: Array) -> Array:
     NumPy: ``x @ ones((n, 1))`` (for 2-d ``x`` two columns of ones, of which the first is
     kept: BLAS rounds a matrix-vector product of a row differently depending on how many
     rows there are, and a matrix-matrix product does not, so a row's sum does not depend
-    on its batch).
+    on its batch). The columns of ones are a cached read-only constant.
     """
+    if type(x) is np.ndarray:
+        return (x @ _numpy_ones(x.shape[-1], 2 if x.ndim == 2 else 1, x.dtype))[..., :1]
     xp = array_namespace(x)
-    if _is_numpy(xp):
-        cols = 2 if x.ndim == 2 else 1
-        return (x @ full((x.shape[-1], cols), 1.0, x))[..., :1]
     return xp.sum(x, axis=-1, keepdims=True)
+
+
+@functools.lru_cache(maxsize=16)
+def _numpy_ones(n: int, cols: int, dtype: Any) -> Any:
+    """A read-only ``(n, cols)`` NumPy array of ones (an eager constant)."""
+    ones = np.ones((n, cols), dtype)
+    ones.flags.writeable = False
+    return ones
 
 
 def max_last(x: Array) -> Array:
@@ -172,13 +179,24 @@ def _numpy_one_hot(ids: Any, num_classes: int, dtype: Any, axis: int) -> Any:
 def arange(n: int, like: Array, *, dtype: Any = None) -> Array:
     """``arange(n)`` of ``dtype`` (default: the namespace's default integer dtype) on
     ``like``'s device. Dask: one chunk, of the same array type as ``like``'s chunks
-    (NumPy, CuPy, ...), so that nothing is created on the host for GPU chunks."""
+    (NumPy, CuPy, ...), so that nothing is created on the host for GPU chunks. NumPy: a
+    cached read-only array (an eager constant)."""
+    if type(like) is np.ndarray:
+        return _numpy_arange(n, dtype)
     xp = array_namespace(like)
     if array_api_compat.is_dask_namespace(xp):
         import dask.array as da
 
         return da.arange(n, dtype=dtype, chunks=-1, like=like._meta)
     return xp.arange(n, dtype=dtype, device=device(like))
+
+
+@functools.lru_cache(maxsize=16)
+def _numpy_arange(n: int, dtype: Any) -> Any:
+    """A read-only ``np.arange(n, dtype=dtype)``."""
+    out = np.arange(n, dtype=dtype)
+    out.flags.writeable = False
+    return out
 
 
 def full(shape: tuple[int, ...], value: float, like: Array, *, dtype: Any = None) -> Array:

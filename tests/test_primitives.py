@@ -180,3 +180,15 @@ def test_torch_relu_equals_the_generic_code(dtype: str) -> None:
     np.testing.assert_array_equal(y.numpy(), (x * mask).numpy())
     np.testing.assert_array_equal(P.relu_backward(dy, cache).numpy(), (dy * mask).numpy())
     assert torch.equal(x, before)
+
+
+def test_numpy_constants_are_cached_and_read_only() -> None:
+    x = np.ones((5, 3), np.float32)
+    assert P.arange(4, x) is P.arange(4, x)
+    assert P.arange(4, x, dtype=np.int32).dtype == np.int32
+    np.testing.assert_array_equal(P.arange(4, x), np.arange(4))
+    ones = P._numpy_ones(3, 2, np.dtype("float32"))
+    assert ones is P._numpy_ones(3, 2, np.dtype("float32"))
+    for const in (P.arange(4, x), ones):
+        assert not const.flags.writeable
+    np.testing.assert_array_equal(P.sum_last(x), np.full((5, 1), 3.0, np.float32))
