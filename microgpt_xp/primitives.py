@@ -23,7 +23,10 @@ Overrides:
   reduce over a leading axis, and writes its products' results in place
   (:func:`causal_attention`). One-hot matrices are zeros with ones written at flat
   indices, and the loss picks its targets' entries by indexing (:func:`one_hot`,
-  :func:`cross_entropy`).
+  :func:`cross_entropy`). Constants (the ones of :func:`sum_last`, aranges, the causal
+  mask) are cached read-only arrays, built once per shape and dtype. Only plain
+  ``numpy.ndarray`` inputs take these overrides (a subclass, a Dask array or a CuPy
+  array takes the generic code).
 - **PyTorch**: causal attention with torch's fused softmax and softmax backward
   (``torch.softmax``, ``torch._softmax_backward_data``: one kernel each, where the
   generic softmax is six and its backward four) and the mask added in place; the loss
@@ -33,6 +36,8 @@ Overrides:
   own indexed add (``index_add``, ``.at[].add``, ``cupyx.scatter_add``) instead of a
   one-hot product, which would also be rounded to TF32/bfloat16 where products may be.
 - **Dask**: zero-padding rows keeps the single chunk of a weight's gradient.
+- **CuPy** has no fused kernels here: it runs the generic code (no GPU was at hand to
+  measure one on).
 
 Precision: the reductions that define the math (RMSNorm's mean square, softmax
 denominators, the loss, Adam's moments) never go through a product on a namespace whose
