@@ -53,7 +53,9 @@ def main() -> None:
     tokenizer = mx.Tokenizer.from_docs(docs)
     configs = {
         "default": mx.GPTConfig(tokenizer.vocab_size),
-        "medium": mx.GPTConfig(tokenizer.vocab_size, n_layer=4, n_embd=128, n_head=4, block_size=64),
+        "medium": mx.GPTConfig(
+            tokenizer.vocab_size, n_layer=4, n_embd=128, n_head=4, block_size=64
+        ),
     }
     out: dict[str, Any] = {}
     for name, steps in (("default", args.steps), ("medium", max(args.steps // 10, 20))):

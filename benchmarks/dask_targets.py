@@ -93,7 +93,9 @@ def main() -> None:
     name = f"eval 200k names, chunks of {chunk}, threads"
     out[name] = _rounds(
         args.rounds,
-        lambda: _seconds(lambda: score_corpus(params, tokenizer, corpus, chunk_size=chunk).compute()),
+        lambda: _seconds(
+            lambda: score_corpus(params, tokenizer, corpus, chunk_size=chunk).compute()
+        ),
         lambda: _seconds(lambda: score_docs(params, tokenizer, corpus, chunk_size=chunk)),
     )
     print(name, out[name], flush=True)
@@ -106,7 +108,9 @@ def main() -> None:
                 lambda c=chunk: _seconds(
                     lambda: score_corpus(params, tokenizer, corpus, chunk_size=c).compute()
                 ),
-                lambda c=chunk: _seconds(lambda: score_docs(params, tokenizer, corpus, chunk_size=c)),
+                lambda c=chunk: _seconds(
+                    lambda: score_docs(params, tokenizer, corpus, chunk_size=c)
+                ),
             )
             print(name, out[name], flush=True)
     if args.json:

@@ -15,7 +15,7 @@ from .exact import run_exact, sample_exact
 from .model import KVCache, decode_step, forward, loss_and_grads, score, train_step
 from .optim import Adam, AdamState, adam_init, adam_update
 from .params import Params, init_params
-from .sample import sample
+from .sample import iter_samples, sample
 from .train import ResumeError, TrainingError, TrainResult, train
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "default_docs",
     "forward",
     "init_params",
+    "iter_samples",
     "load",
     "loss_and_grads",
     "read_docs",

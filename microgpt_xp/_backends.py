@@ -269,7 +269,11 @@ def _is_jax(x: Any) -> bool:
     return bool(array_api_compat.is_jax_array(x))
 
 
-_EXTRA = "pip install 'microgpt-xp[{0}]' (from a checkout: pip install '.[{0}]')"
+def install_extra(extra: str) -> str:
+    """The command that installs one of this project's extras, from PyPI or a checkout."""
+    return f"pip install 'microgpt-xp[{extra}]' (from a checkout: pip install '.[{extra}]')"
+
+
 
 #: Every backend, in the order users see them.
 BACKENDS: dict[str, Backend] = {
@@ -290,7 +294,7 @@ BACKENDS: dict[str, Backend] = {
             name="dask",
             namespace="array_api_compat.dask.array",
             package="dask",
-            install=_EXTRA.format("dask"),
+            install=install_extra("dask"),
             test_extras="test,dask",
             parse_device=_cpu_only("dask"),
             from_host=_dask_from_host,
@@ -317,7 +321,7 @@ BACKENDS: dict[str, Backend] = {
             name="array_api_strict",
             namespace="array_api_strict",
             package="array_api_strict",
-            install=_EXTRA.format("strict"),
+            install=install_extra("strict"),
             test_extras="test,strict",
             parse_device=_strict_device,
             from_host=_strict_from_host,
@@ -342,7 +346,7 @@ BACKENDS: dict[str, Backend] = {
             name="jax",
             namespace="jax.numpy",
             package="jax",
-            install=_EXTRA.format("jax"),
+            install=install_extra("jax"),
             test_extras="test,jax",
             parse_device=_jax_device,
             from_host=_jax_from_host,

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ._backends import install_extra
+
 #: The address that means "start a LocalCluster on this machine".
 LOCAL = "local"
 
@@ -32,7 +34,7 @@ def _distributed() -> Any:
         import distributed
     except ImportError as exc:
         raise ImportError(
-            f"a Dask cluster needs the 'distributed' package: pip install 'microgpt-xp[dask]' ({exc})"
+            f"a Dask cluster needs the 'distributed' package: {install_extra('dask')} ({exc})"
         ) from exc
     return distributed
 

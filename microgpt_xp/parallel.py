@@ -73,13 +73,15 @@ def _exit_with(sentinel: int) -> None:
 # -- in this process -------------------------------------------------------------------------
 class WorkerPool:
     """``processes`` processes that share each batch: this one and ``processes - 1``
-    spawned workers (started on first use). Use as a context manager, or call
-    :meth:`close`; a pool also ends its workers when this process exits."""
+    spawned workers (started on first use). While they run, this process's BLAS is held
+    to one thread, as each worker's is. Use as a context manager, or call :meth:`close`;
+    a pool also ends its workers when this process exits."""
 
     def __init__(self, processes: int) -> None:
         check_workers(processes)
         self.processes = processes
         self._executor: ProcessPoolExecutor | None = None
+        self._blas: Any = None  # this process's BLAS limit while the workers run
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -88,10 +90,14 @@ class WorkerPool:
         self.close()
 
     def close(self) -> None:
-        """Stop the worker processes (waiting for them to exit)."""
+        """Stop the worker processes (waiting for them to exit) and give this process's
+        BLAS its threads back."""
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+        if self._blas is not None:
+            self._blas.restore_original_limits()
+            self._blas = None
 
     def pids(self) -> list[int]:
         """Process ids of the running workers."""
@@ -106,6 +112,12 @@ class WorkerPool:
                     f"workers={self.processes} cannot start processes from a daemonic process "
                     "(such as a multiprocessing.Pool worker); use workers=None there"
                 )
+            if self._blas is None:
+                # the processes share the cores: this one's BLAS takes one, as each
+                # worker's does (otherwise its helper threads spin on the workers' cores)
+                from threadpoolctl import ThreadpoolController
+
+                self._blas = ThreadpoolController().select(user_api="blas").limit(limits=1)
             self._executor = ProcessPoolExecutor(
                 max_workers=self.processes - 1,
                 mp_context=multiprocessing.get_context("spawn"),

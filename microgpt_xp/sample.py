@@ -464,8 +464,8 @@ def iter_samples(
     >>> tokenizer = mx.Tokenizer("ab")
     >>> params = mx.init_params(mx.GPTConfig(tokenizer.vocab_size, block_size=4), seed=0)
     >>> batches = list(iter_samples(params, tokenizer, 5, batch_size=2, seed=1))
-    >>> [len(names) for names in batches]
-    [2, 2, 1]
+    >>> tuple(len(names) for names in batches)
+    (2, 2, 1)
     >>> sum(batches, []) == mx.sample(params, tokenizer, 5, seed=1)
     True
     """

@@ -132,7 +132,8 @@ def train(
         resume: continue the run that ``checkpoint`` holds, when that file exists. The
             losses are then those of an uninterrupted run; every argument that would
             change them (``seed``, ``batch_size``, ``lr``, ``dtype``, ``reduction``, the
-            corpus, the config) must be the checkpoint's, or :class:`ResumeError` names it.
+            corpus and its tokenizer, the config) must be the checkpoint's, or
+            :class:`ResumeError` names it.
             ``steps`` must be the run's, except that a *finished* run (all its steps
             taken) is extended by asking for more: the learning rate then follows the
             schedule of a run of the new length from the step reached on,
@@ -289,9 +290,12 @@ def _resume(
     """The params, optimizer and step of the run in ``checkpoint``, after checking that
     the arguments continue that run (:class:`ResumeError` otherwise)."""
     name = str(checkpoint)
-    saved = ckpt.load(checkpoint, backend=backend, device=device, config=config)
+    saved = ckpt.load(checkpoint, backend=backend, device=device)
+    if saved.config != config:
+        raise ResumeError("config", saved.config, config, name)
     if saved.tokenizer is not None and saved.tokenizer != tokenizer:
-        raise ValueError(f"checkpoint {name!r} was trained with another tokenizer")
+        chars = "".join(saved.tokenizer.chars), "".join(tokenizer.chars)
+        raise ResumeError("tokenizer", f"chars {chars[0]!r}", f"chars {chars[1]!r}", name)
     if saved.adam is None:
         raise ValueError(f"checkpoint {name!r} holds no optimizer state to resume")
     saved_run = saved.meta.get("run") if isinstance(saved.meta, dict) else None

@@ -98,7 +98,7 @@ class Backend:
 @pytest.fixture(params=selected_backends())
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     """One array namespace. On JAX and Dask, the functions that a test module tags with
-    array-api-extra's ``lazy_xp_function`` run lazily in its tests
+    array-api-extra's ``lazy_xp_function`` run lazily in that module's tests
     (``patch_lazy_xp_functions``): under ``jax.jit`` on JAX, and on Dask with every
     ``compute()`` forbidden (a tag may allow some)."""
     name = request.param
@@ -108,7 +108,10 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     if spec.needs_gpu and not gpu_usable(name):
         pytest.skip(f"{name} needs a GPU, and none is usable here")
     lazy = contextlib.nullcontext()
-    if name in ("jax", "dask"):
+    # The tags live on the function objects, so every module importing a tagged function
+    # would be patched; only the modules that tag (they import lazy_xp_function) are.
+    # Elsewhere, e.g. tests/test_validation.py, the functions run eagerly and check values.
+    if name in ("jax", "dask") and hasattr(request.module, "lazy_xp_function"):
         from array_api_extra.testing import patch_lazy_xp_functions
 
         lazy = patch_lazy_xp_functions(request, xp=_xp.namespace(name))

@@ -247,3 +247,23 @@ def test_workers_die_with_their_parent(how: str) -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_this_process_blas_takes_one_core_while_workers_run() -> None:
+    from threadpoolctl import threadpool_info
+
+    def blas() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas()
+    during: list[list[int]] = []
+    mx.train(
+        DOCS,
+        steps=2,
+        batch_size=24,
+        config=CONFIG,
+        workers=2,
+        callback=lambda s, _: during.append(blas()),
+    )
+    assert during == [[1] * len(before)] * 2
+    assert blas() == before  # given back when the call ends

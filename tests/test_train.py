@@ -12,7 +12,7 @@ import pytest
 from xp_testing import assert_params_equal
 
 from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, score
-from microgpt_xp.checkpoint import CheckpointError, load
+from microgpt_xp.checkpoint import load
 from microgpt_xp.data import (
     DataError,
     Tokenizer,
@@ -224,8 +224,24 @@ def test_resume_refuses_another_corpus_or_config(tmp_path: Path) -> None:
         )
     assert info.value.option == "docs"
     other = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=4, n_head=2, block_size=8)
-    with pytest.raises(CheckpointError, match="not the requested"):
+    with pytest.raises(ResumeError, match=r"with config=GPTConfig.*n_embd=4") as info:
         _run(checkpoint=path, resume=True, config=other)
+    assert info.value.option == "config" and info.value.saved == CONFIG
+    # other characters in a tokenizer of the same size: the same config
+    other_docs = [d.replace("d", "e") for d in DOCS]
+    with pytest.raises(ResumeError, match=r"chars 'abce'.*has tokenizer=.chars 'abcd'") as info:
+        train(
+            other_docs,
+            checkpoint=path,
+            resume=True,
+            steps=STEPS,
+            batch_size=BATCH,
+            config=CONFIG,
+            seed=1,
+            dtype="float64",
+            lr=0.05,
+        )
+    assert info.value.option == "tokenizer"
 
 
 def test_resume_extends_a_finished_run(tmp_path: Path) -> None:

@@ -636,9 +636,9 @@ def _check_plot(path: str | None) -> None:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError as exc:
-        from .._backends import _EXTRA  # the install line of an extra, as the backends say it
+        from .._backends import install_extra
 
-        raise ImportError(f"--plot needs matplotlib: {_EXTRA.format('plot')} ({exc})") from exc
+        raise ImportError(f"--plot needs matplotlib: {install_extra('plot')} ({exc})") from exc
     suffix = Path(path).suffix.lstrip(".").lower()
     formats = FigureCanvasAgg.get_supported_filetypes()
     if suffix not in formats:
