@@ -34,24 +34,34 @@ def assert_same(actual: Any, desired: Any, dtype: str, what: str) -> None:
     assert float(np.max(np.abs(got - want), initial=0.0)) <= RTOL[dtype] * scale, what
 
 
+@pytest.mark.parametrize("lib", ["numpy", pytest.param("torch", marks=pytest.mark.needs_torch)])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("shape", ATTENTION_SHAPES)
-def test_numpy_causal_attention_equals_the_generic_code(
-    shape: tuple[int, int, int, int], dtype: str
+def test_causal_attention_override_equals_the_generic_code(
+    lib: str, shape: tuple[int, int, int, int], dtype: str
 ) -> None:
+    """NumPy's and PyTorch's overrides give the generic code's output and gradient, and
+    write to neither input."""
     b, t, c, h = shape
     rng = np.random.default_rng(sum(shape))
-    qkv = (1.5 * rng.standard_normal((b * t, 3 * c))).astype(dtype)
-    dy = rng.standard_normal((b * t, c)).astype(dtype)
-    before = qkv.copy(), dy.copy()
+    qkv_np = (1.5 * rng.standard_normal((b * t, 3 * c))).astype(dtype)
+    dy_np = rng.standard_normal((b * t, c)).astype(dtype)
+    if lib == "torch":
+        torch = pytest.importorskip("torch")
+        qkv, dy, override = torch.from_numpy(qkv_np), torch.from_numpy(dy_np), P._TorchAttention
+    else:
+        qkv, dy, override = qkv_np, dy_np, P._NumpyAttention
+    before = qkv_np.copy(), dy_np.copy()  # the torch tensors share these buffers
     y, cache = P.causal_attention(qkv, b, t, h)
-    assert isinstance(cache, P._NumpyAttention)  # the override ran
+    assert isinstance(cache, override)  # the override ran
     want_y, want_cache = P._causal_attention(qkv, b, t, h)
     assert_same(y, want_y, dtype, "output")
     dqkv = P.causal_attention_backward(dy, cache)
     assert_same(dqkv, P._causal_attention_backward(dy, want_cache), dtype, "dqkv")
-    np.testing.assert_array_equal(qkv, before[0])
-    np.testing.assert_array_equal(dy, before[1])
+    np.testing.assert_array_equal(qkv_np, before[0])
+    np.testing.assert_array_equal(dy_np, before[1])
+    if lib == "torch":  # the cached mask is never written to
+        assert torch.equal(P._torch_causal_bias(t, qkv.dtype, qkv.device), P.causal_bias(t, qkv))
 
 
 def test_numpy_attention_mask_is_a_read_only_constant() -> None:
@@ -74,29 +84,6 @@ def test_attention_of_a_numpy_subclass_takes_the_generic_code() -> None:
     qkv = np.random.default_rng(0).standard_normal((8, 12)).view(Sub)
     _, cache = P.causal_attention(qkv, 2, 4, 2)
     assert not isinstance(cache, P._NumpyAttention)
-
-
-@pytest.mark.needs_torch
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("shape", ATTENTION_SHAPES)
-def test_torch_causal_attention_equals_the_generic_code(
-    shape: tuple[int, int, int, int], dtype: str
-) -> None:
-    torch = pytest.importorskip("torch")
-    b, t, c, h = shape
-    rng = np.random.default_rng(sum(shape))
-    qkv = torch.from_numpy((1.5 * rng.standard_normal((b * t, 3 * c))).astype(dtype))
-    dy = torch.from_numpy(rng.standard_normal((b * t, c)).astype(dtype))
-    before = qkv.clone(), dy.clone()
-    y, cache = P.causal_attention(qkv, b, t, h)
-    assert isinstance(cache, P._TorchAttention)  # the override ran
-    want_y, want_cache = P._causal_attention(qkv, b, t, h)
-    assert_same(y, want_y, dtype, "output")
-    dqkv = P.causal_attention_backward(dy, cache)
-    assert_same(dqkv, P._causal_attention_backward(dy, want_cache), dtype, "dqkv")
-    assert torch.equal(qkv, before[0]) and torch.equal(dy, before[1])
-    # the cached mask is never written to
-    assert torch.equal(P._torch_causal_bias(t, qkv.dtype, qkv.device), P.causal_bias(t, qkv))
 
 
 def _loss_inputs(dtype: str, v: int = 27, n: int = 96) -> dict[str, np.ndarray]:
