@@ -190,15 +190,16 @@ def _encode(tokenizer: Tokenizer, docs: list[str], block_size: int, start: int) 
 # -- weights -------------------------------------------------------------------------------
 # -- scoring -------------------------------------------------------------------------------
 def _score_docs(
-    params: Params, tokenizer: Tokenizer, docs: list[str], start: int
+    params: Params, tokenizer: Tokenizer, docs: list[str], start: int, jit: bool | None = None
 ) -> np.ndarray:
     """``(len(docs), 3)`` float64 ``[loss, loss * predictions, predictions]`` per document
     (the columns whose sums give both means), scored on the params' backend and device;
-    ``start`` is the position of ``docs[0]`` in the corpus (for error messages)."""
+    ``start`` is the position of ``docs[0]`` in the corpus (for error messages); ``jit`` as
+    in :func:`microgpt_xp.score`."""
     cfg = params.config
     tokens, lengths = _encode(tokenizer, docs, cfg.block_size, start)
     tok, lens = to_batch(tokens, lengths, params.backend, device=params.device)
-    losses = _xp.to_numpy(score(params, tok, lens))
+    losses = _xp.to_numpy(score(params, tok, lens, jit=jit))
     n = np.minimum(lengths - 1, cfg.block_size)
     loss64, n64 = losses.astype(np.float64), n.astype(np.float64)
     return np.stack([loss64, loss64 * n64, n64], axis=1)
@@ -312,6 +313,7 @@ def score_docs(
     *,
     chunk_size: int = 1024,
     callback: Any = None,
+    jit: bool | None = None,
 ) -> ScoreSummary:
     """Score every document of a corpus eagerly, ``chunk_size`` documents at a time, on
     the params' own backend and device (the in-process twin of :func:`score_corpus`,
@@ -319,9 +321,11 @@ def score_docs(
 
     ``source`` is a sequence of strings or a :class:`Corpus`. ``callback(done, total)``,
     if given, is called after each chunk with the number of documents scored so far.
-    Returns a :class:`ScoreSummary` with the per-document ``losses (N,)`` (float64) and
-    ``num_predictions (N,)``.
+    ``jit`` is :func:`microgpt_xp.score`'s (``None``: compiled where the backend has a
+    compiler; JAX compiles once per chunk shape). Returns a :class:`ScoreSummary` with the
+    per-document ``losses (N,)`` (float64) and ``num_predictions (N,)``.
     """
+    _xp.check_jit(jit)
     if not isinstance(params, Params):
         raise TypeError(f"params must be a Params, got {type(params).__name__}")
     if not isinstance(tokenizer, Tokenizer):
@@ -339,7 +343,7 @@ def score_docs(
     parts = []
     for start, stop in chunk_bounds(n, chunk_size):
         docs = source.docs(start, stop) if _is_corpus(source) else list(source[start:stop])  # type: ignore[union-attr,index]
-        parts.append(_score_docs(params, tokenizer, docs, start))
+        parts.append(_score_docs(params, tokenizer, docs, start, jit))
         if callback is not None:
             callback(stop, n)
     cols = np.concatenate(parts, axis=0)

@@ -900,6 +900,9 @@ needs_distributed = pytest.mark.skipif(not HAS_DISTRIBUTED, reason="needs dask.d
         (["export", "--checkpoint", "{ckpt}", "--out", "{nodir}"], 1, "No such file"),
         (["export", "--checkpoint", "{truncated}", "--out", "{tmp}/w.json"], 1, "checkpoint"),
         (["frobnicate"], 2, "invalid choice"),
+        (["train", "--jit"], 2, "backend 'numpy' has no compiler"),
+        (["sample", "--checkpoint", "{ckpt}", "--jit"], 2, "--no-jit"),
+        (["eval", "--checkpoint", "{ckpt}", "--backend", "torch", "--jit"], 2, "'torch' has no"),
         pytest.param(
             ["train", "--backend", "dask", "--scheduler", "no-port"], 1, "address",
             marks=needs_distributed,

@@ -5,6 +5,7 @@ namespace has a compiler (``jit=None``), with the same results."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -170,3 +171,34 @@ def test_jit_argument() -> None:
         mx.train(DOCS, backend="jax", jit=True, **args).losses
         == mx.train(DOCS, backend="jax", **args).losses
     )
+
+
+def test_cli_jit_options(
+    compiles: list[str], tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--jit``/``--no-jit`` reach train, sample and eval: compiled by default on JAX,
+    eager with ``--no-jit``, the same figures either way."""
+    from microgpt_xp.cli import main
+
+    data = tmp_path / "names.txt"
+    data.write_text("\n".join(DOCS[:60]) + "\n", encoding="utf-8")
+    ckpt = tmp_path / "model.npz"
+    common = ["--data", data, "--steps", 4, "--batch-size", 4, "--dtype", "float64"]
+    outs = {}
+    for flag in ("--no-jit", "--jit"):
+        argv = ["train", *common, "--backend", "jax", "--num-samples", 3, "--json", flag]
+        assert main([str(a) for a in [*argv, "--checkpoint", ckpt, "--overwrite"]]) == 0
+        outs[flag] = capsys.readouterr().out
+        if flag == "--no-jit":
+            assert compiles.count("_train_step") == 0 and compiles.count("_sample_position") == 0
+    assert compiles.count("_train_step") == 1 and compiles.count("_sample_position") == 1
+    eager, compiled = (json.loads(outs[f]) for f in ("--no-jit", "--jit"))
+    np.testing.assert_allclose(compiled["final_loss"], eager["final_loss"], rtol=1e-9)
+    assert compiled["samples"] == eager["samples"]
+    got = {}
+    for flag in ("--no-jit", "--jit"):
+        argv = ["eval", "--checkpoint", ckpt, "--data", data, "--backend", "jax", "--json", flag]
+        assert main([str(a) for a in argv]) == 0
+        got[flag] = json.loads(capsys.readouterr().out)["mean_loss"]
+    assert compiles.count("_score") == 1
+    np.testing.assert_allclose(got["--jit"], got["--no-jit"], rtol=1e-12)

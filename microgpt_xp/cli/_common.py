@@ -140,6 +140,19 @@ def add_workers_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_jit_option(p: argparse.ArgumentParser) -> None:
+    """``--jit/--no-jit``: ``args.jit`` is ``None`` (the default), ``True`` or ``False``,
+    the ``jit`` argument of the library's functions."""
+    p.add_argument(
+        "--jit",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the computation with the backend's compiler (jax: jax.jit); "
+        "--no-jit runs it eagerly; --jit on a backend without a compiler is an error "
+        "(default: compile where the backend has a compiler)",
+    )
+
+
 def add_scheduler_option(p: argparse.ArgumentParser) -> None:
     """``--scheduler ADDRESS`` (check it with :func:`check_scheduler`, use it with
     :func:`dask_client`)."""
@@ -163,6 +176,20 @@ def check_workers(args: argparse.Namespace) -> None:
     """Refuse ``--workers`` off NumPy."""
     if args.workers is not None and args.backend != "numpy":
         raise UsageError("--workers applies only with --backend numpy")
+
+
+def check_jit(args: argparse.Namespace) -> None:
+    """Refuse ``--jit`` on a backend without a compiler, before any work."""
+    from .._xp import compiler
+
+    if args.jit:
+        try:
+            compiler(args.backend, True)
+        except ValueError:
+            raise UsageError(
+                f"--jit: backend {args.backend!r} has no compiler; leave --jit out or give "
+                "--no-jit"
+            ) from None
 
 
 def check_scheduler(args: argparse.Namespace) -> None:

@@ -12,9 +12,11 @@ from ._common import (
     add_backend_options,
     add_checkpoint_option,
     add_command,
+    add_jit_option,
     add_json_option,
     add_scheduler_option,
     check_device,
+    check_jit,
     check_scheduler,
     checkpoint_tokenizer,
     dask_client,
@@ -46,6 +48,7 @@ def add_parser(sub: Subcommands) -> None:
         help="UTF-8 text file, one document per line (default: the embedded corpus)",
     )
     add_backend_options(e)
+    add_jit_option(e)
     e.add_argument(
         "--chunk-size",
         metavar="N",
@@ -61,6 +64,7 @@ def add_parser(sub: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Score the corpus (on the ``--scheduler`` cluster if given) and print the mean."""
     check_scheduler(args)
+    check_jit(args)
     check_device(args.backend, args.device)
     from ..checkpoint import load
     from ..scale import score_corpus, score_docs
@@ -85,7 +89,12 @@ def run(args: argparse.Namespace) -> int:
                     bar.update(done - bar.n)
 
                 mean_loss = score_docs(
-                    ck.params, tokenizer, docs, chunk_size=args.chunk_size, callback=progress
+                    ck.params,
+                    tokenizer,
+                    docs,
+                    chunk_size=args.chunk_size,
+                    callback=progress,
+                    jit=args.jit,
                 ).mean
     if args.json:
         print_json(

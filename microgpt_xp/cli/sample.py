@@ -17,10 +17,12 @@ from ._common import (
     add_backend_options,
     add_checkpoint_option,
     add_command,
+    add_jit_option,
     add_json_option,
     add_workers_option,
     atomic_output,
     check_device,
+    check_jit,
     check_workers,
     checkpoint_tokenizer,
     positive_float,
@@ -69,6 +71,7 @@ def add_parser(sub: Subcommands) -> None:
         help="samples generated at once: memory grows with it, the names do not depend on it",
     )
     add_workers_option(s)
+    add_jit_option(s)
     s.add_argument(
         "--out",
         metavar="FILE",
@@ -90,6 +93,7 @@ def add_parser(sub: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the checkpoint onto ``--backend``/``--device`` and stream its samples."""
     check_workers(args)
+    check_jit(args)
     check_device(args.backend, args.device)
     from ..checkpoint import load
 
@@ -109,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             seed=args.seed,
             workers=args.workers,
+            jit=args.jit,
         )
     head = {
         "checkpoint": args.checkpoint,

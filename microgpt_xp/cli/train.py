@@ -24,10 +24,12 @@ from ._common import (
     UsageError,
     add_backend_options,
     add_command,
+    add_jit_option,
     add_json_option,
     add_scheduler_option,
     add_workers_option,
     check_device,
+    check_jit,
     check_scheduler,
     check_workers,
     dask_client,
@@ -144,6 +146,7 @@ def add_parser(sub: Subcommands) -> None:
         help="dask: documents per chunk of the batch axis (default: one chunk)",
     )
     add_workers_option(t)
+    add_jit_option(t)
     add_scheduler_option(t)
     _add_shape_options(t)
     t.add_argument(
@@ -235,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chunk_size is not None and args.backend != "dask":
         raise UsageError("--chunk-size applies only with --backend dask")
     check_workers(args)
+    check_jit(args)
     check_scheduler(args)
     _check_plot(args.plot)
     _check_checkpoint_free(args)
@@ -337,6 +341,7 @@ def _train(args: argparse.Namespace) -> int:
             tokenizer=tokenizer,
             chunk_size=args.chunk_size,
             workers=args.workers,
+            jit=args.jit,
             checkpoint=args.checkpoint,
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
@@ -368,6 +373,7 @@ def _train(args: argparse.Namespace) -> int:
             seed=args.seed,
             chunks=args.chunk_size,
             workers=args.workers,
+            jit=args.jit,
         )
         if args.num_samples
         else []
