@@ -422,8 +422,9 @@ def _numpy_causal_attention(qkv: Any, b: int, t: int, n_head: int) -> tuple[Any,
     place (``out=``), and the softmax over the keys is a reduction over axis 1 of an
     ``(H, Tk, B*Tq)`` array, vectorized over whole contiguous rows (the scores' last axis
     is short: a reduction over it runs row by row, and even a relaid copy for it costs
-    more than the rest of the softmax). The causal mask is a cached full-size constant
-    added in place. The output product reads the probabilities as transposed blocks and
+    more than the rest of the softmax). The causal mask is added in place: a cached
+    full-size constant up to ``_NUMPY_MASK_CACHE_BYTES`` (a broadcast add of a 16-long
+    inner loop costs several times a contiguous one), broadcast above that size. The output product reads the probabilities as transposed blocks and
     writes the heads' outputs straight into the merged ``(B, T, H, D)`` layout.
     """
     c = qkv.shape[-1] // 3
@@ -437,7 +438,10 @@ def _numpy_causal_attention(qkv: Any, b: int, t: int, n_head: int) -> tuple[Any,
     att = np.empty((h, t, b, t), dtype)  # att[h, key, b, query]
     np.matmul(k, qs_t, out=att.transpose(2, 0, 1, 3))
     rows = att.reshape(h, t, b * t)
-    np.add(rows, _numpy_key_query_bias(h, t, b, dtype), out=rows)
+    if att.nbytes <= _NUMPY_MASK_CACHE_BYTES:
+        np.add(rows, _numpy_key_query_bias(h, t, b, dtype), out=rows)
+    else:  # a big batch: broadcast the (Tk, Tq) mask rather than keep a full-size copy
+        np.add(att, _numpy_key_query(t, dtype)[None, :, None, :], out=att)
     np.subtract(rows, rows.max(axis=1, keepdims=True), out=rows)
     np.exp(rows, out=rows)
     total = rows.sum(axis=1, keepdims=True)
@@ -474,15 +478,29 @@ def _numpy_causal_attention_backward(dy: Any, cache: _NumpyAttention) -> Any:
     return dqkv.reshape(b * t, 3 * h * d)
 
 
-@functools.lru_cache(maxsize=8)
+#: The largest full-size causal mask NumPy's attention keeps (bytes; 4 MiB is the default
+#: model at B=1024 in float32); :func:`_numpy_key_query_bias` keeps at most 4 of them.
+_NUMPY_MASK_CACHE_BYTES = 4 << 20
+
+
+@functools.lru_cache(maxsize=4)
 def _numpy_key_query_bias(h: int, t: int, b: int, dtype: Any) -> Any:
     """The causal mask in the layout of :func:`_numpy_causal_attention`'s scores, ``(H, Tk,
     B*Tq)``: ``-inf`` where the key comes after the query, else 0. Built once per shape
     and dtype and read-only (an eager constant: NumPy arrays only)."""
-    pos = np.arange(t)
-    key_query = np.where(pos[:, None] > pos[None, :], -np.inf, 0.0).astype(dtype)
+    key_query = _numpy_key_query(t, dtype)
     mask = np.ascontiguousarray(np.broadcast_to(key_query[None, :, None, :], (h, t, b, t)))
     mask = mask.reshape(h, t, b * t)
+    mask.flags.writeable = False
+    return mask
+
+
+@functools.lru_cache(maxsize=8)
+def _numpy_key_query(t: int, dtype: Any) -> Any:
+    """The ``(Tk, Tq)`` causal mask, read-only: ``-inf`` where the key comes after the
+    query, else 0."""
+    pos = np.arange(t)
+    mask = np.where(pos[:, None] > pos[None, :], -np.inf, 0.0).astype(dtype)
     mask.flags.writeable = False
     return mask
 

@@ -64,6 +64,26 @@ def test_causal_attention_override_equals_the_generic_code(
         assert torch.equal(P._torch_causal_bias(t, qkv.dtype, qkv.device), P.causal_bias(t, qkv))
 
 
+def test_numpy_attention_of_a_big_batch_keeps_no_full_size_mask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Above the cache's size limit, the mask is broadcast (the same results) and no
+    full-size copy is kept."""
+    b, t, c, h = 8, 5, 6, 2
+    rng = np.random.default_rng(1)
+    qkv = rng.standard_normal((b * t, 3 * c))
+    dy = rng.standard_normal((b * t, c))
+    monkeypatch.setattr(P, "_NUMPY_MASK_CACHE_BYTES", h * t * b * t * 8 - 1)
+    P._numpy_key_query_bias.cache_clear()
+    y, cache = P.causal_attention(qkv, b, t, h)
+    assert isinstance(cache, P._NumpyAttention)
+    assert P._numpy_key_query_bias.cache_info().currsize == 0
+    want_y, want_cache = P._causal_attention(qkv, b, t, h)
+    assert_same(y, want_y, "float64", "output")
+    dqkv = P.causal_attention_backward(dy, cache)
+    assert_same(dqkv, P._causal_attention_backward(dy, want_cache), "float64", "dqkv")
+
+
 def test_numpy_attention_mask_is_a_read_only_constant() -> None:
     mask = P._numpy_key_query_bias(2, 3, 4, np.dtype("float32"))
     assert mask is P._numpy_key_query_bias(2, 3, 4, np.dtype("float32"))  # built once
