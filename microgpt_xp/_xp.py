@@ -153,6 +153,14 @@ def persist(arrays: list[Any]) -> list[Any]:
     return out
 
 
+def check_positive_int(value: Any, what: str) -> int:
+    """Return ``value`` if it is an ``int`` (not a ``bool``) of at least 1, else raise
+    ``ValueError`` naming it as ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive int, got {value!r}")
+    return value
+
+
 def check_jit(jit: Any) -> bool | None:
     """Return ``jit`` if it is ``None``, ``True`` or ``False``, else raise ``TypeError``."""
     if jit is not None and not isinstance(jit, bool):

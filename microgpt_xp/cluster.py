@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._backends import install_extra
+from ._xp import check_positive_int
 
 #: The address that means "start a LocalCluster on this machine".
 LOCAL = "local"
@@ -82,10 +83,8 @@ def connect(
     local = address is None or address == LOCAL
     if local:
         for name, value in (("n_workers", n_workers), ("threads_per_worker", threads_per_worker)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            if value is not None:
+                check_positive_int(value, name)
         kwargs: dict[str, Any] = {"processes": processes, "dashboard_address": ":0"}
         if n_workers is not None:
             kwargs["n_workers"] = n_workers

@@ -48,9 +48,7 @@ Weights = Literal["graph", "scatter"]
 
 def check_chunk_size(chunk_size: Any) -> int:
     """``chunk_size`` if it is a positive int, else ``ValueError``."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk size must be a positive int, got {chunk_size!r}")
-    return chunk_size
+    return _xp.check_positive_int(chunk_size, "chunk size")
 
 
 def host_params(params: Params) -> Params:

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import _pytree
 from . import primitives as P
-from ._xp import array_namespace
+from ._xp import array_namespace, check_positive_int
 from .params import Params, flatten, unflatten
 
 #: The spec's hyperparameters.
@@ -95,8 +95,7 @@ def adam_update(
 def check_hyperparameters(lr: Any, beta1: Any, beta2: Any, eps: Any, num_steps: Any) -> None:
     """Raise ``TypeError``/``ValueError`` unless the hyperparameters are finite real numbers
     with ``lr > 0``, ``0 <= beta < 1``, ``eps > 0`` and ``num_steps`` a positive int."""
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
+    check_positive_int(num_steps, "num_steps")
     for name, value in (("lr", lr), ("beta1", beta1), ("beta2", beta2), ("eps", eps)):
         if isinstance(value, bool) or not _is_real(value):
             raise TypeError(f"{name} must be a real number, got {value!r}")

@@ -33,13 +33,20 @@ from .params import Params
 R = TypeVar("R")
 
 
-def check_workers(workers: int | None) -> int | None:
-    """Return ``workers`` if it is ``None`` or a positive int, else raise ``ValueError``."""
+def check_workers(workers: int | None, backend: str = "numpy") -> int | None:
+    """Return ``workers`` if it is ``None`` or a positive int, and more than one only for
+    NumPy arrays of ``backend`` (the only ones shared over processes); else raise
+    ``ValueError``."""
     if workers is None:
         return None
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(
             f"workers must be a positive int (processes that share a batch) or None, got {workers!r}"
+        )
+    if workers > 1 and backend != "numpy":
+        raise ValueError(
+            f"workers={workers} shares NumPy batches over processes; backend {backend!r} "
+            "brings its own parallelism (use workers=None)"
         )
     return workers
 

@@ -128,22 +128,14 @@ def iter_sample_tokens(
     ``sample_tokens(...)`` with the same arguments. Memory follows the batch, not
     ``num_samples``. The arguments are checked now, the work is done as the batches are
     taken (worker processes, if any, end when the iterator is exhausted or closed)."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"the number of samples must be a positive int, got {num_samples!r}")
+    _xp.check_positive_int(num_samples, "the number of samples")
     temperature = check_temperature(temperature)
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-    ):
-        raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
-    check_workers(workers)
+    if batch_size is not None:
+        _xp.check_positive_int(batch_size, "batch size")
+    check_workers(workers, params.backend)
     cfg = params.config
     if not 0 <= bos < cfg.vocab_size:
         raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
-    if workers not in (None, 1) and params.backend != "numpy":
-        raise ValueError(
-            f"workers={workers} shares NumPy batches over processes; backend "
-            f"{params.backend!r} brings its own parallelism (use workers=None)"
-        )
     if params.backend == "dask":
         return _dask_batches(params, bos, num_samples, temperature, seed, batch_size, chunks)
     batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
@@ -367,8 +359,7 @@ def generate(
     dask, da = dask_modules()
     host = host_params(params)
     cfg = host.config
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"the number of samples must be a positive int, got {num_samples!r}")
+    _xp.check_positive_int(num_samples, "the number of samples")
     temperature = check_temperature(temperature)
     if not 0 <= bos < cfg.vocab_size:
         raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")

@@ -242,21 +242,12 @@ def _check_arguments(
 ) -> None:
     _xp.check_backend(backend)
     _xp.check_dtype(dtype)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-    ):
-        raise ValueError(f"chunk size must be a positive int, got {chunk_size!r}")
-    check_workers(workers)
+    _xp.check_positive_int(steps, "steps")
+    _xp.check_positive_int(batch_size, "batch size")
+    if chunk_size is not None:
+        _xp.check_positive_int(chunk_size, "chunk size")
+    check_workers(workers, backend)
     _check_reduction(reduction)
-    if workers not in (None, 1) and backend != "numpy":
-        raise ValueError(
-            f"workers={workers} shares NumPy batches over processes; backend {backend!r} "
-            "brings its own parallelism (use workers=None)"
-        )
 
 
 def _check_docs(docs: Sequence[str] | None) -> list[str]:
