@@ -31,14 +31,14 @@ CONFIG = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=8, n_head=2, block_si
 STEPS, BATCH = 4, 3
 
 
-def _run(backend: Any = None, **kwargs: Any) -> TrainResult:
+def _run(backend: Any = None, docs: list[str] = DOCS, **kwargs: Any) -> TrainResult:
     args: dict[str, Any] = dict(
         steps=STEPS, batch_size=BATCH, config=CONFIG, seed=1, dtype="float64", lr=0.05
     )
     if backend is not None:
         args.update(backend=backend.name, device=backend.device)
     args.update(kwargs)
-    return train(DOCS, **args)
+    return train(docs, **args)
 
 
 def _host(p: Params) -> dict[str, np.ndarray]:
@@ -211,17 +211,7 @@ def test_resume_refuses_another_corpus_or_config(tmp_path: Path) -> None:
     path = tmp_path / "run.ckpt"
     _interrupted(path)
     with pytest.raises(ResumeError, match="with docs='sha256:") as info:
-        train(
-            list(reversed(DOCS)),
-            checkpoint=path,
-            resume=True,
-            steps=STEPS,
-            batch_size=BATCH,
-            config=CONFIG,
-            seed=1,
-            dtype="float64",
-            lr=0.05,
-        )
+        _run(docs=list(reversed(DOCS)), checkpoint=path, resume=True)
     assert info.value.option == "docs"
     other = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=4, n_head=2, block_size=8)
     with pytest.raises(ResumeError, match=r"with config=GPTConfig.*n_embd=4") as info:
@@ -230,17 +220,7 @@ def test_resume_refuses_another_corpus_or_config(tmp_path: Path) -> None:
     # other characters in a tokenizer of the same size: the same config
     other_docs = [d.replace("d", "e") for d in DOCS]
     with pytest.raises(ResumeError, match=r"chars 'abce'.*has tokenizer=.chars 'abcd'") as info:
-        train(
-            other_docs,
-            checkpoint=path,
-            resume=True,
-            steps=STEPS,
-            batch_size=BATCH,
-            config=CONFIG,
-            seed=1,
-            dtype="float64",
-            lr=0.05,
-        )
+        _run(docs=other_docs, checkpoint=path, resume=True)
     assert info.value.option == "tokenizer"
 
 
