@@ -1,11 +1,15 @@
 """The table of array backends: the one place that knows them by name.
 
-One :class:`Backend` entry per array library says what it is called, which module is its
-Array API namespace, what to install for it, how host (NumPy) data gets onto it and back,
-how a user's device spec becomes a device object, and how its tests run. Everything
-else in ``microgpt_xp`` takes its namespace and device from its input arrays, and the
-helpers of :mod:`microgpt_xp._xp` read this table; so do the noxfile and the test
-fixtures. Adding a backend is one entry here, plus whatever truly differs in
+One :class:`Backend` entry per known array library says what it is called, which module
+is its Array API namespace, what to install for it, how host (NumPy) data gets onto it
+and back, how a user's device spec becomes a device object, and how its tests run. The
+table lists what is *known*, not what is allowed: an Array API namespace it does not
+know gets a generic entry (:func:`generic_backend`) built from the standard alone —
+``xp.asarray`` onto the device, DLPack or ``__array__`` back to the host, devices from
+``__array_namespace_info__`` — and runs the generic code. Everything else in
+``microgpt_xp`` takes its namespace and device from its input arrays, and the helpers of
+:mod:`microgpt_xp._xp` read this table; so do the noxfile and the test fixtures. Adding
+a backend is one entry here, plus whatever truly differs in
 :mod:`microgpt_xp.primitives`.
 
 This module imports nothing but the standard library at import time (the noxfile loads it
@@ -40,6 +44,8 @@ class Backend:
             is only used by chunked backends.
         to_host: an array of the backend -> a NumPy array (computing a lazy one).
         is_array: whether an object is an array of this backend.
+        is_namespace: whether a namespace (module or object) is this backend's, e.g.
+            ``numpy`` or ``array_api_compat.numpy`` for NumPy.
         test_install: packages the nox session installs before the project (a pinned CPU
             build, where a plain install would pull a GPU build).
         setup: called once, right after the namespace is first imported.
@@ -65,6 +71,7 @@ class Backend:
     from_host: Callable[[Any, Any, Any], Any]
     to_host: Callable[[Any], Any]
     is_array: Callable[[Any], bool]
+    is_namespace: Callable[[Any], bool] = lambda xp: False
     test_device: str | None = None
     needs_gpu: bool = False
     test_install: tuple[str, ...] = ()
@@ -75,8 +82,13 @@ class Backend:
     lazy: bool = False
     is_traced: Callable[[Any], bool] | None = None
 
+    #: the namespace object itself, for generic entries (:func:`generic_backend`)
+    namespace_object: Any = None
+
     def namespace_module(self) -> str:
         """The name of the namespace module."""
+        if self.namespace_object is not None:
+            return str(getattr(self.namespace_object, "__name__", self.name))
         return self.namespace if isinstance(self.namespace, str) else self.namespace()
 
 
@@ -269,6 +281,77 @@ def _is_jax(x: Any) -> bool:
     return bool(array_api_compat.is_jax_array(x))
 
 
+def _compat(test: str, xp: Any) -> bool:
+    """``array_api_compat.<test>(xp)``: does the namespace ``xp`` belong to a library."""
+    import array_api_compat
+
+    return bool(getattr(array_api_compat, test)(xp))
+
+
+# -- a namespace the table does not know ----------------------------------------------------
+def generic_backend(xp: Any) -> Backend:
+    """The entry of an Array API namespace the table does not know (a module such as
+    ``ndonnx``, or a namespace object such as ``marray.masked_namespace(numpy)``), built
+    from the standard alone: its name is the namespace's ``__name__``; host data goes
+    there with ``xp.asarray`` (on ``device=`` where given); arrays come back through
+    DLPack, else ``__array__``, else not at all (``TypeError``); devices are those of
+    ``xp.__array_namespace_info__().devices()``, named by their ``str``."""
+    name = str(getattr(xp, "__name__", type(xp).__name__))
+
+    def parse_device(device: Any) -> Any:
+        if device is None:
+            return None
+        info = getattr(xp, "__array_namespace_info__", None)
+        known = list(info().devices()) if info is not None else []
+        for d in known:
+            if device is d or device == d or str(device) == str(d):
+                return d
+        raise ValueError(
+            f"namespace {name!r} has no device {device!r} (its devices: "
+            f"{', '.join(map(str, known)) or 'not listed'})"
+        )
+
+    def from_host(host: Any, device: Any, chunks: Any) -> Any:
+        return xp.asarray(host) if device is None else xp.asarray(host, device=device)
+
+    def is_array(x: Any) -> bool:
+        import array_api_compat
+
+        try:
+            return array_api_compat.array_namespace(x) is xp
+        except TypeError:
+            return False
+
+    return Backend(
+        name=name,
+        namespace=name,
+        package=name.split(".")[0],
+        install=f"install the package that provides {name!r}",
+        test_extras="test",
+        parse_device=parse_device,
+        from_host=from_host,
+        to_host=_generic_to_host,
+        is_array=is_array,
+        is_namespace=lambda other: other is xp,
+        namespace_object=xp,
+    )
+
+
+def _generic_to_host(x: Any) -> Any:
+    """A NumPy copy of an array of any library, through DLPack, else ``__array__``."""
+    np = _np()
+    try:
+        return np.from_dlpack(x)
+    except (BufferError, TypeError, AttributeError, RuntimeError, ValueError):
+        pass
+    if hasattr(type(x), "__array__"):
+        return np.asarray(x)
+    raise TypeError(
+        f"the values of {type(x).__module__}.{type(x).__name__} arrays cannot be copied to "
+        "the host: the library offers neither DLPack nor __array__"
+    )
+
+
 def install_extra(extra: str) -> str:
     """The command that installs one of this project's extras, from PyPI or a checkout."""
     return f"pip install 'microgpt-xp[{extra}]' (from a checkout: pip install '.[{extra}]')"
@@ -289,6 +372,7 @@ BACKENDS: dict[str, Backend] = {
             from_host=lambda host, device, chunks: host,
             to_host=lambda x: _np().asarray(x),
             is_array=_is_numpy,
+            is_namespace=lambda xp: _compat("is_numpy_namespace", xp),
         ),
         Backend(
             name="dask",
@@ -300,6 +384,7 @@ BACKENDS: dict[str, Backend] = {
             from_host=_dask_from_host,
             to_host=_dask_to_host,
             is_array=_is_dask,
+            is_namespace=lambda xp: _compat("is_dask_namespace", xp),
             persist=_dask_persist,
             attach_check=_dask_attach_check,
             lazy=True,
@@ -315,6 +400,7 @@ BACKENDS: dict[str, Backend] = {
             from_host=_cupy_from_host,
             to_host=lambda x: _np().asarray(x.get()),
             is_array=_is_cupy,
+            is_namespace=lambda xp: _compat("is_cupy_namespace", xp),
             needs_gpu=True,
         ),
         Backend(
@@ -327,6 +413,7 @@ BACKENDS: dict[str, Backend] = {
             from_host=_strict_from_host,
             to_host=_strict_to_host,
             is_array=_is_strict,
+            is_namespace=lambda xp: _compat("is_array_api_strict_namespace", xp),
             test_device="device1",
         ),
         Backend(
@@ -340,6 +427,7 @@ BACKENDS: dict[str, Backend] = {
             from_host=_torch_from_host,
             to_host=_torch_to_host,
             is_array=_is_torch,
+            is_namespace=lambda xp: _compat("is_torch_namespace", xp),
             test_install=("torch==2.13.0",),
         ),
         Backend(
@@ -352,6 +440,7 @@ BACKENDS: dict[str, Backend] = {
             from_host=_jax_from_host,
             to_host=lambda x: _np().asarray(x),
             is_array=_is_jax,
+            is_namespace=lambda xp: _compat("is_jax_namespace", xp),
             setup=_jax_setup,
             compile=_jax_compile,
             is_traced=_jax_is_traced,

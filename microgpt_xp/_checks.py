@@ -1,15 +1,26 @@
 """Checks of a batch at the edge of the model, done once before any model code runs.
 
-Eager arrays are checked on the host (their values copied there); lazy ones get their
-value checks attached to the graph (Dask) or skipped (traced arrays under ``jax.jit``,
-whose values are not known), so that nothing inside a step reads values to the host.
+What is checked, by kind of array:
+
+- **always**: that tokens (and lengths) are arrays of the params' namespace and device
+  (a non-array, or arrays of two libraries, is a ``TypeError`` naming both), integer
+  dtypes, 2-d tokens, and the sizes that are known: a non-empty batch, a sequence length
+  within the model's limit, lengths of the batch's size;
+- **values that can be read** (NumPy, PyTorch, CuPy, eager JAX, array-api-strict, and any
+  namespace whose 0-d arrays convert with ``bool()``/``int()``, as the standard asks of
+  eager libraries): ids in ``[0, V)`` at real positions and lengths in range, computed
+  in the arrays' own namespace and read as a few scalars;
+- **Dask**: the value checks ride along with the graph and raise when it is computed;
+- **values that cannot be read** (tracers under ``jax.jit``, symbolic arrays such as
+  ndonnx's lazy ones, whose batch and time may be unknown too): no value check — an id
+  out of range then gives meaningless logits, as an out-of-range index does in the
+  library's own ``take``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from array_api_compat import device
 
 from . import _xp
@@ -20,15 +31,24 @@ from .params import Params
 Array = Any
 
 
+def _describe(a: Any) -> str:
+    return f"{type(a).__module__}.{type(a).__name__}"
+
+
 def _check_same_place(params: Params, arrays: dict[str, Array]) -> Any:
     for name, a in arrays.items():
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            raise TypeError(
+                f"{name} must be an array of the params' namespace ({_describe(params.wte)}), "
+                f"got {_describe(a)}"
+            )
         try:
             xp = array_namespace(a, params.wte)
-        except TypeError as exc:
+        except TypeError:
             raise TypeError(
-                f"{name} and params are arrays of different namespaces "
-                f"({type(a).__module__}.{type(a).__name__} vs {params.backend}): {exc}"
-            ) from exc
+                f"{name} and params are arrays of different namespaces ({name}: "
+                f"{_describe(a)}, params: {_describe(params.wte)})"
+            ) from None
         # traced (jax.jit) arrays have no device; they are placed by the tracer
         if (
             device(a) is not None
@@ -39,23 +59,12 @@ def _check_same_place(params: Params, arrays: dict[str, Array]) -> Any:
     return xp
 
 
-def _eager_values(x: Array) -> np.ndarray | None:
-    """Host values of an eager array for validation; ``None`` for lazy arrays."""
-    if _xp.is_lazy(x):
-        return None
-    return _xp.to_numpy(x)
-
-
 def check_tokens(
     params: Params, tokens: Array, lengths: Array | None, *, max_len: int, min_length: int
-) -> tuple[Array, Array]:
-    """Validate ``tokens (B, T)`` / ``lengths (B,)`` and return them (lengths filled in).
-
-    Value checks (ids in range, lengths that fit) run on eager arrays; on Dask they are
-    attached to the graph and raise when computed.
-    """
-    if not hasattr(tokens, "shape") or not hasattr(tokens, "dtype"):
-        raise TypeError(f"tokens must be an array, got {type(tokens).__name__}")
+) -> tuple[Array, Array | None]:
+    """Validate ``tokens (B, T)`` / ``lengths (B,)`` (``None``: every row is ``T`` long) and
+    return them (on Dask with their value checks attached). See the module's docstring
+    for what is checked on which arrays."""
     xp = _check_same_place(params, {"tokens": tokens})
     if not _xp.is_integral(xp, tokens.dtype):
         raise TypeError(f"tokens must have an integer dtype, got {tokens.dtype}")
@@ -64,51 +73,69 @@ def check_tokens(
     b, t = tokens.shape
     if b == 0:
         raise ValueError(f"an empty batch: tokens of shape {tuple(tokens.shape)} hold no rows")
-    if t > max_len:
+    if isinstance(t, int) and t > max_len:
         raise ValueError(f"sequence length {t} exceeds the model's limit {max_len}")
-    if t < min_length:
+    if isinstance(t, int) and t < min_length:
         raise ValueError(f"sequences need at least {min_length} tokens, got {t}")
-    if lengths is None:
-        lengths = P.full((b,), t, tokens)
-    else:
+    if lengths is not None:
         _check_same_place(params, {"lengths": lengths})
         if not _xp.is_integral(xp, lengths.dtype):
             raise TypeError(f"lengths must have an integer dtype, got {lengths.dtype}")
-        if tuple(lengths.shape) != (b,):
+        if lengths.ndim != 1 or (
+            isinstance(b, int) and isinstance(lengths.shape[0], int) and lengths.shape[0] != b
+        ):
             raise ValueError(
                 f"lengths must have shape ({b},) to match tokens, got {tuple(lengths.shape)}"
             )
-    vocab = params.config.vocab_size
-    tok_host, len_host = _eager_values(tokens), _eager_values(lengths)
-    if (
-        len_host is not None
-        and len_host.size
-        and (len_host.min() < min_length or len_host.max() > t)
-    ):
-        raise ValueError(
-            f"lengths must lie in [{min_length}, {t}] for tokens of shape {(b, t)}, "
-            f"got min {len_host.min()} max {len_host.max()}"
-        )
-    if (
-        tok_host is not None
-        and len_host is not None
-        and tok_host.size
-        and (tok_host.min() < 0 or tok_host.max() >= vocab)
-    ):
-        # out-of-range ids are allowed in the padding: look for one at a real position
-        real = np.arange(t)[None, :] < len_host[:, None]
-        bad = real & ((tok_host < 0) | (tok_host >= vocab))
-        if bad.any():
-            row, col = np.argwhere(bad)[0]
+    if _xp.is_lazy(tokens) or (lengths is not None and _xp.is_lazy(lengths)):
+        return _attach_checks(params, tokens, lengths, min_length)
+    _check_values(xp, params.config.vocab_size, tokens, lengths, min_length)
+    return tokens, lengths
+
+
+def _check_values(
+    xp: Any, vocab: int, tokens: Array, lengths: Array | None, min_length: int
+) -> None:
+    """The value checks, in the arrays' namespace, where values can be read (nothing is
+    checked where :func:`microgpt_xp._xp.read_scalar` cannot read them)."""
+    b, t = tokens.shape
+    if not (isinstance(b, int) and isinstance(t, int)):
+        return  # symbolic arrays: their values are not there to read
+    if lengths is not None:
+        out = _xp.read_scalar(xp.any((lengths < min_length) | (lengths > t)), bool)
+        if out:
             raise ValueError(
-                f"token id {tok_host[row, col]} at [{row}, {col}] is outside [0, {vocab})"
+                f"lengths must lie in [{min_length}, {t}] for tokens of shape "
+                f"{tuple(tokens.shape)}, got min {int(xp.min(lengths))} max {int(xp.max(lengths))}"
             )
-    if _xp.is_lazy(tokens) or _xp.is_lazy(lengths):
-        tokens = _xp.lazy_value_check(
-            tokens,
-            lambda blk: bool(((blk >= 0) & (blk < vocab)).all()) if blk.size else True,
-            f"token ids must lie in [0, {vocab}) (padding included, on lazy arrays)",
-        )
+    # cheap first: only look for the position when some id is out of range
+    if not _xp.read_scalar(xp.any((tokens < 0) | (tokens >= vocab)), bool):
+        return
+    bad = (tokens < 0) | (tokens >= vocab)
+    if lengths is not None:  # out-of-range ids are allowed in the padding
+        bad = bad & (P.positions(tokens)[None, :] < lengths[:, None])
+    flat = xp.reshape(bad, (-1,))
+    if not bool(xp.any(flat)):
+        return
+    index = int(xp.argmax(xp.astype(flat, xp.int8)))
+    row, col = divmod(index, t)
+    raise ValueError(
+        f"token id {int(xp.reshape(tokens, (-1,))[index])} at [{row}, {col}] is outside [0, {vocab})"
+    )
+
+
+def _attach_checks(
+    params: Params, tokens: Array, lengths: Array | None, min_length: int
+) -> tuple[Array, Array | None]:
+    """Dask: the value checks as part of the graph, raising when it is computed."""
+    vocab = params.config.vocab_size
+    b, t = tokens.shape
+    tokens = _xp.lazy_value_check(
+        tokens,
+        lambda blk: bool(((blk >= 0) & (blk < vocab)).all()) if blk.size else True,
+        f"token ids must lie in [0, {vocab}) (padding included, on lazy arrays)",
+    )
+    if lengths is not None:
         lengths = _xp.lazy_value_check(
             lengths,
             lambda blk: bool(((blk >= min_length) & (blk <= t)).all()) if blk.size else True,

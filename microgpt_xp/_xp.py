@@ -20,7 +20,7 @@ import array_api_compat
 import numpy as np
 
 from ._backends import BACKENDS as TABLE
-from ._backends import Backend
+from ._backends import Backend, generic_backend
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,11 +31,43 @@ BACKENDS: tuple[str, ...] = tuple(TABLE)
 DTYPES: tuple[str, ...] = ("float32", "float64")
 
 
-def check_backend(backend: str) -> str:
-    """Return ``backend`` if it is a known backend name, else raise ``ValueError``."""
-    if not isinstance(backend, str) or backend not in TABLE:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    return backend
+#: The entries of namespaces outside the table that have been met, by name.
+_FOREIGN: dict[str, Backend] = {}
+
+
+def check_backend(backend: Any) -> str:
+    """The name of a backend given as a table name (``"numpy"``, ``"dask"``, ...) or as an
+    Array API namespace (a module such as ``numpy`` or ``ndonnx``, or a namespace object
+    such as ``array_api_compat.array_namespace`` returns). A namespace of a table backend
+    is that backend; any other namespace gets a generic entry
+    (:func:`microgpt_xp._backends.generic_backend`), named by its ``__name__``. Raises
+    ``ValueError`` for an unknown name and ``TypeError`` for anything else."""
+    if isinstance(backend, str):
+        if backend in TABLE or backend in _FOREIGN:
+            return backend
+        raise ValueError(
+            f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}, or pass an "
+            "Array API namespace (a module such as ndonnx)"
+        )
+    if not _is_namespace(backend):
+        raise TypeError(
+            f"backend must be a backend name or an Array API namespace, got "
+            f"{type(backend).__name__} {backend!r}"
+        )
+    for name, spec in TABLE.items():
+        if spec.is_namespace(backend):
+            return name
+    spec = generic_backend(backend)
+    known = _FOREIGN.setdefault(spec.name, spec)
+    if known.namespace_object is not backend:
+        raise ValueError(f"two different namespaces are both named {spec.name!r}")
+    return spec.name
+
+
+def _is_namespace(obj: Any) -> bool:
+    """Whether ``obj`` looks like an Array API namespace (it has ``asarray`` and the
+    standard's dtypes)."""
+    return all(hasattr(obj, attr) for attr in ("asarray", "float32", "float64", "int64"))
 
 
 def check_dtype(dtype: str) -> str:
@@ -45,19 +77,16 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
-def entry(backend: str) -> Backend:
-    """The table entry of a backend name (``ValueError`` for an unknown one)."""
-    return TABLE[check_backend(backend)]
+def entry(backend: Any) -> Backend:
+    """The table entry of a backend name or namespace (``ValueError`` for an unknown
+    name); a generic entry for a namespace the table does not know."""
+    name = check_backend(backend)
+    return TABLE[name] if name in TABLE else _FOREIGN[name]
 
 
 @functools.cache
-def namespace(backend: str) -> Any:
-    """The Array API namespace for a backend name (imported on first use).
-
-    Raises ``ValueError`` for an unknown name and ``ImportError`` (saying what to install)
-    when the backend's package is missing.
-    """
-    spec = entry(backend)
+def _table_namespace(backend: str) -> Any:
+    spec = TABLE[backend]
     try:
         module = importlib.import_module(spec.namespace_module())
     except ImportError as exc:
@@ -67,7 +96,19 @@ def namespace(backend: str) -> Any:
     return module
 
 
-def resolve_device(backend: str, device: Any = None) -> Any:
+def namespace(backend: Any) -> Any:
+    """The Array API namespace for a backend name or namespace (imported on first use).
+
+    Raises ``ValueError`` for an unknown name and ``ImportError`` (saying what to install)
+    when the backend's package is missing.
+    """
+    name = check_backend(backend)
+    if name in _FOREIGN:
+        return _FOREIGN[name].namespace_object
+    return _table_namespace(name)
+
+
+def resolve_device(backend: Any, device: Any = None) -> Any:
     """Turn a user's device (``None``, a string such as ``"cpu"``/``"cuda:0"``/``"device1"``,
     an int GPU index, or a backend device object) into the backend's device object.
 
@@ -79,7 +120,7 @@ def resolve_device(backend: str, device: Any = None) -> Any:
 
 
 def asarray(
-    host: Any, backend: str, *, device: Any = None, dtype: str | None = None, chunks: Any = None
+    host: Any, backend: Any, *, device: Any = None, dtype: str | None = None, chunks: Any = None
 ) -> Any:
     """Move host data (nested lists or a NumPy array) onto ``backend``/``device``.
 
@@ -92,7 +133,8 @@ def asarray(
 
 
 def backend_of(x: Any) -> str:
-    """The backend name of an array (``"numpy"``, ``"dask"``, ...)."""
+    """The backend name of an array (``"numpy"``, ``"dask"``, ..., or the name of a
+    namespace outside the table, such as ``"ndonnx"``)."""
     if isinstance(x, np.ndarray):
         # first: a freshly started Dask worker may still be importing dask.array, and
         # the Dask check would then fail on the half-imported module
@@ -100,39 +142,77 @@ def backend_of(x: Any) -> str:
     for name, spec in TABLE.items():
         if spec.is_array(x):
             return name
-    raise TypeError(f"not an array of a supported backend: {type(x).__name__}")
+    try:
+        xp = array_api_compat.array_namespace(x)
+    except TypeError:
+        raise TypeError(f"not an array of an Array API library: {type(x).__name__}") from None
+    return check_backend(xp)
+
+
+def dtype_name(x: Any) -> str:
+    """The name of an array's floating dtype, ``"float32"`` or ``"float64"`` (``TypeError``
+    for any other)."""
+    xp = array_namespace(x)
+    for name in DTYPES:
+        if x.dtype == getattr(xp, name):
+            return name
+    raise TypeError(f"expected float32 or float64 arrays, got {x.dtype}")
 
 
 def to_numpy(x: Any) -> np.ndarray:
     """Copy any supported array (computing it if lazy) to a NumPy array on the host."""
-    return np.asarray(TABLE[backend_of(x)].to_host(x))
+    return np.asarray(entry(backend_of(x)).to_host(x))
+
+
+def read_scalar(x: Any, kind: Callable[[Any], Any] = float) -> Any:
+    """``kind(x)`` (``float``, ``int`` or ``bool``) of a 0-d array, or ``None`` where its
+    value cannot be read: a tracer under a compiler, or a symbolic array (such as
+    ndonnx's lazy ones) whose library refuses. Python numbers pass through ``kind``."""
+    if is_traced(x):
+        return None
+    try:
+        return kind(x)
+    except (TypeError, ValueError, RuntimeError, NotImplementedError):
+        if backend_of(x) in TABLE:
+            raise  # a table backend that cannot convert a 0-d array is a bug, not a limit
+        return None
+
+
+def read_int(x: Any) -> int | None:
+    """:func:`read_scalar` as an ``int``."""
+    return read_scalar(x, int)  # type: ignore[no-any-return]
+
+
+def _entry_of(x: Any) -> Backend | None:
+    """The entry of an array's backend, ``None`` for anything else (a Python number)."""
+    try:
+        return entry(backend_of(x))
+    except TypeError:
+        return None
 
 
 def is_lazy(x: Any) -> bool:
-    """True for arrays whose values are not known without a compute (Dask) or at all
-    (tracers under a compiler such as ``jax.jit``); False for eager arrays and Python
-    numbers."""
-    try:
-        spec = TABLE[backend_of(x)]
-    except TypeError:
+    """True for arrays of a table backend whose values are not known without a compute
+    (Dask) or at all (tracers under a compiler such as ``jax.jit``); False for eager
+    arrays and Python numbers. (Whether an array of a namespace outside the table can be
+    read is only known by trying: :func:`read_scalar`.)"""
+    spec = _entry_of(x)
+    if spec is None:
         return False
     return spec.lazy or (spec.is_traced is not None and spec.is_traced(x))
 
 
 def is_traced(x: Any) -> bool:
     """True for tracers of a compiler (``jax.jit``), whose values cannot be read at all."""
-    try:
-        spec = TABLE[backend_of(x)]
-    except TypeError:
-        return False
-    return spec.is_traced is not None and spec.is_traced(x)
+    spec = _entry_of(x)
+    return spec is not None and spec.is_traced is not None and spec.is_traced(x)
 
 
 def lazy_value_check(x: Any, check: Any, message: str) -> Any:
     """Attach a value check to a lazy chunked array (Dask) so that it raises
     ``ValueError(message)`` when the data is computed; other arrays are returned
     unchanged. ``check`` takes one block and returns True when the block is valid."""
-    spec = TABLE[backend_of(x)]
+    spec = entry(backend_of(x))
     return x if spec.attach_check is None else spec.attach_check(x, check, message)
 
 
@@ -144,7 +224,7 @@ def persist(arrays: list[Any]) -> list[Any]:
     out = list(arrays)
     lazy = {i: backend_of(a) for i, a in enumerate(arrays) if is_lazy(a)}
     for name in set(lazy.values()):
-        spec = TABLE[name]
+        spec = entry(name)
         if spec.persist is None:
             continue
         picked = [i for i, b in lazy.items() if b == name]
@@ -180,7 +260,7 @@ def compiler(backend: str, jit: bool | None) -> Callable[[F], F] | None:
         if jit:
             have = [name for name, b in TABLE.items() if b.compile is not None]
             raise ValueError(
-                f"jit=True: backend {backend!r} has no compiler (backends with one: "
+                f"jit=True: backend {spec.name!r} has no compiler (backends with one: "
                 f"{', '.join(have)}); use jit=None or jit=False"
             )
         return None

@@ -2,7 +2,9 @@
 ``loss_and_grads`` (the hand-written backward pass) and per-document ``score``.
 
 All of it is composed from the forward/backward pairs in :mod:`microgpt_xp.layers` and
-runs on whatever namespace and device the inputs live on.
+the operations of :mod:`microgpt_xp.primitives`, and runs on whatever namespace and device
+the inputs live on. Nothing takes a Python int from the batch or the time of its inputs
+(symbolic arrays leave them unknown): only the config's sizes are Python ints.
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ Array = Any
 Reduction = Literal["mean", "token_mean"]
 
 
-def _real_mask(lengths: Array, t: int, dtype: Any) -> Array:
-    """``(B, T)`` 1.0 at positions ``< lengths[b]``, else 0.0."""
+def _real_mask(lengths: Array, pos: Array, dtype: Any) -> Array:
+    """``(B, T)`` 1 at positions ``pos (T,)`` below ``lengths[b]``, else 0, in ``dtype``."""
     xp = array_namespace(lengths)
-    pos = P.arange(t, lengths, dtype=lengths.dtype)
     return xp.astype(pos[None, :] < lengths[:, None], dtype)
 
 
@@ -37,37 +38,31 @@ def _qkv_weight(params: Params, layer: int) -> Array:
     )
 
 
-def _mlp_forward(params: Params, layer: int, x: Array) -> tuple[Array, tuple[Any, ...]]:
-    """The MLP sub-block with its residual: ``x + fc2(relu(fc1(rmsnorm(x))))`` for
-    ``x (N, C)``; returns the new ``x`` and the caches of its four blocks."""
-    h, c_norm = L.rmsnorm_forward(x)
-    u, c_fc1 = L.linear_forward(h, params.mlp_fc1[layer, ...])
-    u, c_relu = L.relu_forward(u)
-    m, c_fc2 = L.linear_forward(u, params.mlp_fc2[layer, ...])
-    return x + m, (c_norm, c_fc1, c_relu, c_fc2)
-
-
 def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
-    """The last hidden state ``(B*T, C)`` of valid ``tokens (B, T)`` (the input of
+    """The last hidden state ``(B, T, C)`` of valid ``tokens (B, T)`` (the input of
     ``lm_head``) and the caches of the blocks for :func:`_backward`."""
     cfg = params.config
-    b, t = tokens.shape
-    e, c_emb = L.embedding_forward(tokens, params.wte, params.wpe[:t, :])
-    x, c_norm0 = L.rmsnorm_forward(e)
+    c = cfg.n_embd
+    e, c_emb = L.embedding_forward(tokens, params.wte, params.wpe)
+    x, c_norm0 = L.rmsnorm_forward(e, c)
     caches: list[Any] = [c_emb, c_norm0]
     for layer in range(cfg.n_layer):
-        h, c1 = L.rmsnorm_forward(x)
+        h, c1 = L.rmsnorm_forward(x, c)
         qkv, c2 = L.linear_forward(h, _qkv_weight(params, layer))
-        a, c3 = L.causal_attention_forward(qkv, b, t, cfg.n_head)
+        a, c3 = P.causal_attention(qkv, cfg.n_head, cfg.head_dim)
         o, c4 = L.linear_forward(a, params.attn_wo[layer, ...])
         x = x + o
-        x, (c5, c6, c7, c8) = _mlp_forward(params, layer, x)
+        h, c5 = L.rmsnorm_forward(x, c)
+        u, c6 = L.linear_forward(h, params.mlp_fc1[layer, ...])
+        u, c7 = P.relu(u)
+        m, c8 = L.linear_forward(u, params.mlp_fc2[layer, ...])
+        x = x + m
         caches.append((c1, c2, c3, c4, c5, c6, c7, c8))
     return x, caches
 
 
 def _backward(params: Params, dx: Array, caches: list[Any]) -> dict[str, Array]:
-    """Gradients of every weight but ``lm_head`` from ``dx (B*T, C)``, the gradient of the
+    """Gradients of every weight but ``lm_head`` from ``dx (B, T, C)``, the gradient of the
     last hidden state, walking the caches in reverse."""
     cfg = params.config
     c = cfg.n_embd
@@ -75,10 +70,10 @@ def _backward(params: Params, dx: Array, caches: list[Any]) -> dict[str, Array]:
     for layer in reversed(range(cfg.n_layer)):
         c1, c2, c3, c4, c5, c6, c7, c8 = caches[2 + layer]
         du, dfc2 = L.linear_backward(dx, c8)
-        dh, dfc1 = L.linear_backward(L.relu_backward(du, c7), c6)
+        dh, dfc1 = L.linear_backward(P.relu_backward(du, c7), c6)
         dx = dx + L.rmsnorm_backward(dh, c5)
         da, dwo = L.linear_backward(dx, c4)
-        dh, dwqkv = L.linear_backward(L.causal_attention_backward(da, c3), c2)
+        dh, dwqkv = L.linear_backward(P.causal_attention_backward(da, c3), c2)
         dx = dx + L.rmsnorm_backward(dh, c1)
         for name, g in (
             ("attn_wq", dwqkv[:c, :]),
@@ -90,9 +85,8 @@ def _backward(params: Params, dx: Array, caches: list[Any]) -> dict[str, Array]:
         ):
             per_layer[name].insert(0, g)
     de = L.rmsnorm_backward(dx, caches[1])
-    dwte, dwpe_rows = L.embedding_backward(de, caches[0])
-    # the positions this batch does not reach get zero gradient
-    grads = {"wte": dwte, "wpe": P.pad_rows(dwpe_rows, cfg.block_size)}
+    dwte, dwpe = L.embedding_backward(de, caches[0])
+    grads = {"wte": dwte, "wpe": dwpe}
     grads.update({name: _stack_layers(gs) for name, gs in per_layer.items()})
     return grads
 
@@ -108,7 +102,7 @@ def _stack_layers(per_layer: list[Array]) -> Array:
 def _safe_tokens(tokens: Array, lengths: Array) -> Array:
     """Padding replaced by id 0, so that whatever the padding holds never reaches the model."""
     xp = array_namespace(tokens)
-    real = _real_mask(lengths, tokens.shape[1], xp.bool)
+    real = P.positions(tokens)[None, :] < lengths[:, None]
     return xp.where(real, tokens, xp.zeros_like(tokens))
 
 
@@ -124,49 +118,45 @@ def forward(params: Params, tokens: Array, lengths: Array | None = None) -> Arra
     Returns:
         ``(B, T, V)`` logits in the params' dtype. Position ``t`` of row ``b`` sees
         tokens ``0..t`` of that row only, so the logits of real positions never depend
-        on the padding (the logits at padded positions are meaningless).
+        on the padding (the logits at padded positions are meaningless). ``B`` and ``T``
+        may be unknown (symbolic arrays): nothing here needs them as Python ints.
 
     Raises ``TypeError``/``ValueError`` for tokens of another namespace or device, a
-    non-integer dtype, ids outside ``[0, V)``, ``T > block_size`` or bad ``lengths``.
+    non-integer dtype, ids outside ``[0, V)``, ``T > block_size`` or bad ``lengths``
+    (what is checked where values cannot be read: see :mod:`microgpt_xp._checks`).
     """
     cfg = params.config
     tokens, lengths = _check_tokens(params, tokens, lengths, max_len=cfg.block_size, min_length=1)
-    b, t = tokens.shape
-    x, _ = _forward_cached(params, _safe_tokens(tokens, lengths))
-    logits, _ = L.linear_forward(x, params.lm_head)
-    return params.xp.reshape(logits, (b, t, cfg.vocab_size))
+    if lengths is not None:
+        tokens = _safe_tokens(tokens, lengths)
+    x, _ = _forward_cached(params, tokens)
+    return P.linear(x, params.lm_head)
 
 
 def _prediction_inputs(
     params: Params, tokens: Array, lengths: Array
 ) -> tuple[Array, Array, Array, Array]:
-    """Split checked documents ``(B, L)`` into model inputs, targets and the per-row number
-    of predictions ``n = min(lengths - 1, block_size)``; returns ``(inputs, targets, n,
-    valid)``."""
+    """Split checked documents ``(B, L)`` (``L <= block_size + 1``) into model inputs,
+    targets and the per-row number of predictions ``n = min(lengths - 1, block_size)``;
+    returns ``(inputs, targets, n, valid)``."""
     xp = params.xp
-    cfg = params.config
-    t = min(tokens.shape[1] - 1, cfg.block_size)
     safe = _safe_tokens(tokens, lengths)
-    n = xp.minimum(lengths - 1, xp.full_like(lengths, cfg.block_size))
-    valid = _real_mask(n, t, params.dtype)
-    return safe[:, :t], safe[:, 1 : t + 1], n, valid
+    inputs, targets = safe[:, :-1], safe[:, 1:]
+    n = xp.minimum(lengths - 1, xp.full_like(lengths, params.config.block_size))
+    valid = _real_mask(n, P.positions(inputs), params.dtype)
+    return inputs, targets, n, valid
 
 
 def _nll(
     params: Params, tokens: Array, lengths: Array
 ) -> tuple[Array, Array, Array, list[Any], Any]:
     """Per-position losses ``(B, T)`` (zero at padding, whatever the model predicts
-    there), ``n (B,)``, ``valid (B, T)``,
-    plus the caches of the forward pass and of the cross-entropy."""
-    xp = params.xp
+    there), ``n (B,)``, ``valid (B, T)``, the caches of the forward pass and of the
+    output layer with the loss."""
     inputs, targets, n, valid = _prediction_inputs(params, tokens, lengths)
-    b, t = inputs.shape
     x, caches = _forward_cached(params, inputs)
-    logits_t, c_head = L.linear_t_forward(x, params.lm_head)
-    losses, c_ce = L.cross_entropy_forward(
-        logits_t, xp.reshape(targets, (b * t,)), xp.reshape(valid, (b * t,))
-    )
-    return xp.reshape(losses, (b, t)), n, valid, [*caches, c_head], c_ce
+    losses, c_head = P.head_cross_entropy(x, params.lm_head, targets, valid)
+    return losses, n, valid, caches, c_head
 
 
 def _row_weights(n: Array, valid: Array, reduction: Reduction) -> tuple[Array, Any]:
@@ -228,15 +218,14 @@ def _loss_and_grads(
 ) -> tuple[Array, Params]:
     """:func:`loss_and_grads` of a checked batch: the math alone, no host reads."""
     xp = params.xp
-    losses, n, valid, caches, c_ce = _nll(params, tokens, lengths)
+    losses, n, valid, caches, c_head = _nll(params, tokens, lengths)
     weights, factor = _row_weights(n, valid, reduction)
     if reduction == "mean":
         loss = xp.mean(xp.sum(losses, axis=1) * factor)
     else:
         loss = xp.sum(losses) * factor
-    dlogits_t = L.cross_entropy_backward(xp.reshape(weights, (-1,)), c_ce)
-    dx, dlm_head = L.linear_t_backward(dlogits_t, caches[-1])
-    grads = _backward(params, dx, caches[:-1])
+    dx, dlm_head = P.head_cross_entropy_backward(weights, c_head)
+    grads = _backward(params, dx, caches)
     return loss, Params.trusted(params.config, {**grads, "lm_head": dlm_head})
 
 
@@ -404,16 +393,15 @@ def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array
         )
     if not cache.keys:
         cache = KVCache.zeros(params, token_ids.shape[0])
-    if tuple(cache.keys[0].shape[2:]) != tuple(token_ids.shape):
+    rows, slots = token_ids.shape[0], cache.keys[0].shape[2]
+    if isinstance(rows, int) and isinstance(slots, int) and rows != slots:
+        raise ValueError(f"token_ids hold {rows} rows but the cache {slots}")
+    # the edge check of a cache whose position can be read (not traced, not symbolic)
+    pos = cache.pos if isinstance(cache.pos, int) else _xp.read_int(cache.pos)
+    if pos is not None and pos >= cfg.block_size:
         raise ValueError(
-            f"token_ids hold {token_ids.shape[0]} rows but the cache {cache.keys[0].shape[2]}"
+            f"the cache is full: position {pos} is past block_size {cfg.block_size}"
         )
-    if not _xp.is_traced(cache.pos):  # the edge check of an eager (or Dask) cache
-        pos = cache.pos if isinstance(cache.pos, int) else int(_xp.to_numpy(cache.pos))
-        if pos >= cfg.block_size:
-            raise ValueError(
-                f"the cache is full: position {pos} is past block_size {cfg.block_size}"
-            )
     # on Dask the value check rides along with the returned (lazy) ids
     checked, _ = _check_tokens(
         params, token_ids[:, None], None, max_len=cfg.block_size, min_length=1
@@ -443,16 +431,18 @@ def decode_hidden(params: Params, token_ids: Array, cache: KVCache) -> tuple[Arr
     here, visible = slots == pos, slots <= pos
     wte_t = xp.matrix_transpose(params.wte)
     wpe_t = xp.matrix_transpose(xp.take(params.wpe, xp.reshape(pos, (1,)), axis=0))  # (C, 1)
-    x = L.rmsnorm_columns(xp.take(wte_t, token_ids, axis=1) + wpe_t)
+    x = L.rmsnorm_columns(xp.take(wte_t, token_ids, axis=1) + wpe_t, c)
     keys, values = [], []
     for layer in range(cfg.n_layer):
-        qkv = _qkv_weight(params, layer) @ L.rmsnorm_columns(x)
+        qkv = _qkv_weight(params, layer) @ L.rmsnorm_columns(x, c)
         k = xp.where(here[:, None, None], qkv[None, c : 2 * c, :], cache.keys[layer])
         v = xp.where(here[:, None, None], qkv[None, 2 * c :, :], cache.values[layer])
         keys.append(k)
         values.append(v)
-        y = L.decode_attention(qkv[:c, :], k, v, cfg.n_head, visible)
+        y = L.decode_attention(
+            qkv[:c, :], k, v, visible, n_head=cfg.n_head, head_dim=cfg.head_dim, slots=cfg.block_size
+        )
         x = x + params.attn_wo[layer, ...] @ y
-        h = L.relu_forward(params.mlp_fc1[layer, ...] @ L.rmsnorm_columns(x))[0]
+        h = P.relu(params.mlp_fc1[layer, ...] @ L.rmsnorm_columns(x, c))[0]
         x = x + params.mlp_fc2[layer, ...] @ h
     return x, KVCache(tuple(keys), tuple(values), pos + 1)

@@ -99,8 +99,9 @@ class Params:
             raise TypeError(
                 f"Params fields must share one dtype, got {sorted({str(a.dtype) for a in arrays})}"
             )
-        if not xp.isdtype(first.dtype, "real floating"):
-            raise TypeError(f"Params must be real floating, got {first.dtype}")
+        if first.dtype not in (xp.float32, xp.float64):
+            # float16 and other floats: no part of the library (checkpoints included) keeps them
+            raise TypeError(f"Params must be float32 or float64, got {first.dtype}")
         dev = array_api_compat.device(first)
         if any(array_api_compat.device(a) != dev for a in arrays):
             raise ValueError(
@@ -154,18 +155,20 @@ class Params:
             object.__setattr__(obj, name, arrays[name])
         return obj
 
-    def to(
-        self, backend: str | None = None, *, device: Any = None, dtype: str | None = None
-    ) -> Params:
+    def to(self, backend: Any = None, *, device: Any = None, dtype: str | None = None) -> Params:
         """Copy to another backend, device and/or dtype (through host NumPy arrays).
 
-        ``backend=None`` keeps the current backend and, unless ``device`` is given, the
-        current device; ``dtype=None`` the current dtype.
+        ``backend`` is a table name (``"numpy"``, ``"torch"``, ...) or an Array API
+        namespace (a module such as ``ndonnx``, or a namespace object); the weights go
+        there with its ``asarray``. ``backend=None`` keeps the current backend and,
+        unless ``device`` is given, the current device; ``dtype=None`` the current dtype.
+        Leaving a namespace whose values cannot be copied to the host (neither DLPack nor
+        ``__array__``) is a ``TypeError``.
         """
         if backend is None and device is None:
             device = self.device
         backend = self.backend if backend is None else _xp.check_backend(backend)
-        dtype = str(self.dtype).split(".")[-1] if dtype is None else _xp.check_dtype(dtype)
+        dtype = _xp.dtype_name(self.wte) if dtype is None else _xp.check_dtype(dtype)
         return Params(
             self.config,
             **{
@@ -192,11 +195,12 @@ class Params:
         state_dict: Mapping[str, Any],
         *,
         config: GPTConfig | None = None,
-        backend: str = "numpy",
+        backend: Any = "numpy",
         device: Any = None,
         dtype: str | None = None,
     ) -> Params:
-        """Build ``Params`` from the original's state dict (nested lists or NumPy arrays).
+        """Build ``Params`` from the original's state dict (nested lists or NumPy arrays)
+        on ``backend`` (a table name or an Array API namespace, as :meth:`to` takes).
 
         Without ``config`` it is inferred from the shapes with the default ``n_head`` (4);
         pass one where ``n_head`` differs (shapes do not tell it). ``dtype=None`` keeps a
@@ -264,7 +268,7 @@ def _infer_config(host: Mapping[str, np.ndarray]) -> GPTConfig:
 
 
 def from_host(
-    host: Mapping[str, np.ndarray], config: GPTConfig, *, backend: str, device: Any, dtype: str
+    host: Mapping[str, np.ndarray], config: GPTConfig, *, backend: Any, device: Any, dtype: str
 ) -> Params:
     """``Params`` from a dict of layer-stacked NumPy arrays, placed on a backend/device/dtype."""
     _xp.check_backend(backend)
@@ -279,11 +283,13 @@ def init_params(
     config: GPTConfig,
     *,
     seed: int = 0,
-    backend: str = "numpy",
+    backend: Any = "numpy",
     device: Any = None,
     dtype: str = "float32",
 ) -> Params:
-    """Fresh weights drawn from N(0, 0.08²) by a seeded host ``numpy.random.Generator``.
+    """Fresh weights drawn from N(0, 0.08²) by a seeded host ``numpy.random.Generator``,
+    placed on ``backend`` (a table name or an Array API namespace, as :meth:`Params.to`
+    takes) and ``device``.
 
     One flat draw of ``config.num_params`` values is split over the fields in the
     spec's state-dict order, so a seed gives the same weights on every backend, device

@@ -976,11 +976,11 @@ def test_a_missing_backend_says_what_to_install(
 ) -> None:
     for name in ("torch", "array_api_compat.torch"):
         monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules: ImportError
-    cli_xp.namespace.cache_clear()
+    cli_xp._table_namespace.cache_clear()
     try:
         rc, out, err = run(capsys, "train", "--backend", "torch")
     finally:
-        cli_xp.namespace.cache_clear()
+        cli_xp._table_namespace.cache_clear()
     assert rc == 1 and out == ""
     # the backends table's install line: the CPU build of torch
     assert_one_error_line(err, cli_xp.entry("torch").install)

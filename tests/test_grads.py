@@ -22,6 +22,7 @@ from xp_testing import state_dict_arrays, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, loss_and_grads, score
 from microgpt_xp import layers as L
+from microgpt_xp import primitives as P
 
 # on JAX these run under jax.jit, on Dask without a compute (conftest's backend fixture)
 lazy_xp_function(loss_and_grads)
@@ -68,8 +69,9 @@ def test_embedding_block(backend: Any) -> None:
     v, c, b, t = 7, 5, 3, 4
     tokens = rng.integers(0, 5, size=(b, t))  # ids 5, 6 are never used
     tokens[0, :2] = 3  # a repeated id: both uses add up
-    inputs = {"wte": rng.standard_normal((v, c)), "wpe": rng.standard_normal((t, c))}
-    weight = rng.standard_normal((b * t, c))
+    # one more position than the batch uses: its row must get exactly zero gradient
+    inputs = {"wte": rng.standard_normal((v, c)), "wpe": rng.standard_normal((t + 1, c))}
+    weight = rng.standard_normal((b, t, c))
     tok = backend.asarray(tokens, dtype="int64")
 
     def f(x: dict[str, np.ndarray]) -> float:
@@ -80,11 +82,12 @@ def test_embedding_block(backend: Any) -> None:
 
     wte = backend.asarray(inputs["wte"], "float64")
     e, cache = L.embedding_forward(tok, wte, backend.asarray(inputs["wpe"], "float64"))
-    expected = inputs["wte"][tokens] + inputs["wpe"][None, :, :]
-    xp_assert_close(e, expected.reshape(b * t, c), rtol=0, like=wte, what="embedding")
+    expected = inputs["wte"][tokens] + inputs["wpe"][None, :t, :]
+    xp_assert_close(e, expected, rtol=0, like=wte, what="embedding")
     dwte, dwpe = L.embedding_backward(backend.asarray(weight, "float64"), cache)
     grads = {"wte": backend.to_numpy(dwte), "wpe": backend.to_numpy(dwpe)}
     assert (grads["wte"][5:] == 0).all(), "unused token rows must get exactly zero gradient"
+    assert (grads["wpe"][t:] == 0).all(), "unused position rows must get exactly zero gradient"
     check_directional(f, inputs, grads, rng)
 
 
@@ -116,7 +119,7 @@ def test_rmsnorm_block(backend: Any) -> None:
     weight = rng.standard_normal((5, 8))
 
     def run(x: np.ndarray) -> tuple[Any, Any]:
-        return L.rmsnorm_forward(backend.asarray(x, "float64"))
+        return L.rmsnorm_forward(backend.asarray(x, "float64"), x.shape[-1])
 
     y, cache = run(x)
     expected = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-5)
@@ -137,12 +140,12 @@ def test_relu_block(backend: Any) -> None:
     weight = rng.standard_normal((6, 7))
 
     def run(x: np.ndarray) -> tuple[Any, Any]:
-        return L.relu_forward(backend.asarray(x, "float64"))
+        return P.relu(backend.asarray(x, "float64"))
 
     y, cache = run(x)
     like = backend.asarray(x, "float64")
     xp_assert_close(y, np.maximum(x, 0.0), rtol=0, like=like, what="y")
-    dx = L.relu_backward(backend.asarray(weight, "float64"), cache)
+    dx = P.relu_backward(backend.asarray(weight, "float64"), cache)
     xp_assert_close(dx, weight * (x > 0), rtol=0, like=like, what="dx")
     check_directional(
         lambda d: float(np.sum(backend.to_numpy(run(d["x"])[0]) * weight)),
@@ -152,9 +155,9 @@ def test_relu_block(backend: Any) -> None:
     )
     # the derivative at exactly 0 is 0 (the spec's relu)
     zeros = backend.asarray(np.zeros((1, 3)), "float64")
-    y0, mask = L.relu_forward(zeros)
+    y0, mask = P.relu(zeros)
     xp_assert_close(y0, np.zeros((1, 3)), rtol=0, like=zeros, what="relu(0)")
-    dx0 = L.relu_backward(backend.asarray(np.ones((1, 3)), "float64"), mask)
+    dx0 = P.relu_backward(backend.asarray(np.ones((1, 3)), "float64"), mask)
     xp_assert_close(dx0, np.zeros((1, 3)), rtol=0, like=zeros, what="relu'(0)")
 
 
@@ -181,13 +184,14 @@ def test_attend_block(backend: Any, tq: int, tk: int, causal: bool) -> None:
 
     def run(x: dict[str, np.ndarray]) -> tuple[Any, Any]:
         q, k, v = (backend.asarray(x[n], "float64") for n in ("q", "k", "v"))
-        return L.attend_forward(q, k, v, L.causal_bias(tq, q) if causal else None)
+        pos = backend.asarray(np.arange(tq), "int64")
+        return P.attention(q, k, v, P.causal_bias(pos, q.dtype) if causal else None, d)
 
     y, cache = run(inputs)
     expected = _numpy_attention(inputs["q"], inputs["k"], inputs["v"], causal)
     like = backend.asarray(inputs["q"], "float64")
     xp_assert_close(y, expected, rtol=1e-14, like=like, what="attention output")
-    dq, dk, dv = L.attend_backward(backend.asarray(weight, "float64"), cache)
+    dq, dk, dv = P.attention_backward(backend.asarray(weight, "float64"), cache)
     grads = {"q": backend.to_numpy(dq), "k": backend.to_numpy(dk), "v": backend.to_numpy(dv)}
     check_directional(
         lambda x: float(np.sum(backend.to_numpy(run(x)[0]) * weight)), inputs, grads, rng
@@ -197,21 +201,21 @@ def test_attend_block(backend: Any, tq: int, tk: int, causal: bool) -> None:
 def test_causal_attention_block(backend: Any) -> None:
     rng = np.random.default_rng(5)
     b, t, n_head, c = 2, 5, 2, 6
-    qkv = 1.5 * rng.standard_normal((b * t, 3 * c))
-    weight = rng.standard_normal((b * t, c))
+    qkv = 1.5 * rng.standard_normal((b, t, 3 * c))
+    weight = rng.standard_normal((b, t, c))
 
     def run(x: np.ndarray) -> tuple[Any, Any]:
-        return L.causal_attention_forward(backend.asarray(x, "float64"), b, t, n_head)
+        return P.causal_attention(backend.asarray(x, "float64"), n_head, c // n_head)
 
     y, cache = run(qkv)
     heads = [
-        np.transpose(qkv[:, i * c : (i + 1) * c].reshape(b, t, n_head, c // n_head), (0, 2, 1, 3))
+        np.transpose(qkv[..., i * c : (i + 1) * c].reshape(b, t, n_head, c // n_head), (0, 2, 1, 3))
         for i in range(3)
     ]
-    expected = np.transpose(_numpy_attention(*heads, causal=True), (0, 2, 1, 3)).reshape(b * t, c)
+    expected = np.transpose(_numpy_attention(*heads, causal=True), (0, 2, 1, 3)).reshape(b, t, c)
     like = backend.asarray(qkv, "float64")
     xp_assert_close(y, expected, rtol=1e-14, like=like, what="attention output")
-    dqkv = backend.to_numpy(L.causal_attention_backward(backend.asarray(weight, "float64"), cache))
+    dqkv = backend.to_numpy(P.causal_attention_backward(backend.asarray(weight, "float64"), cache))
     check_directional(
         lambda d: float(np.sum(backend.to_numpy(run(d["qkv"])[0]) * weight)),
         {"qkv": qkv},
@@ -229,17 +233,14 @@ def test_cross_entropy_block(backend: Any) -> None:
     tgt = backend.asarray(targets, dtype="int64")
 
     def run(x: np.ndarray) -> tuple[Any, Any]:
-        # the layer takes the logits one column per position
-        return L.cross_entropy_forward(backend.asarray(x.T, "float64"), tgt)
+        return P.cross_entropy(backend.asarray(x, "float64"), tgt, None)
 
     losses, cache = run(logits)
     shifted = logits - logits.max(axis=-1, keepdims=True)
     expected = np.log(np.exp(shifted).sum(axis=-1)) - shifted[np.arange(n), targets]
     like = backend.asarray(logits, "float64")
     xp_assert_close(losses, expected, rtol=1e-14, like=like, what="losses")
-    dlogits = backend.to_numpy(
-        L.cross_entropy_backward(backend.asarray(dlosses, "float64"), cache)
-    ).T
+    dlogits = backend.to_numpy(P.cross_entropy_backward(backend.asarray(dlosses, "float64"), cache))
     check_directional(
         lambda d: float(np.sum(backend.to_numpy(run(d["logits"])[0]) * dlosses)),
         {"logits": logits},

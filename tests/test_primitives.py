@@ -1,17 +1,21 @@
 """Every native override of ``microgpt_xp.primitives`` against the generic code that every
 other namespace runs: the same results (float64 to 1e-12, float32 to 1e-5, norm-wise
-relative), no input modified, and constants that cannot be written to.
-
-The generic code is called directly (the ``_``-prefixed generic functions, or the
-overrides' own fallbacks), so each test compares the two forms on the same arrays.
+relative), the same type, dtype and shape, no input modified; backward passes fed the
+caches of their own forward. The generic body of a primitive is its ``__wrapped__``; the
+two are called on the same arrays. A new override without a case here fails
+:func:`test_every_override_has_a_case`.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
+from array_api_compat import is_array_api_obj
 
 from microgpt_xp import _xp
 from microgpt_xp import primitives as P
@@ -19,74 +23,211 @@ from microgpt_xp import primitives as P
 #: Norm-wise relative error allowed between an override and the generic code.
 RTOL = {"float64": 1e-12, "float32": 1e-5}
 
-#: ``(B, T, C, H)`` of the attention tests: the default model, odd sizes, one of everything.
+#: ``(B, T, C, H)`` of the attention cases: the default model, odd sizes, one of everything.
 ATTENTION_SHAPES = [(64, 16, 16, 4), (3, 7, 12, 3), (2, 5, 6, 2), (1, 1, 4, 1), (2, 64, 128, 4)]
+
+#: The override modules and the library each needs.
+MODULES = {"_numpy": "numpy", "_torch": "torch", "_jax": "jax", "_dask": "dask", "_cupy": "cupy"}
+
+
+def _rng(*seed: int) -> np.random.Generator:
+    return np.random.default_rng(list(seed))
+
+
+def _floats(shape: tuple[int, ...], dtype: str, seed: int, scale: float = 1.0) -> np.ndarray:
+    return (scale * _rng(seed, len(shape)).standard_normal(shape)).astype(dtype)
+
+
+def _ids(shape: tuple[int, ...], high: int, seed: int) -> np.ndarray:
+    return _rng(seed, high).integers(0, high, shape)
+
+
+# Each case: (function name, dtype) -> list of (args built from host arrays, backward inputs).
+# Host NumPy arrays are moved to the library under test; ints and dtypes pass as they are.
+def _cases(name: str, dtype: str) -> list[tuple[tuple[Any, ...], tuple[Any, ...] | None]]:
+    f = lambda *shape, seed=0, scale=1.0: _floats(shape, dtype, seed, scale)  # noqa: E731
+    if name == "sum_last":
+        return [((f(5, 7, 16),), None), ((f(4, 16),), None), ((f(16),), None)]
+    if name == "max_last":
+        return [((f(5, 7, 16),), None)]
+    if name == "linear":
+        return [((f(3, 5, 16), f(48, 16, seed=1)), None), ((f(7, 16), f(27, 16, seed=1)), None)]
+    if name == "linear_input_grad":
+        return [((f(3, 5, 48), f(48, 16, seed=1)), None)]
+    if name == "weight_grad":
+        return [((f(3, 5, 48), f(3, 5, 16, seed=1)), None), ((f(3, 5, 8), f(3, 5, 16)), None)]
+    if name == "cumulative_sum0":
+        return [((f(27, 9),), None), ((f(1, 3),), None)]
+    if name == "one_hot":
+        return [
+            ((_ids((4, 5), 7, 0), 7, "DTYPE"), None),
+            ((_ids((96,), 7, 1), 7, "DTYPE"), None),
+            ((_ids((0,), 7, 2), 7, "DTYPE"), None),
+        ]
+    if name == "positions":
+        return [((_ids((3, 7), 5, 0),), None), ((_ids((1, 1), 5, 0),), None), ((f(2, 3, 9), -1), None)]
+    if name == "arange":
+        return [((9, f(2, 3)), None)]
+    if name == "full":
+        return [(((4, 3), 0.0, f(2, 3)), None)]
+    if name == "scatter_add_rows":
+        return [((_ids((20,), 27, 3), f(20, 16), 27), None)]
+    if name == "merge_heads":
+        return [((f(2, 4, 5, 3), 4), None)]
+    if name == "relu":
+        x = f(64, 48)
+        x[0, :4] = 0.0  # the derivative at 0 is 0
+        return [((x,), (f(64, 48, seed=1),))]
+    if name == "causal_attention":
+        return [
+            ((f(b, t, 3 * c, scale=1.5), h, c // h), (f(b, t, c, seed=1),))
+            for b, t, c, h in ATTENTION_SHAPES
+        ]
+    if name == "cross_entropy":
+        valid = (_rng(4).random((5, 7)) > 0.2).astype(dtype)
+        logits, targets = f(5, 7, 27, scale=5.0), _ids((5, 7), 27, 4)
+        back = (f(5, 7, seed=2),)
+        return [((logits, targets, valid), back), ((logits, targets, None), back)]
+    if name == "head_cross_entropy":
+        valid = (_rng(5).random((4, 6)) > 0.2).astype(dtype)
+        x, w, targets = f(4, 6, 16), f(27, 16, seed=1, scale=3.0), _ids((4, 6), 27, 5)
+        back = (f(4, 6, seed=2),)
+        return [((x, w, targets, valid), back), ((x, w, targets, None), back)]
+    raise KeyError(name)
+
+
+BACKWARD = {
+    "relu": "relu_backward",
+    "causal_attention": "causal_attention_backward",
+    "cross_entropy": "cross_entropy_backward",
+    "head_cross_entropy": "head_cross_entropy_backward",
+}
+
+
+def _overrides(module: str) -> list[str]:
+    """The forward primitives a module overrides (a backward goes with its forward)."""
+    mod = importlib.import_module(f"microgpt_xp.primitives.{module}")
+    return sorted(
+        n for n in P.__all__ if hasattr(mod, n) and n not in BACKWARD.values()
+    )
+
+
+def _library(module: str) -> tuple[Callable[[Any], Any], Any]:
+    """``(to_library, library_dtype_of)`` for the library of an override module."""
+    lib = MODULES[module]
+    pytest.importorskip(lib)
+    if lib == "numpy":
+        return (lambda a: a), np.dtype
+    if lib == "torch":
+        import torch
+
+        return torch.from_numpy, lambda name: getattr(torch, name)
+    if lib == "jax":
+        _xp.namespace("jax")  # x64 mode
+        import jax.numpy as jnp
+
+        return jnp.asarray, lambda name: getattr(jnp, name)
+    if lib == "dask":
+        import dask.array as da
+
+        return (lambda a: da.from_array(a, chunks=-1)), np.dtype
+    import cupy
+
+    return cupy.asarray, cupy.dtype
+
+
+def _convert(args: tuple[Any, ...], to_lib: Callable[[Any], Any], dtype_of: Any, dtype: str) -> list[Any]:
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            out.append(to_lib(a))
+        elif a == "DTYPE":
+            out.append(dtype_of(dtype))
+        else:
+            out.append(a)
+    return out
+
+
+def _host(x: Any) -> np.ndarray:
+    return np.asarray(_xp.to_numpy(x), dtype=np.float64)
 
 
 def assert_same(actual: Any, desired: Any, dtype: str, what: str) -> None:
     """``actual`` (an override's result) equals ``desired`` (the generic one) in type,
-    dtype and shape, and to ``RTOL[dtype]`` in value."""
-    assert type(actual) is type(desired), what
+    dtype and shape, and to ``RTOL[dtype]`` in value (tuples element by element)."""
+    if isinstance(desired, tuple):
+        assert isinstance(actual, tuple) and len(actual) == len(desired), what
+        for i, (a, d) in enumerate(zip(actual, desired, strict=True)):
+            assert_same(a, d, dtype, f"{what}[{i}]")
+        return
+    assert type(actual) is type(desired), f"{what}: {type(actual)} vs {type(desired)}"
     assert actual.dtype == desired.dtype, what
     assert tuple(actual.shape) == tuple(desired.shape), what
-    got, want = (np.asarray(_xp.to_numpy(a), dtype=np.float64) for a in (actual, desired))
-    scale = float(np.max(np.abs(want))) if want.size else 0.0
-    assert float(np.max(np.abs(got - want), initial=0.0)) <= RTOL[dtype] * scale, what
+    got, want = _host(actual), _host(desired)
+    scale = float(np.max(np.abs(want), initial=0.0))
+    err = float(np.max(np.abs(got - want), initial=0.0))
+    assert err <= RTOL[dtype] * scale, f"{what}: error {err:.3e} > {RTOL[dtype]} * {scale:.3e}"
 
 
-@pytest.mark.parametrize("lib", ["numpy", pytest.param("torch", marks=pytest.mark.needs_torch)])
+CASES = [
+    (module, name)
+    for module in MODULES
+    for name in (
+        _overrides(module) if importlib.util.find_spec(MODULES[module]) is not None else []
+    )
+]
+
+
+def test_every_override_has_a_case() -> None:
+    for module, name in CASES:
+        assert _cases(name, "float64"), f"{module}.{name} has no case"
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("shape", ATTENTION_SHAPES)
-def test_causal_attention_override_equals_the_generic_code(
-    lib: str, shape: tuple[int, int, int, int], dtype: str
-) -> None:
-    """NumPy's and PyTorch's overrides give the generic code's output and gradient, and
-    write to neither input."""
-    b, t, c, h = shape
-    rng = np.random.default_rng(sum(shape))
-    qkv_np = (1.5 * rng.standard_normal((b * t, 3 * c))).astype(dtype)
-    dy_np = rng.standard_normal((b * t, c)).astype(dtype)
-    if lib == "torch":
-        torch = pytest.importorskip("torch")
-        qkv, dy, override = torch.from_numpy(qkv_np), torch.from_numpy(dy_np), P._TorchAttention
-    else:
-        qkv, dy, override = qkv_np, dy_np, P._NumpyAttention
-    before = qkv_np.copy(), dy_np.copy()  # the torch tensors share these buffers
-    y, cache = P.causal_attention(qkv, b, t, h)
-    assert isinstance(cache, override)  # the override ran
-    want_y, want_cache = P._causal_attention(qkv, b, t, h)
-    assert_same(y, want_y, dtype, "output")
-    dqkv = P.causal_attention_backward(dy, cache)
-    assert_same(dqkv, P._causal_attention_backward(dy, want_cache), dtype, "dqkv")
-    np.testing.assert_array_equal(qkv_np, before[0])
-    np.testing.assert_array_equal(dy_np, before[1])
-    if lib == "torch":  # the cached mask is never written to
-        assert torch.equal(P._torch_causal_bias(t, qkv.dtype, qkv.device), P.causal_bias(t, qkv))
+@pytest.mark.parametrize(("module", "name"), CASES)
+def test_override_equals_the_generic_code(module: str, name: str, dtype: str) -> None:
+    """The dispatched primitive runs the module's override (not the generic body), and
+    gives the generic body's results; so does its backward, each fed its own cache."""
+    to_lib, dtype_of = _library(module)
+    dispatched = getattr(P, name)
+    generic = dispatched.__wrapped__
+    override = getattr(importlib.import_module(f"microgpt_xp.primitives.{module}"), name)
+    for args, back in _cases(name, dtype):
+        inputs = _convert(args, to_lib, dtype_of, dtype)
+        before = [_host(a) for a in inputs if is_array_api_obj(a)]
+        got, direct, want = dispatched(*inputs), override(*inputs), generic(*inputs)
+        if name in BACKWARD:
+            (got, got_cache), (direct, _), (want, want_cache) = got, direct, want
+        assert_same(got, direct, dtype, f"{module}.{name} dispatch")
+        assert_same(got, want, dtype, f"{module}.{name}")
+        if name in BACKWARD and back is not None:
+            backward = getattr(P, BACKWARD[name])
+            d = _convert(back, to_lib, dtype_of, dtype)
+            got_d = backward(*d, got_cache)
+            assert_same(got_d, backward.__wrapped__(*d, want_cache), dtype, f"{module}.{BACKWARD[name]}")
+        after = [_host(a) for a in inputs if is_array_api_obj(a)]
+        assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(before, after, strict=True))
 
 
-def test_numpy_attention_of_a_big_batch_keeps_no_full_size_mask(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Above the cache's size limit, the mask is broadcast (the same results) and no
-    full-size copy is kept."""
-    b, t, c, h = 8, 5, 6, 2
-    rng = np.random.default_rng(1)
-    qkv = rng.standard_normal((b * t, 3 * c))
-    dy = rng.standard_normal((b * t, c))
-    monkeypatch.setattr(P, "_NUMPY_MASK_CACHE_BYTES", h * t * b * t * 8 - 1)
-    P._numpy_key_query_bias.cache_clear()
-    y, cache = P.causal_attention(qkv, b, t, h)
-    assert isinstance(cache, P._NumpyAttention)
-    assert P._numpy_key_query_bias.cache_info().currsize == 0
-    want_y, want_cache = P._causal_attention(qkv, b, t, h)
-    assert_same(y, want_y, "float64", "output")
-    dqkv = P.causal_attention_backward(dy, cache)
-    assert_same(dqkv, P._causal_attention_backward(dy, want_cache), "float64", "dqkv")
+def test_the_predicate_picks_one_module_per_array_type() -> None:
+    from microgpt_xp.primitives import _numpy
+
+    class Sub(np.ndarray):
+        pass
+
+    x = np.zeros((2, 3))
+    assert P.native_module(x) is _numpy
+    assert P.native_module(x.view(Sub)) is _numpy  # subclasses are NumPy arrays too
+    assert P.native_module(3.0) is None
+    strict = pytest.importorskip("array_api_strict")
+    assert P.native_module(strict.asarray([1.0])) is None  # the generic code
 
 
 def test_numpy_attention_mask_is_a_read_only_constant() -> None:
-    mask = P._numpy_key_query_bias(2, 3, 4, np.dtype("float32"))
-    assert mask is P._numpy_key_query_bias(2, 3, 4, np.dtype("float32"))  # built once
+    from microgpt_xp.primitives import _numpy
+
+    mask = _numpy._key_query_bias(2, 3, 4, np.dtype("float32"))
+    assert mask is _numpy._key_query_bias(2, 3, 4, np.dtype("float32"))  # built once
     assert not mask.flags.writeable
     with pytest.raises(ValueError):
         mask[0, 0, 0] = 1.0
@@ -95,107 +236,44 @@ def test_numpy_attention_mask_is_a_read_only_constant() -> None:
     assert np.array_equal(np.isinf(key_query), np.triu(np.ones((3, 3), bool), k=1).T)
 
 
-def test_attention_of_a_numpy_subclass_takes_the_generic_code() -> None:
-    """Only plain ndarrays take the NumPy override (a subclass may not allow ``out=``)."""
+def test_numpy_attention_of_a_big_batch_keeps_no_full_size_mask() -> None:
+    """Above the cache's size the (T, T) mask is broadcast: nothing the size of the
+    scores stays pinned in the cache, and the results are the generic code's."""
+    from microgpt_xp.primitives import _numpy
 
-    class Sub(np.ndarray):
-        pass
-
-    qkv = np.random.default_rng(0).standard_normal((8, 12)).view(Sub)
-    _, cache = P.causal_attention(qkv, 2, 4, 2)
-    assert not isinstance(cache, P._NumpyAttention)
-
-
-def _loss_inputs(dtype: str, v: int = 27, n: int = 96) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(3)
-    return {
-        "logits_t": (5 * rng.standard_normal((v, n))).astype(dtype),
-        "targets": rng.integers(0, v, n),
-        "valid": (rng.random(n) > 0.2).astype(dtype),
-        "dlosses": rng.random(n).astype(dtype),
-    }
-
-
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("with_valid", [True, False])
-def test_numpy_cross_entropy_equals_the_generic_code(
-    dtype: str, with_valid: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    a = _loss_inputs(dtype)
-    valid = a["valid"] if with_valid else None
-    before = {k: x.copy() for k, x in a.items()}
-    calls = []
-    override = P._numpy_cross_entropy
-    monkeypatch.setattr(P, "_numpy_cross_entropy", lambda *args: calls.append(1) or override(*args))
-    losses, cache = P.cross_entropy(a["logits_t"], a["targets"], valid)
-    assert calls  # the override ran
-    want, want_cache = P._cross_entropy(a["logits_t"], a["targets"], valid)
-    # the same arithmetic: the same bits, and the cache of the generic backward
-    np.testing.assert_array_equal(losses, want)
-    assert losses.dtype == want.dtype
-    got_d = P.cross_entropy_backward(a["dlosses"], cache)
-    np.testing.assert_array_equal(got_d, P._cross_entropy_backward(a["dlosses"], want_cache))
-    for k, x in a.items():
-        np.testing.assert_array_equal(x, before[k])
-
-
-@pytest.mark.needs_torch
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("with_valid", [True, False])
-def test_torch_cross_entropy_equals_the_generic_code(dtype: str, with_valid: bool) -> None:
-    torch = pytest.importorskip("torch")
-    a = {k: torch.from_numpy(x) for k, x in _loss_inputs(dtype).items()}
-    valid = a["valid"] if with_valid else None
-    before = {k: x.clone() for k, x in a.items()}
-    losses, cache = P.cross_entropy(a["logits_t"], a["targets"], valid)
-    assert isinstance(cache, P._PickedTargets)  # the override ran
-    want, want_cache = P._cross_entropy(a["logits_t"], a["targets"], valid)
-    assert_same(losses, want, dtype, "losses")
-    got_d = P.cross_entropy_backward(a["dlosses"], cache)
-    assert_same(got_d, P._cross_entropy_backward(a["dlosses"], want_cache), dtype, "dlogits")
-    assert all(torch.equal(x, before[k]) for k, x in a.items())
-    # int32 ids are gathered as well
-    losses32, _ = P.cross_entropy(a["logits_t"], a["targets"].to(torch.int32), valid)
-    assert torch.equal(losses32, losses)
-
-
-@pytest.mark.parametrize("axis", [0, -1])
-@pytest.mark.parametrize("shape", [(96,), (4, 5), (0,), (1,)])
-def test_numpy_one_hot_equals_the_generic_code(shape: tuple[int, ...], axis: int) -> None:
-    if axis == 0 and len(shape) != 1:
-        pytest.skip("axis=0 takes 1-d ids")
-    ids = np.random.default_rng(1).integers(0, 7, shape)
-    for dtype in (np.float32, np.float64):
-        got = P.one_hot(ids, 7, dtype, axis=axis)
-        want = P._one_hot(ids, 7, dtype, axis)
-        assert got.dtype == want.dtype and got.shape == want.shape
-        np.testing.assert_array_equal(got, want)
-
-
-@pytest.mark.needs_torch
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_torch_relu_equals_the_generic_code(dtype: str) -> None:
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(2)
-    host = rng.standard_normal((64, 48)).astype(dtype)
-    host[0, :4] = 0.0  # the derivative at 0 is 0
-    x, dy = torch.from_numpy(host), torch.from_numpy(rng.standard_normal((64, 48)).astype(dtype))
-    before = x.clone()
-    y, cache = P.relu(x)
-    assert isinstance(cache, P._TorchReLU)  # the override ran
-    mask = (x > 0).to(x.dtype)  # the generic code's cache
-    np.testing.assert_array_equal(y.numpy(), (x * mask).numpy())
-    np.testing.assert_array_equal(P.relu_backward(dy, cache).numpy(), (dy * mask).numpy())
-    assert torch.equal(x, before)
+    b, t, c, h = 1100, 16, 16, 4  # scores of 4.5 MB in float32: over the 4 MiB cap
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal((b, t, 3 * c)).astype(np.float32)
+    dy = rng.standard_normal((b, t, c)).astype(np.float32)
+    _numpy._key_query_bias.cache_clear()
+    y, cache = P.causal_attention(qkv, h, c // h)
+    assert isinstance(cache, _numpy.Attention)
+    assert _numpy._key_query_bias.cache_info().currsize == 0
+    want_y, want_cache = P.causal_attention.__wrapped__(qkv, h, c // h)
+    assert_same(y, want_y, "float32", "y")
+    dqkv = P.causal_attention_backward(dy, cache)
+    assert_same(dqkv, P.causal_attention_backward.__wrapped__(dy, want_cache), "float32", "dqkv")
 
 
 def test_numpy_constants_are_cached_and_read_only() -> None:
+    from microgpt_xp.primitives import _numpy
+
     x = np.ones((5, 3), np.float32)
     assert P.arange(4, x) is P.arange(4, x)
     assert P.arange(4, x, dtype=np.int32).dtype == np.int32
     np.testing.assert_array_equal(P.arange(4, x), np.arange(4))
-    ones = P._numpy_ones(3, 2, np.dtype("float32"))
-    assert ones is P._numpy_ones(3, 2, np.dtype("float32"))
-    for const in (P.arange(4, x), ones):
+    ones = _numpy._ones(3, 2, np.dtype("float32"))
+    assert ones is _numpy._ones(3, 2, np.dtype("float32"))
+    for const in (P.arange(4, x), ones, P.positions(np.zeros((2, 6), np.int64))):
         assert not const.flags.writeable
     np.testing.assert_array_equal(P.sum_last(x), np.full((5, 1), 3.0, np.float32))
+
+
+@pytest.mark.needs_torch
+def test_torch_int32_targets_are_gathered_as_well() -> None:
+    torch = pytest.importorskip("torch")
+    logits = torch.from_numpy(_floats((3, 4, 27), "float64", 0))
+    targets = torch.from_numpy(_ids((3, 4), 27, 0))
+    losses, _ = P.cross_entropy(logits, targets, None)
+    losses32, _ = P.cross_entropy(logits, targets.to(torch.int32), None)
+    assert torch.equal(losses32, losses)

@@ -1,0 +1,232 @@
+"""NumPy's overrides of :mod:`microgpt_xp.primitives`, each justified by a measurement on
+NumPy (docs/performance.md, "What each override is for").
+
+NumPy runs elementwise work and reductions on one core and products through BLAS. It
+reduces a short contiguous last axis (16 or 27 long) one row at a time, at several times
+the cost of the rest of a softmax or a norm, while a product with a column of ones sums
+rows at BLAS speed; a batched product whose first operand has leading axes runs one
+small BLAS call per matrix, so products flatten the leading axes into one matrix
+(views); BLAS prefers the longer side first in a weight gradient; a scatter-add is
+fastest as a one-hot product, and running sums over the leading axis as a product with
+a triangular matrix of ones. NumPy's products are always computed in the arrays'
+precision, so these tricks cost no accuracy. Causal attention and the loss keep the
+layouts in which their reductions run over a leading axis (see their docstrings).
+Constants (ones, aranges, the causal mask) are cached read-only arrays, built once per
+shape and dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+# -- creation ---------------------------------------------------------------------------------
+def arange(n: int, like: Any, *, dtype: Any = None) -> Any:
+    """A cached read-only ``np.arange(n, dtype=dtype)`` (an eager constant)."""
+    return _arange(n, dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _arange(n: int, dtype: Any) -> Any:
+    out = np.arange(n, dtype=dtype)
+    out.flags.writeable = False
+    return out
+
+
+def positions(x: Any, axis: int = 1) -> Any:
+    """The cached int64 ``arange`` of the length of ``axis``."""
+    return _arange(x.shape[axis], np.int64)
+
+
+# -- reductions and products -----------------------------------------------------------
+def sum_last(x: Any) -> Any:
+    """``x @ ones((n, 2))``, the first column kept, over the rows of ``x`` flattened to a
+    matrix: BLAS rounds a matrix-vector product of a row differently depending on how
+    many rows there are, and a matrix-matrix product does not, so a row's sum does not
+    depend on its batch. 1-d ``x``: a dot product with ones."""
+    n = x.shape[-1]
+    if x.ndim == 1:
+        return x @ _ones(n, 1, x.dtype)
+    rows = x.reshape(-1, n) @ _ones(n, 2, x.dtype)
+    return rows[:, :1].reshape(*x.shape[:-1], 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(n: int, cols: int, dtype: Any) -> Any:
+    ones = np.ones((n, cols), dtype)
+    ones.flags.writeable = False
+    return ones
+
+
+def linear(x: Any, w: Any) -> Any:
+    """``x @ w.T`` with ``x``'s leading axes flattened into one matrix (one BLAS call)."""
+    return (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*x.shape[:-1], w.shape[0])
+
+
+def linear_input_grad(dy: Any, w: Any) -> Any:
+    """``dy @ w`` with ``dy``'s leading axes flattened into one matrix."""
+    return (dy.reshape(-1, dy.shape[-1]) @ w).reshape(*dy.shape[:-1], w.shape[1])
+
+
+def weight_grad(dy: Any, x: Any) -> Any:
+    """``dy.T @ x`` over flattened positions, computed as ``(x.T @ dy).T`` when ``n_in >
+    n_out``: BLAS is up to twice as fast with the longer side first (the same sums)."""
+    dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+    if dy2.shape[1] < x2.shape[1]:
+        return (x2.T @ dy2).T
+    return dy2.T @ x2
+
+
+def cumulative_sum0(x: Any) -> Any:
+    """One product with a lower-triangular matrix of ones (``cumulative_sum`` over the
+    leading axis costs several times more)."""
+    ids = np.arange(x.shape[0])
+    return (ids[:, None] >= ids[None, :]).astype(x.dtype) @ x
+
+
+# -- indexing ---------------------------------------------------------------------------------
+def one_hot(ids: Any, num_classes: int, dtype: Any, *, axis: int = -1) -> Any:
+    """Zeros with a 1 written at each id's flat index, instead of comparing every id with
+    every class and converting the booleans (ids in ``[0, num_classes)``, which is what the
+    model passes; the generic code gives a row of zeros for an id outside)."""
+    flat_ids = ids.reshape(-1)
+    n = flat_ids.shape[0]
+    if axis == 0:
+        out = np.zeros((num_classes, n), dtype)
+        out.reshape(-1)[flat_ids * n + np.arange(n)] = 1
+    else:
+        out = np.zeros((*ids.shape, num_classes), dtype)
+        out.reshape(-1)[np.arange(n) * num_classes + flat_ids] = 1
+    return out
+
+
+# -- attention --------------------------------------------------------------------------------
+class Attention(NamedTuple):
+    """The cache of :func:`causal_attention`: views of ``q``, ``k``, ``v`` ``(B, H, T, D)``
+    into the forward's ``qkv``, the probabilities ``att[h, key, b, query]`` and the scale."""
+
+    q: Any
+    k: Any
+    v: Any
+    att: Any
+    scale: float
+
+
+#: The largest full-size causal mask the attention keeps (bytes; 4 MiB is the default
+#: model at B=1024 in float32); :func:`_key_query_bias` keeps at most 4 of them.
+MASK_CACHE_BYTES = 4 << 20
+
+
+def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
+    """The scores laid out ``(H, Tk, B, Tq)``: each ``(b, h)`` block ``k @ (q*scale).T`` is
+    a ``(Tk, Tq)`` matrix with unit column stride, so the batched product writes it in
+    place (``out=``), and the softmax over the keys is a reduction over axis 1 of an
+    ``(H, Tk, B*Tq)`` array, vectorized over whole contiguous rows. The causal mask is
+    added in place: a cached full-size constant up to :data:`MASK_CACHE_BYTES` (a
+    broadcast add of a 16-long inner loop costs several times a contiguous one),
+    broadcast above that size. The output product reads the probabilities as transposed
+    blocks and writes the heads' outputs straight into the merged ``(B, T, H, D)`` layout."""
+    b, t, _ = qkv.shape
+    h, d = n_head, head_dim
+    c = h * d
+    dtype = qkv.dtype
+    scale = float(d) ** -0.5
+    x5 = qkv.reshape(b, t, 3, h, d)
+    q, k, v = (x5[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, H, T, D) views
+    qs_t = np.empty((b, h, d, t), dtype)
+    np.multiply(q.transpose(0, 1, 3, 2), scale, out=qs_t)
+    att = np.empty((h, t, b, t), dtype)  # att[h, key, b, query]
+    np.matmul(k, qs_t, out=att.transpose(2, 0, 1, 3))
+    rows = att.reshape(h, t, b * t)
+    if att.nbytes <= MASK_CACHE_BYTES:
+        np.add(rows, _key_query_bias(h, t, b, dtype), out=rows)
+    else:  # a big batch: broadcast the (Tk, Tq) mask rather than keep a full-size copy
+        np.add(att, _key_query(t, dtype)[None, :, None, :], out=att)
+    np.subtract(rows, rows.max(axis=1, keepdims=True), out=rows)
+    np.exp(rows, out=rows)
+    total = rows.sum(axis=1, keepdims=True)
+    np.multiply(rows, np.reciprocal(total, out=total), out=rows)
+    y = np.empty((b, t, h, d), dtype)
+    np.matmul(att.transpose(2, 0, 3, 1), v, out=y.transpose(0, 2, 1, 3))
+    return y.reshape(b, t, c), Attention(q, k, v, att, scale)
+
+
+def causal_attention_backward(dy: Any, cache: Attention) -> Any:
+    """In the layout of the forward: the gradient of the probabilities is written as
+    ``(H, Tk, B, Tq)``, the softmax's backward reduces over its axis 1, and ``dq``, ``dk``,
+    ``dv`` are written straight into their column blocks of ``dqkv``. The scale goes on
+    the scores' gradient once."""
+    q, k, v, att, scale = cache
+    b, h, t, d = q.shape
+    dtype = att.dtype
+    dy_heads = dy.reshape(b, t, h, d).transpose(0, 2, 1, 3)  # (B, H, T, D) view
+    dy_t = np.empty((b, h, d, t), dtype)
+    np.copyto(dy_t, dy_heads.transpose(0, 1, 3, 2))
+    datt = np.empty((h, t, b, t), dtype)  # datt[h, key, b, query]
+    np.matmul(v, dy_t, out=datt.transpose(2, 0, 1, 3))
+    rows, probs = datt.reshape(h, t, b * t), att.reshape(h, t, b * t)
+    dot = np.multiply(rows, probs).sum(axis=1, keepdims=True)
+    np.subtract(rows, dot, out=rows)
+    np.multiply(rows, probs, out=rows)
+    np.multiply(rows, scale, out=rows)  # the scores' gradient, times the scale
+    dqkv = np.empty((b, t, 3, h, d), dtype)
+    dscores_t = datt.transpose(2, 0, 1, 3)  # (B, H, Tk, Tq)
+    np.matmul(dscores_t.transpose(0, 1, 3, 2), k, out=dqkv[:, :, 0].transpose(0, 2, 1, 3))
+    np.matmul(dscores_t, q, out=dqkv[:, :, 1].transpose(0, 2, 1, 3))
+    np.matmul(att.transpose(2, 0, 1, 3), dy_heads, out=dqkv[:, :, 2].transpose(0, 2, 1, 3))
+    return dqkv.reshape(b, t, 3 * h * d)
+
+
+@functools.lru_cache(maxsize=4)
+def _key_query_bias(h: int, t: int, b: int, dtype: Any) -> Any:
+    """The causal mask in the layout of :func:`causal_attention`'s scores, ``(H, Tk,
+    B*Tq)``, read-only."""
+    key_query = _key_query(t, dtype)
+    mask = np.ascontiguousarray(np.broadcast_to(key_query[None, :, None, :], (h, t, b, t)))
+    mask = mask.reshape(h, t, b * t)
+    mask.flags.writeable = False
+    return mask
+
+
+@functools.lru_cache(maxsize=8)
+def _key_query(t: int, dtype: Any) -> Any:
+    """The ``(Tk, Tq)`` causal mask, read-only: ``-inf`` where the key comes after the
+    query, else 0."""
+    pos = np.arange(t)
+    mask = np.where(pos[:, None] > pos[None, :], -np.inf, 0.0).astype(dtype)
+    mask.flags.writeable = False
+    return mask
+
+
+# -- the output layer and the loss ------------------------------------------------------------
+def head_cross_entropy(x: Any, w: Any, targets: Any, valid: Any) -> tuple[Any, Any]:
+    """The logits laid out ``(V, N)``, one column per position (``w @ x.T``, one product),
+    so that the max, the sum and the pick of the target run over the leading axis, a
+    vectorized pass per id; the target's entry is picked and the one-hot matrix of the
+    backward written by flat indices."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    logits_t = w @ x2.T
+    v, n = logits_t.shape
+    shifted = logits_t - logits_t.max(axis=0)
+    e = np.exp(shifted)
+    total = e.sum(axis=0)
+    np.multiply(e, np.reciprocal(total), out=e)
+    flat = targets.reshape(-1) * n + np.arange(n)
+    losses = np.log(total) - shifted.reshape(-1)[flat]
+    if valid is not None:
+        losses = np.where(valid.reshape(-1) != 0, losses, losses.dtype.type(0))
+    onehot = np.zeros((v, n), logits_t.dtype)
+    onehot.reshape(-1)[flat] = 1
+    return losses.reshape(lead), (x2, w, e, onehot, lead)
+
+
+def head_cross_entropy_backward(dlosses: Any, cache: Any) -> tuple[Any, Any]:
+    """``dlogits_t = (p − onehot) * dlosses`` in the ``(V, N)`` layout, then ``dx = dlogits_t.T
+    @ w`` and ``dw = dlogits_t @ x``."""
+    x2, w, p, onehot, lead = cache
+    dlogits_t = (p - onehot) * dlosses.reshape(-1)[None, :]
+    return (dlogits_t.T @ w).reshape(*lead, w.shape[1]), dlogits_t @ x2

@@ -1,0 +1,113 @@
+"""PyTorch's overrides of :mod:`microgpt_xp.primitives`: torch's fused kernels where the
+generic code would launch several (each measured in docs/performance.md)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import torch
+
+
+def scatter_add_rows(ids: Any, values: Any, num_rows: int) -> Any:
+    """torch's ``index_add`` (a one-hot product could be rounded to TF32 on CUDA)."""
+    out = torch.zeros((num_rows, values.shape[-1]), dtype=values.dtype, device=values.device)
+    return out.index_add(0, ids, values)
+
+
+class ReLU(NamedTuple):
+    """The cache of :func:`relu`: its output."""
+
+    y: Any
+
+
+def relu(x: Any) -> tuple[Any, Any]:
+    """``torch.relu``, its output the cache (the generic mask's comparison, conversion and
+    product cost torch ten times as much)."""
+    y = torch.relu(x)
+    return y, ReLU(y)
+
+
+def relu_backward(dy: Any, cache: ReLU) -> Any:
+    """``threshold_backward`` of the output: one kernel, what autograd runs."""
+    return torch.ops.aten.threshold_backward(dy, cache.y, 0)
+
+
+class Attention(NamedTuple):
+    """The cache of :func:`causal_attention`: ``q * scale``, ``k``, ``v`` ``(B, H, T, D)``,
+    the probabilities ``(B, H, Tq, Tk)`` and the scale."""
+
+    qs: Any
+    k: Any
+    v: Any
+    att: Any
+    scale: float
+
+
+def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
+    """The generic math with torch's fused kernels: the mask added in place to the scores
+    and ``torch.softmax`` (one kernel for the six of the generic softmax). ``q``, ``k``,
+    ``v`` are laid out head-major by one copy (a batched product copies a strided operand
+    each time it reads it: twice each here and in the backward)."""
+    b, t, _ = qkv.shape
+    h, d = n_head, head_dim
+    c = h * d
+    scale = float(d) ** -0.5
+    heads = qkv.reshape(b, t, 3, h, d).permute(2, 0, 3, 1, 4).contiguous()  # (3, B, H, T, D)
+    q, k, v = heads.unbind(0)
+    qs = q * scale
+    scores = torch.matmul(qs, k.transpose(-1, -2))
+    scores.add_(_causal_mask(t, qkv.dtype, qkv.device))
+    att = torch.softmax(scores, dim=-1)
+    y = torch.matmul(att, v)
+    return y.transpose(1, 2).reshape(b, t, c), Attention(qs, k, v, att, scale)
+
+
+def causal_attention_backward(dy: Any, cache: Attention) -> Any:
+    """The softmax's backward is torch's one kernel, ``_softmax_backward_data`` (what
+    autograd runs; a private function whose behaviour tests/test_primitives.py pins
+    against the generic code); ``dq``, ``dk``, ``dv`` are written into one head-major
+    buffer and relaid into ``dqkv`` by one copy."""
+    qs, k, v, att, scale = cache
+    b, h, t, d = qs.shape
+    dy_heads = dy.reshape(b, t, h, d).transpose(1, 2).contiguous()
+    datt = torch.matmul(dy_heads, v.transpose(-1, -2))
+    dscores = torch._softmax_backward_data(datt, att, -1, att.dtype)
+    grads = torch.empty((3, b, h, t, d), dtype=dy.dtype, device=dy.device)
+    torch.matmul(dscores, k, out=grads[0])
+    grads[0].mul_(scale)
+    torch.matmul(dscores.transpose(-1, -2), qs, out=grads[1])
+    torch.matmul(att.transpose(-1, -2), dy_heads, out=grads[2])
+    return grads.permute(1, 3, 0, 2, 4).reshape(b, t, 3 * h * d)
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_mask(t: int, dtype: Any, dev: Any) -> Any:
+    """The ``(T, T)`` causal mask as a tensor, built once per size, dtype and device (an
+    eager constant, never written to)."""
+    return torch.full((t, t), float("-inf"), dtype=dtype, device=dev).triu(1)
+
+
+class PickedTargets(NamedTuple):
+    """The cache of :func:`cross_entropy`: the log-probabilities ``(…, V)`` and the targets
+    as ``(…, 1)`` int64 (the index of ``gather`` and ``scatter_add_``)."""
+
+    logp: Any
+    index: Any
+
+
+def cross_entropy(logits: Any, targets: Any, valid: Any) -> tuple[Any, Any]:
+    """``-log_softmax(z)[target]``: ``log_softmax`` and ``gather``, one kernel each."""
+    index = targets[..., None].long()  # no copy for int64 ids
+    logp = torch.log_softmax(logits, dim=-1)
+    losses = logp.gather(-1, index)[..., 0].neg_()
+    if valid is not None:
+        losses = torch.where(valid != 0, losses, 0.0)
+    return losses, PickedTargets(logp, index)
+
+
+def cross_entropy_backward(dlosses: Any, cache: PickedTargets) -> Any:
+    """``exp(logp) * dlosses``, ``dlosses`` subtracted at the targets (``scatter_add_``
+    into its own temporary)."""
+    weight = dlosses[..., None]
+    return torch.exp(cache.logp).mul_(weight).scatter_add_(-1, cache.index, -weight)
