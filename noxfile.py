@@ -49,6 +49,26 @@ for _backend in BACKENDS:
     )
 
 
+#: Namespaces outside the backends table, each tested through the public API alone
+#: (tests/test_any_namespace.py): the extra or package that brings it.
+FOREIGN = {"ndonnx": ".[test,onnx]", "marray": "marray"}
+
+
+def _foreign(session: nox.Session, name: str) -> None:
+    """The generic code path on a namespace the backends table does not know."""
+    session.install("-e", ".[test,onnx]" if name == "ndonnx" else ".[test]")
+    if FOREIGN[name] != ".[test,onnx]":
+        session.install(FOREIGN[name])
+    files = ["tests/test_any_namespace.py"]
+    if name == "ndonnx":
+        files.append("tests/test_export.py")
+    session.run("pytest", *files, *session.posargs, env={"MICROGPT_XP_FOREIGN": name})
+
+
+for _name in FOREIGN:
+    nox.session(name=f"tests-{_name}")(lambda session, _n=_name: _foreign(session, _n))
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over the package, tests, examples and benchmarks."""
@@ -68,3 +88,12 @@ def docs(session: nox.Session) -> None:
     """Build the documentation site (warnings are errors)."""
     session.install("-e", ".[docs]")
     session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmarks' own tests (``benchmarks/tests``: the harness, the peers against our
+    model, the whole-call tools on tiny settings), with what they time against: PyTorch
+    (pinned by the ``bench`` extra), JAX and Dask."""
+    session.install("-e", ".[test,bench,jax,dask]")
+    session.run("pytest", "benchmarks/tests", *session.posargs)

@@ -11,6 +11,7 @@ NumPy, in two fast paths for its arrays.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from collections.abc import Callable
@@ -57,10 +58,13 @@ def check_backend(backend: Any) -> str:
     for name, spec in TABLE.items():
         if spec.is_namespace(backend):
             return name
+    for name, spec in _FOREIGN.items():
+        if spec.namespace_object is backend:
+            return name
     spec = generic_backend(backend)
-    known = _FOREIGN.setdefault(spec.name, spec)
-    if known.namespace_object is not backend:
-        raise ValueError(f"two different namespaces are both named {spec.name!r}")
+    if spec.name in _FOREIGN or spec.name in TABLE:  # another namespace of that name
+        spec = dataclasses.replace(spec, name=f"{spec.name}@{id(backend):x}")
+    _FOREIGN[spec.name] = spec
     return spec.name
 
 

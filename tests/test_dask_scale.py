@@ -562,37 +562,3 @@ def test_example_runs_small_and_reports_throughput(tmp_path: Path) -> None:
     assert report["score_docs_per_s"] > 0 and report["sample_per_s"] > 0
     assert 1.0 < report["mean_loss"] < 10.0
     assert len(report["names"]) > 0
-
-
-@pytest.mark.slow  # six fresh processes, two clusters: ~15 s idle, ~40 s on a busy machine
-def test_benchmark_runs_small(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    cmd = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "dask_scoring.py"),
-        "--n-docs",
-        "2000",
-        "--chunk-sizes",
-        "500,2000",
-        "--rounds",
-        "1",
-        "--memory-docs",
-        "1000,3000",
-        "--memory-chunk",
-        "500",
-        "--data",
-        str(tmp_path / "names.txt"),
-        "--json",
-        str(out),
-    ]
-    (tmp_path / "names.txt").write_text("\n".join(DOCS[:500]) + "\n")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(out.read_text())
-    assert [g["chunks"] for g in report["graphs"]] == [4, 1]
-    assert all(g["weight_copies"] == 1 for g in report["graphs"])
-    assert [s["chunk"] for s in report["summary"]] == [500, 2000]
-    assert {(m["way"], m["n_docs"]) for m in report["memory"]} == {
-        (w, n) for w in ("threads", "cluster", "numpy") for n in (1000, 3000)
-    }
-    assert all(m["client_mb"] >= m["client_mb_before"] > 0 for m in report["memory"])

@@ -1,7 +1,5 @@
 """``python -m benchmarks.bench``."""
 
-import sys
-
 from . import main
 
-sys.exit(main())
+raise SystemExit(main())

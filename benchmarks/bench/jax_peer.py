@@ -1,16 +1,6 @@
-"""The same GPT in ``jax.numpy`` with JAX's own autodiff: the peer of our compiled step on
-JAX ("parity": what our hand-written backward costs against ``jax.value_and_grad``).
-
-Written as a JAX user would write it: a dict of weights, a pure loss function (token and
-position embedding, RMSNorm before the blocks, per block RMSNorm -> causal multi-head
-attention with a mask, scale ``1/sqrt(head_dim)``, no biases -> residual, RMSNorm -> fc1 ->
-ReLU -> fc2 -> residual, ``lm_head`` without a final norm, mean cross-entropy through
-``jax.nn.log_softmax``), ``jax.value_and_grad`` and an Adam update with microgpt's
-constants, the whole step under one ``jax.jit``. Scoring is the loss function's forward
-pass per document, jitted.
-
-Only imported when JAX is installed.
-"""
+"""The same GPT in ``jax.numpy`` (the architecture of :mod:`.torch_peer`), trained by
+``jax.value_and_grad`` and microgpt's Adam under one ``jax.jit``: the peer of our compiled
+step on JAX. Imported only with JAX."""
 
 from __future__ import annotations
 
@@ -32,9 +22,7 @@ def _rmsnorm(x: Any) -> Any:
 
 def logits(w: Weights, idx: Any, config: GPTConfig) -> Any:
     """``idx (B, T)`` -> logits ``(B, T, V)``."""
-    b, t = idx.shape
-    c, h = config.n_embd, config.n_head
-    d = c // h
+    (b, t), c, h, d = idx.shape, config.n_embd, config.n_head, config.head_dim
     x = _rmsnorm(w["wte"][idx] + w["wpe"][:t])
     mask = jnp.tril(jnp.ones((t, t), dtype=bool))
     for layer in range(config.n_layer):
@@ -57,42 +45,24 @@ class JaxGPT:
     NumPy weights with the ``Params`` field names, so that the peer starts from the same
     numbers as ours; ``device`` a JAX device (``None``: the default)."""
 
-    def __init__(
-        self,
-        host: Mapping[str, np.ndarray],
-        config: GPTConfig,
-        dtype: str = "float32",
-        *,
-        lr: float = 0.01,
-        device: Any = None,
-    ) -> None:
-        self.config = config
+    def __init__(self, host: Mapping[str, np.ndarray], config: GPTConfig, dtype: str = "float32", *,
+                 lr: float = 0.01, device: Any = None) -> None:
         if dtype == "float64":
             jax.config.update("jax_enable_x64", True)  # as microgpt_xp does for its arrays
         put = lambda a: jax.device_put(jnp.asarray(np.asarray(a), dtype=dtype), device)  # noqa: E731
-        self.initial: Weights = {
-            "wte": put(host["wte"]),
-            "wpe": put(host["wpe"]),
-            "lm_head": put(host["lm_head"]),
-            "wqkv": put(np.concatenate([host["attn_wq"], host["attn_wk"], host["attn_wv"]], 1)),
-            "wo": put(host["attn_wo"]),
-            "fc1": put(host["mlp_fc1"]),
-            "fc2": put(host["mlp_fc2"]),
-        }
-        self.w = self.initial
-        self.m = jax.tree_util.tree_map(jnp.zeros_like, self.w)
-        self.v = jax.tree_util.tree_map(jnp.zeros_like, self.w)
-        self.t = jnp.asarray(0)
-        b1, b2, eps = 0.85, 0.99, 1e-8
+        names = {"wte": "wte", "wpe": "wpe", "lm_head": "lm_head", "wo": "attn_wo", "fc1": "mlp_fc1", "fc2": "mlp_fc2"}
+        self.initial: Weights = {k: put(host[v]) for k, v in names.items()}
+        self.initial["wqkv"] = put(np.concatenate([host["attn_wq"], host["attn_wk"], host["attn_wv"]], 1))
+        self.w, self.t = self.initial, jnp.asarray(0)
+        self.m = self.v = jax.tree_util.tree_map(jnp.zeros_like, self.w)
+        b1, b2, eps, tree_map = 0.85, 0.99, 1e-8, jax.tree_util.tree_map
 
         def step(w: Weights, m: Weights, v: Weights, t: Any, tokens: Any) -> Any:
             loss, g = jax.value_and_grad(lambda w: jnp.mean(_nll(w, tokens, config)))(w)
-            m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
-            v = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+            m = tree_map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+            v = tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
             bc1, bc2 = 1 - b1 ** (t + 1), 1 - b2 ** (t + 1)
-            w = jax.tree_util.tree_map(
-                lambda p, m, v: p - lr * (m / bc1) / ((v / bc2) ** 0.5 + eps), w, m, v
-            )
+            w = tree_map(lambda p, m, v: p - lr * (m / bc1) / ((v / bc2) ** 0.5 + eps), w, m, v)
             return w, m, v, t + 1, loss
 
         self._step = jax.jit(step)
@@ -103,8 +73,7 @@ class JaxGPT:
         self.w = self.initial
 
     def train_step(self, tokens: Any) -> float:
-        """Loss, gradients (``jax.value_and_grad``) and one Adam update on ``tokens (B,
-        T+1)``, one compiled call; returns the loss (read to the host)."""
+        """Loss, gradients and one Adam update on ``tokens (B, T+1)``, compiled; the loss."""
         self.w, self.m, self.v, self.t, loss = self._step(self.w, self.m, self.v, self.t, tokens)
         return float(loss)
 
