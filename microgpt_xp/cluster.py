@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,10 @@ from ._xp import check_positive_int
 
 #: The address that means "start a LocalCluster on this machine".
 LOCAL = "local"
+
+#: Seconds past ``timeout`` that the handshake check waits, so that a connection that
+#: never opens is reported by distributed's own connect timeout (as unreachable).
+_HANDSHAKE_GRACE = 1.0
 
 
 class ClusterError(RuntimeError):
@@ -69,9 +74,15 @@ def connect(
         local cluster's dashboard listens on a random free port (``:0``), so that several
         clusters on one machine do not clash.
 
+    Before the client is made, a first connection must complete Dask's handshake within
+    about ``timeout``: a service that accepts connections and never answers, or answers
+    in another protocol (an HTTP server, a scheduler's dashboard), is refused then rather
+    than waited on forever (distributed puts no timeout on its handshake).
+
     Raises:
-        ClusterError: the scheduler cannot be reached within ``timeout``, or fewer than
-            ``min_workers`` workers joined it.
+        ClusterError: the scheduler cannot be reached within ``timeout``, what listens at
+            the address is not a Dask scheduler, the scheduler file cannot be read or is
+            not one, or fewer than ``min_workers`` workers joined it.
         ValueError: bad arguments (a malformed or empty address, cluster options with an
             address).
     """
@@ -106,25 +117,25 @@ def connect(
                 "n_workers/threads_per_worker shape a new local cluster; "
                 f"they cannot be given with a scheduler address ({address!r})"
             )
-        where = f"the Dask scheduler at {address!r}"
-        target: dict[str, Any]
         if address.endswith(".json"):
-            if not Path(address).is_file():
-                raise ClusterError(f"scheduler file {address!r} does not exist")
-            target = {"scheduler_file": address}
+            target = _read_scheduler_file(address)
+            where = f"the Dask scheduler at {target!r} (from scheduler file {address!r})"
         else:
-            target = {"address": address}
+            target = address
+            where = f"the Dask scheduler at {address!r}"
+        unreachable = (
+            f"cannot reach {where} within {timeout:g} s "
+            "(is a scheduler running there, e.g. `dask scheduler`?)"
+        )
+        _handshake(distributed, target, timeout, where, unreachable)
         try:
-            client = distributed.Client(timeout=timeout, **target)
+            client = distributed.Client(target, timeout=timeout)
         except ValueError as exc:  # a malformed address: no port, an unknown scheme
             _close_failed_client(distributed, exc)
-            raise ValueError(f"invalid Dask scheduler address {address!r}: {exc}") from exc
+            raise ValueError(f"invalid Dask scheduler address {target!r}: {exc}") from exc
         except (OSError, asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
             _close_failed_client(distributed, exc)
-            raise ClusterError(
-                f"cannot reach {where} within {timeout:g} s "
-                f"(is a scheduler running there, e.g. `dask scheduler`?): {exc}"
-            ) from exc
+            raise ClusterError(f"{unreachable}: {exc}") from exc
     if min_workers:
         try:
             client.wait_for_workers(min_workers, timeout=timeout)
@@ -136,6 +147,66 @@ def connect(
                 "(start some with `dask worker ADDRESS`)"
             ) from exc
     return client
+
+
+def _read_scheduler_file(path: str) -> str:
+    """The scheduler address that a scheduler file (``dask scheduler --scheduler-file``,
+    a JSON object with an ``"address"``) holds; :class:`ClusterError` otherwise."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ClusterError(f"scheduler file {path!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ClusterError(f"cannot read scheduler file {path!r}: {exc}") from exc
+    try:
+        info = json.loads(text)
+    except ValueError:
+        info = None
+    address = info.get("address") if isinstance(info, dict) else None
+    if not isinstance(address, str) or not address.strip():
+        raise ClusterError(
+            f"scheduler file {path!r} is not one that `dask scheduler --scheduler-file` "
+            'writes (a JSON object with the scheduler\'s "address")'
+        )
+    return address
+
+
+def _handshake(
+    distributed: Any, address: str, timeout: float, where: str, unreachable: str
+) -> None:
+    """Connect to ``address`` and complete Dask's handshake within ``timeout`` seconds
+    (plus a grace), then hang up; raise :class:`ClusterError` (``ValueError`` for a
+    malformed address) if that fails.
+
+    Runs in a thread of its own with its own event loop, so that it also works when the
+    caller runs inside an event loop (a notebook).
+    """
+
+    async def shake() -> None:
+        comm = await distributed.comm.connect(address, timeout=timeout)
+        await comm.close()
+
+    async def bounded() -> None:
+        await asyncio.wait_for(shake(), timeout + _HANDSHAKE_GRACE)
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dask-handshake") as pool:
+        try:
+            pool.submit(asyncio.run, bounded()).result()
+        except ValueError as exc:  # a malformed address: no port, an unknown scheme
+            raise ValueError(f"invalid Dask scheduler address {address!r}: {exc}") from exc
+        except (asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
+            raise ClusterError(
+                f"{where} accepted the connection but did not answer as a Dask scheduler "
+                f"within {timeout:g} s; is it one?"
+            ) from exc
+        except OSError as exc:
+            raise ClusterError(f"{unreachable}: {exc}") from exc
+        except Exception as exc:  # an answer in another protocol read as Dask frames
+            raise ClusterError(
+                f"{where} answered, but not as a Dask scheduler (its reply is not Dask's "
+                "protocol); is the address a scheduler's, not its dashboard's or another "
+                "service's?"
+            ) from exc
 
 
 def _close_failed_client(distributed: Any, exc: BaseException) -> None:

@@ -6,6 +6,7 @@ to a backend by the caller (``microgpt_xp._xp.asarray``).
 
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import json
 from collections.abc import Iterable, Sequence
@@ -29,6 +30,10 @@ def docs_from_text(text: str) -> list[str]:
 def read_docs(path: str | Path) -> list[str]:
     """Read a UTF-8 text file of one document per line (see :func:`docs_from_text`).
 
+    A UTF-8 byte-order mark at the start of the file is not text and is dropped (as
+    Python's ``utf-8-sig`` codec does), so it never becomes a character of the
+    vocabulary.
+
     Raises :class:`DataError` for a missing file, bytes that are not UTF-8, or a file
     without any document.
     """
@@ -37,11 +42,13 @@ def read_docs(path: str | Path) -> list[str]:
         raw = path.read_bytes()
     except OSError as exc:
         raise DataError(f"cannot read data file {str(path)!r}: {exc.strerror or exc}") from exc
+    start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
-        text = raw.decode("utf-8")
+        text = str(memoryview(raw)[start:], "utf-8")  # no copy of the bytes
     except UnicodeDecodeError as exc:
         raise DataError(
-            f"data file {str(path)!r} is not UTF-8 text (undecodable byte at offset {exc.start})"
+            f"data file {str(path)!r} is not UTF-8 text (undecodable byte at offset "
+            f"{start + exc.start})"
         ) from exc
     docs = docs_from_text(text)
     if not docs:
@@ -65,6 +72,15 @@ def default_docs() -> list[str]:
     return sorted(d for d in docs if d and d.isascii() and d.isalpha())
 
 
+def short_repr(text: str, limit: int = 40) -> str:
+    """``repr(text)``, or for text longer than ``limit`` characters the ``repr`` of its
+    first ``limit``, ``…`` and its length: what an error message quotes of a document
+    (a 10 MB line is not printed whole)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text):,} characters)"
+
+
 # -- tokenizer ---------------------------------------------------------------------------
 class Tokenizer:
     """microgpt's character tokenizer: ids ``0..len(chars)-1`` for the sorted distinct
@@ -78,7 +94,8 @@ class Tokenizer:
         chars = sorted(set(chars))
         for ch in chars:
             if not isinstance(ch, str) or len(ch) != 1:
-                raise ValueError(f"tokenizer characters must be single characters, got {ch!r}")
+                got = short_repr(ch) if isinstance(ch, str) else repr(ch)
+                raise ValueError(f"tokenizer characters must be single characters, got {got}")
         if not chars:
             raise ValueError("a tokenizer needs at least one character")
         self.chars: list[str] = chars
@@ -87,7 +104,7 @@ class Tokenizer:
     @classmethod
     def from_docs(cls, docs: Iterable[str]) -> Tokenizer:
         """The tokenizer of a corpus: every character that occurs in it."""
-        return cls(set("".join(docs)))
+        return cls(set().union(*docs))  # no joined copy of the corpus
 
     @property
     def bos(self) -> int:
@@ -100,13 +117,16 @@ class Tokenizer:
         return len(self.chars) + 1
 
     def encode(self, doc: str) -> list[int]:
-        """Character ids of ``doc`` (no BOS). Raises ``ValueError`` naming any character
-        outside the vocabulary."""
+        """Character ids of ``doc`` (no BOS). Raises ``ValueError`` naming the first
+        character outside the vocabulary, its position and the document (at most its
+        first 40 characters, see :func:`short_repr`)."""
         try:
             return [self._ids[ch] for ch in doc]
         except KeyError as exc:
+            ch = exc.args[0]
             raise ValueError(
-                f"character {exc.args[0]!r} in {doc!r} is not in the tokenizer's vocabulary"
+                f"character {ch!r} at position {doc.index(ch)} of {short_repr(doc)} is not in "
+                "the tokenizer's vocabulary"
             ) from None
 
     def encode_doc(self, doc: str) -> list[int]:
@@ -189,10 +209,14 @@ def encode_docs(
     longest row. ``lengths`` counts the real tokens. The cut is silent here: callers that
     choose the block size say how many documents it cuts (:func:`count_cut`) or choose
     one that cuts none (:func:`block_size_for`).
+
+    Each document is cut to its first ``block_size`` characters *before* it is encoded,
+    so memory follows what is kept (a 200 MB line costs ``block_size`` ids), and only
+    the characters kept must be in the vocabulary (``ValueError`` otherwise).
     """
     if not docs:
         raise DataError("no documents to encode")
-    rows = [tokenizer.encode_doc(d)[: block_size + 1] for d in docs]
+    rows = [tokenizer.encode_doc(d[:block_size])[: block_size + 1] for d in docs]
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
     tokens = np.full((len(rows), int(lengths.max())), tokenizer.bos, dtype=np.int64)
     for i, r in enumerate(rows):

@@ -20,10 +20,10 @@ import numpy as np
 from . import _xp
 from .config import GPTConfig
 from .data import Tokenizer
-from .primitives import softmax
 from .model import KVCache, decode_step, loss_and_grads
 from .optim import Adam
 from .params import Params, field_shapes, materialize, state_dict_keys
+from .primitives import softmax
 
 #: The original's seed, step count, sample count and temperature.
 SEED = 42

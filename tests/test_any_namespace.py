@@ -158,7 +158,7 @@ def test_mixed_namespaces_and_non_arrays_are_one_line_type_errors(
 
 
 def test_an_unknown_name_or_object_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown backend 'numpyy'.*or pass an Array API namespace"):
+    with pytest.raises(ValueError, match=r"unknown backend .numpyy.*or pass an Array API namespace"):
         mx.init_params(CONFIG, backend="numpyy")
     with pytest.raises(TypeError, match="backend must be a backend name or an Array API namespace"):
         mx.init_params(CONFIG, backend=object())

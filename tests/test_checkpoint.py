@@ -291,7 +291,7 @@ def test_foreign_header_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "other.npz"
     header = json.dumps({"format": "something-else", "version": 1}).encode()
     np.savez(path, __header__=np.frombuffer(header, dtype=np.uint8), x=np.arange(3))
-    with pytest.raises(CheckpointError, match="not a version-1 microgpt-xp checkpoint"):
+    with pytest.raises(CheckpointError, match="not a microgpt-xp checkpoint"):
         load(path)
 
 
@@ -301,12 +301,12 @@ def test_newer_version_is_refused(saved: tuple[Path, Params, Adam]) -> None:
     def bump(name: str, a: np.ndarray) -> np.ndarray:
         if name == "__header__":
             header = json.loads(a.tobytes().decode())
-            header["version"] = 2
+            header["version"] = 3
             a = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
         return a
 
     _rewrite(path, bump)
-    with pytest.raises(CheckpointError, match="version 2"):
+    with pytest.raises(CheckpointError, match="format version 3; this microgpt-xp reads"):
         load(path)
 
 
@@ -346,3 +346,128 @@ def test_malformed_header_is_refused(tmp_path: Path, header: Any) -> None:
     np.savez(path, __header__=np.frombuffer(raw, dtype=np.uint8))
     with pytest.raises(CheckpointError):
         load(path)
+
+
+# -- what the checksums cover ----------------------------------------------------------------
+def _edit_member(name: str, edit: Any) -> Any:
+    """An edit for :func:`_rewrite` that passes the member ``name`` through ``edit``."""
+    return lambda k, a: edit(a) if k == name else a
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda a: a.view(a.dtype.newbyteorder()),  # the other byte order
+        lambda a: a.view(np.float32),  # float32 over the same bytes (twice the columns)
+        lambda a: a.view(np.int64),
+        lambda a: a.reshape(a.shape[::-1]),  # another shape
+    ],
+    ids=["byte-order", "float32", "int64", "shape"],
+)
+def test_a_weight_rewritten_over_the_same_bytes_is_refused(
+    saved: tuple[Path, Params, Adam], view: Any
+) -> None:
+    """The SHA-256 of the bytes is unchanged: the header's record of the dtype, byte order
+    and shape is what refuses it."""
+    path, _, _ = saved
+    _rewrite(path, _edit_member("params/wte", view))
+    with pytest.raises(CheckpointError, match="params/wte") as info:
+        load(path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_missing_header_checksum_is_refused(saved: tuple[Path, Params, Adam]) -> None:
+    path, _, _ = saved
+    _rewrite(path, lambda k, a: None if k == "__header_sha256__" else a)
+    with pytest.raises(CheckpointError, match="no header checksum"):
+        load(path)
+
+
+def _bloat(path: Path, member: str, nbytes: int) -> None:
+    """Replace ``member`` of the archive by ``nbytes`` zeros, deflated (a few KiB on disk)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for k, raw in members.items():
+            if k == member:
+                info = zipfile.ZipInfo(k)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                with z.open(info, "w", force_zip64=True) as f:
+                    chunk = bytes(1 << 20)
+                    for _ in range(nbytes >> 20):
+                        f.write(chunk)
+            else:
+                z.writestr(k, raw)
+
+
+@pytest.mark.parametrize("member", ["params/wte.npy", "__header__.npy", "adam_v/mlp_fc2.npy"])
+def test_declared_sizes_are_checked_before_anything_is_inflated(
+    saved: tuple[Path, Params, Adam], member: str
+) -> None:
+    import tracemalloc
+
+    path, _, _ = saved
+    _bloat(path, member, 256 << 20)  # 256 MiB of zeros, under 1 MiB on disk
+    assert path.stat().st_size < 2 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match="size"):
+            load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB traced"
+
+
+def test_a_deflated_checkpoint_loads_as_saved(saved: tuple[Path, Params, Adam]) -> None:
+    import zipfile
+
+    path, params, _ = saved
+    raw = {}
+    with zipfile.ZipFile(path) as z:
+        raw = {i.filename: z.read(i) for i in z.infolist()}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for k, b in raw.items():
+            z.writestr(k, b)
+    assert_params_equal(load(path).params, params)
+
+
+def _as_version_1(path: Path) -> None:
+    """Rewrite a checkpoint as version 1 wrote it: a SHA-256 per array of its bytes, one
+    dtype name for every array, no record of each array's dtype and shape."""
+
+    def edit(k: str, a: np.ndarray) -> np.ndarray:
+        if k != "__header__":
+            return a
+        header = json.loads(a.tobytes().decode())
+        arrays = header.pop("arrays")
+        header["version"] = 1
+        header["sha256"] = {name: rec["sha256"] for name, rec in arrays.items()}
+        return np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+
+    _rewrite(path, edit)
+
+
+def test_a_version_1_checkpoint_loads_with_the_same_checks(
+    saved: tuple[Path, Params, Adam],
+) -> None:
+    path, params, adam = saved
+    _as_version_1(path)
+    got = load(path)
+    assert got.step == 2 and got.tokenizer == TOKENIZER
+    assert_params_equal(got.params, params)
+    assert got.adam is not None
+    assert_params_equal(got.adam.m, adam.m)
+    _rewrite(path, _edit_member("adam_m/wpe", lambda a: a.view(a.dtype.newbyteorder())))
+    with pytest.raises(CheckpointError, match="adam_m/wpe"):
+        load(path)
+
+
+def test_save_refuses_weights_load_would_refuse(tmp_path: Path) -> None:
+    params = init_params(CONFIG, dtype="float32")
+    half = Params.trusted(CONFIG, {k: v.astype(np.float16) for k, v in params.arrays().items()})
+    with pytest.raises(TypeError, match="float16"):
+        save(tmp_path / "half.ckpt", half)
+    assert list(tmp_path.iterdir()) == []

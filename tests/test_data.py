@@ -102,6 +102,18 @@ def test_read_docs_undecodable_bytes(tmp_path: Path) -> None:
     assert "offset 7" in str(info.value)
 
 
+def test_read_docs_drops_a_byte_order_mark(tmp_path: Path) -> None:
+    path = _write(tmp_path, b"\xef\xbb\xbfemma\nolivia\n")
+    docs = read_docs(path)
+    assert docs == ["emma", "olivia"]
+    assert "\ufeff" not in Tokenizer.from_docs(docs).chars
+    # the offset of a bad byte still counts the mark's 3 bytes
+    with pytest.raises(DataError, match="offset 10"):
+        read_docs(_write(tmp_path, b"\xef\xbb\xbfemma\nol\xffivia\n"))
+    # a mark inside the text is text (only the file's first bytes can be one)
+    assert read_docs(_write(tmp_path, "a\n\ufeffb\n".encode())) == ["a", "\ufeffb"]
+
+
 def test_data_error_is_a_value_error() -> None:
     assert issubclass(DataError, ValueError)
 
@@ -211,6 +223,19 @@ def test_tokenizer_unknown_character() -> None:
     assert "abqc" in str(info.value)
     with pytest.raises(ValueError, match="'Q'"):
         tok.encode_doc("Q")
+
+
+def test_an_error_quotes_a_short_prefix_of_a_long_document() -> None:
+    tok = Tokenizer.from_docs(["a"])
+    doc = "a" * 10_000_000 + "q"
+    with pytest.raises(ValueError, match="'q' at position 10000000") as info:
+        tok.encode(doc)
+    message = str(info.value)
+    assert len(message) < 200 and "10,000,001 characters" in message
+    assert repr("a" * 40) + "…" in message
+    with pytest.raises(ValueError, match="10,000,001 characters") as info:
+        Tokenizer([doc])
+    assert len(str(info.value)) < 200
 
 
 def test_tokenizer_decode_out_of_range() -> None:
@@ -324,6 +349,32 @@ def test_encode_docs_errors() -> None:
         encode_docs(tok, [], 16)
     with pytest.raises(ValueError, match="'z'"):
         encode_docs(tok, ["ab", "az"], 16)
+
+
+def test_encoding_memory_follows_what_the_block_size_keeps() -> None:
+    """A 4 MB line with a block size of 16: the tokenizer and the encoding hold about 16
+    ids of it, not 4 million (a 200 MB line took 3.7 GB)."""
+    import tracemalloc
+
+    docs = ["emma", "xyz" * 1_400_000, "olivia"]
+    tracemalloc.start()
+    try:
+        tok = Tokenizer.from_docs(docs)
+        tokens, lengths = encode_docs(tok, docs, block_size=16)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 10, f"{peak / 2**20:.1f} MiB traced for a 4 MB line"
+    assert tokens.shape == (3, 17) and lengths.tolist() == [6, 17, 8]
+    assert tok.decode(tokens[1]) == ("xyz" * 6)[:16]
+
+
+def test_only_the_characters_kept_must_be_in_the_vocabulary() -> None:
+    tok = Tokenizer.from_docs(["abc"])
+    tokens, lengths = encode_docs(tok, ["abcq", "ab"], block_size=3)  # 'q' is cut off
+    assert tok.decode(tokens[0]) == "abc" and lengths.tolist() == [4, 4]
+    with pytest.raises(ValueError, match="'q' at position 2"):
+        encode_docs(tok, ["abqc"], block_size=3)
 
 
 def test_take_batch_trims_to_longest() -> None:

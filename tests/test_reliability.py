@@ -106,10 +106,12 @@ def test_a_damaged_checkpoint_is_one_line_in_the_cli(
 
 def test_stale_temporaries_are_removed_by_the_next_save(tmp_path: Path) -> None:
     path = _checkpoint(tmp_path)
-    stale = [tmp_path / f".{path.name}.crash{i}.tmp" for i in range(3)]
+    # the temporaries that crashed saves left (named as a save names them; no writer
+    # holds their lock); the concurrent cases are in test_files.py
+    stale = [tmp_path / f".{path.name}.{i:016x}.tmp" for i in range(3)]
     for f in stale:
         f.write_bytes(b"half a checkpoint")
-    other = tmp_path / ".other.ckpt.x.tmp"  # another file's temporary is not ours
+    other = tmp_path / f".{path.name}.x.{0:016x}.tmp"  # the file run.ckpt.x's, not ours
     other.write_bytes(b"")
     loaded = mx.load(path)
     mx.save(path, loaded.params, adam=loaded.adam, step=loaded.step, tokenizer=loaded.tokenizer)

@@ -320,13 +320,13 @@ def test_params_mixed_dtypes_and_integer_weights(backend: Any) -> None:
     with pytest.raises(TypeError, match="Params fields must share one dtype"):
         Params(CONFIG, **{**p64.arrays(), "wte": p32.wte})
     as_int = {k: backend.asarray(np.zeros(a.shape), dtype="int64") for k, a in p64.arrays().items()}
-    with pytest.raises(TypeError, match="Params must be float32 or float64, got .*int64"):
+    with pytest.raises(TypeError, match=r"Params must be float32 or float64, got .*int64"):
         Params(CONFIG, **as_int)
     # float16 weights could not be checkpointed: they are refused where they are made
     if not hasattr(backend.xp, "float16"):
         return  # array-api-strict has no float16
     as_half = {k: backend.asarray(np.zeros(a.shape), dtype="float16") for k, a in p64.arrays().items()}
-    with pytest.raises(TypeError, match="Params must be float32 or float64, got .*float16"):
+    with pytest.raises(TypeError, match=r"Params must be float32 or float64, got .*float16"):
         Params(CONFIG, **as_half)
 
 

@@ -51,7 +51,7 @@ def positions(x: Array, axis: int = 1) -> Array:
     n = x.shape[axis]
     if isinstance(n, int):
         return xp.arange(n, dtype=xp.int64, device=device(x))
-    line = xp.moveaxis(x, axis, -1)[(*(0,) * (x.ndim - 1), ...)]
+    line = xp.moveaxis(x, axis, -1)[(0,) * (x.ndim - 1) + (...,)]
     return xp.cumulative_sum(xp.ones_like(line, dtype=xp.int64)) - 1
 
 

@@ -1,0 +1,185 @@
+"""Tests of microgpt_xp.cluster.connect against addresses that are not Dask schedulers:
+each fails fast with one clear ClusterError. The fake services listen on 127.0.0.1, in
+threads of this process. (The tests with a real cluster are in test_dask_scale.py.)"""
+
+from __future__ import annotations
+
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("distributed")
+
+from microgpt_xp.cluster import ClusterError, connect
+
+TIMEOUT = 2.0
+
+
+@contextmanager
+def _serving(server: socketserver.TCPServer) -> Iterator[str]:
+    """Run ``server`` in a thread; yield its ``tcp://`` address; stop it at the end."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host, port = server.socket.getsockname()[:2]
+    try:
+        yield f"tcp://{host}:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _Silent(socketserver.ThreadingTCPServer):
+    """Accepts every connection, reads nothing and answers nothing until closed."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        self.closing = threading.Event()
+        server = self
+
+        class Hold(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                server.closing.wait()
+
+        super().__init__(("127.0.0.1", 0), Hold)
+
+    def server_close(self) -> None:
+        self.closing.set()
+        super().server_close()
+
+
+class _Http(socketserver.ThreadingTCPServer):
+    """Answers what it is sent, once the first bytes come, as an HTTP server answers a
+    request it cannot parse (then hangs up)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        class BadRequest(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                if self.request.recv(1):
+                    self.request.sendall(
+                        b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\n\r\nBad Request"
+                    )
+
+        super().__init__(("127.0.0.1", 0), BadRequest)
+
+
+def _connect_within(seconds: float, *args: Any, **kwargs: Any) -> BaseException:
+    """The exception ``connect(*args, **kwargs)`` raises, which must come within
+    ``seconds`` (run in a thread, so that a hang fails the test instead of blocking it)."""
+    outcome: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            client = connect(*args, **kwargs)
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            client.close()
+            outcome.append(AssertionError("connected"))
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    start = time.monotonic()
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"connect() still waiting after {seconds:g} s"
+    assert outcome, "connect() ended without an outcome"
+    print(f"connect() ended after {time.monotonic() - start:.2f} s")
+    return outcome[0]
+
+
+def _one_line_cluster_error(exc: BaseException, *phrases: str) -> str:
+    assert isinstance(exc, ClusterError), repr(exc)
+    message = str(exc)
+    assert "\n" not in message
+    for phrase in phrases:
+        assert phrase in message, message
+    return message
+
+
+def test_a_service_that_never_answers_fails_within_the_timeout() -> None:
+    with _serving(_Silent()) as address:
+        exc = _connect_within(TIMEOUT + 8, address, timeout=TIMEOUT, min_workers=0)
+    _one_line_cluster_error(exc, address, "did not answer as a Dask scheduler", "2 s")
+
+
+def test_an_http_server_is_not_a_dask_scheduler() -> None:
+    with _serving(_Http()) as address:
+        exc = _connect_within(TIMEOUT + 8, address, timeout=TIMEOUT, min_workers=0)
+    message = _one_line_cluster_error(exc, address, "not as a Dask scheduler")
+    assert "memory" not in message and "EiB" not in message
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"[1, 2]", b'{"addr": "tcp://127.0.0.1:1"}', b'{"address": 3}', b"\xff\xfe"],
+    ids=["not-json", "not-an-object", "no-address", "address-not-a-string", "not-utf8"],
+)
+def test_a_garbage_scheduler_file_is_one_line(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "scheduler.json"
+    path.write_bytes(content)
+    exc = _connect_within(TIMEOUT + 8, str(path), timeout=TIMEOUT, min_workers=0)
+    _one_line_cluster_error(exc, "scheduler file", str(path))
+
+
+def test_a_scheduler_file_naming_a_silent_service_names_both(tmp_path: Path) -> None:
+    with _serving(_Silent()) as address:
+        path = tmp_path / "scheduler.json"
+        path.write_text(f'{{"address": "{address}", "type": "Scheduler"}}')
+        exc = _connect_within(TIMEOUT + 8, str(path), timeout=TIMEOUT, min_workers=0)
+    _one_line_cluster_error(exc, address, str(path), "did not answer")
+
+
+def test_a_closed_port_is_unreachable_within_the_timeout() -> None:
+    with _serving(_Silent()) as address:
+        pass  # closed again: nothing listens on that port now
+    exc = _connect_within(TIMEOUT + 8, address, timeout=TIMEOUT, min_workers=0)
+    _one_line_cluster_error(exc, "cannot reach", address)
+
+
+def _run_scheduler(check: Callable[[str], None]) -> None:
+    """Run ``check(address)`` with a real in-process scheduler (no workers)."""
+    import asyncio
+
+    from distributed import Scheduler
+
+    ready = threading.Event()
+    done = threading.Event()
+    box: list[str] = []
+
+    async def main() -> None:
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as s:
+            box.append(s.address)
+            ready.set()
+            while not done.is_set():
+                await asyncio.sleep(0.05)
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    try:
+        check(box[0])
+    finally:
+        done.set()
+        thread.join(30)
+
+
+def test_a_real_scheduler_still_connects(tmp_path: Path) -> None:
+    def check(address: str) -> None:
+        with connect(address, timeout=10, min_workers=0) as client:
+            assert client.scheduler.address == address
+        path = tmp_path / "scheduler.json"
+        path.write_text(f'{{"address": "{address}"}}')
+        with connect(str(path), timeout=10, min_workers=0) as client:
+            assert client.scheduler.address == address
+
+    _run_scheduler(check)

@@ -1,0 +1,317 @@
+"""Tests of microgpt_xp._files: atomic writes that concurrent writers cannot break, claims
+that let one run of several write a new output, and writability checked before the work.
+
+The concurrent cases run real processes (``python -c``) started together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from microgpt_xp._files import (
+    NotWritableError,
+    atomic_open,
+    atomic_write,
+    check_writable,
+    claim,
+    same_file,
+)
+
+fcntl = pytest.importorskip("fcntl")  # the locks are flock locks
+
+#: Each writer waits for the ``go`` file (after its imports), then saves ``n`` times.
+WRITER = """
+import os, sys, time
+from pathlib import Path
+from microgpt_xp._files import atomic_write
+path, tag, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+Path(f"{go}.{os.getpid()}").touch()
+while not go.exists():
+    time.sleep(0.002)
+for i in range(n):
+    atomic_write(path, f"{tag} {i}\\n" * 4000)
+"""
+
+#: Claims ``path`` when ``go`` appears; the winner writes it before releasing.
+CLAIMER = """
+import os, sys, time
+from pathlib import Path
+from microgpt_xp._files import atomic_write, claim
+path, tag, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+Path(f"{go}.{os.getpid()}").touch()
+while not go.exists():
+    time.sleep(0.002)
+try:
+    with claim(path):
+        time.sleep(0.2)
+        atomic_write(path, tag)
+except FileExistsError as exc:
+    print("refused:", exc)
+else:
+    print("claimed")
+"""
+
+
+def _run_together(script: str, argvs: list[list[str]], go: Path) -> list[tuple[int, str, str]]:
+    """Start one process per argument list, let them go at once, and return each one's
+    ``(status, stdout, stderr)``."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *argv, str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for argv in argvs
+    ]
+    deadline = time.monotonic() + 120
+    while sum(1 for p in go.parent.glob(f"{go.name}.*")) < len(procs):
+        assert time.monotonic() < deadline, "the processes did not start"
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.01)
+    go.touch()
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        out.append((p.returncode, stdout, stderr))
+    return out
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+# -- concurrent writers -----------------------------------------------------------------
+def test_concurrent_writers_of_one_file_never_break_each_other(tmp_path: Path) -> None:
+    path = tmp_path / "nb.npz"
+    tags = ["a", "b", "c"]
+    results = _run_together(WRITER, [[str(path), t, "150"] for t in tags], tmp_path / "go")
+    for status, _, err in results:
+        assert status == 0, err  # today: FileNotFoundError in os.replace
+    text = path.read_text()
+    first = text.split("\n", 1)[0]
+    tag, i = first.split()
+    assert tag in tags and text == f"{tag} {i}\n" * 4000  # one writer's whole file
+    assert _leftovers(tmp_path) == []
+
+
+def test_writers_of_files_whose_names_share_a_prefix(tmp_path: Path) -> None:
+    short, long = tmp_path / "nb.npz", tmp_path / "nb.npz.x"
+    argvs = [[str(short), "s", "300"], [str(long), "l", "300"]]  # one writer per file
+    results = _run_together(WRITER, argvs, tmp_path / "go")
+    for status, _, err in results:
+        assert status == 0, err  # today: the temporaries of nb.npz.x are nb.npz's to remove
+    assert short.read_text() == "s 299\n" * 4000 and long.read_text() == "l 299\n" * 4000
+    assert _leftovers(tmp_path) == []
+
+
+def _hold_lock(path: Path) -> subprocess.Popen[str]:
+    """A process that creates ``path``, holds an flock on it and waits for stdin to close."""
+    script = (
+        "import fcntl, sys\n"
+        f"f = open({str(path)!r}, 'wb')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+    return proc
+
+
+def test_only_stale_temporaries_of_exactly_that_file_are_removed(tmp_path: Path) -> None:
+    path = tmp_path / "nb.npz"
+    stale = [tmp_path / f".nb.npz.{i:016x}.tmp" for i in range(3)]  # writers gone: no lock
+    for f in stale:
+        f.write_bytes(b"half a file")
+    keep = [
+        tmp_path / ".nb.npz.x.0123456789abcdef.tmp",  # another file's (nb.npz.x) temporary
+        tmp_path / ".nb.npz.crash.tmp",  # not a name this module writes
+        tmp_path / ".nb.npz.lock",
+    ]
+    for f in keep:
+        f.write_bytes(b"")
+    live = tmp_path / ".nb.npz.fedcba9876543210.tmp"
+    writer = _hold_lock(live)  # a live writer in another process
+    try:
+        atomic_write(path, b"new")
+        assert path.read_bytes() == b"new"
+        assert not any(f.exists() for f in stale)
+        assert all(f.exists() for f in keep) and live.exists()
+    finally:
+        writer.communicate("")
+    atomic_write(path, b"newer")  # the writer is gone: its file is stale now
+    assert not live.exists() and all(f.exists() for f in keep)
+
+
+def test_a_temporary_in_flight_in_this_process_is_not_removed(tmp_path: Path) -> None:
+    path = tmp_path / "out.txt"
+    with atomic_open(path) as f:
+        f.write("first")
+        atomic_write(path, "second")  # its clean-up must spare the file being written
+        f.write(" file")
+    assert path.read_text() == "first file"
+    assert _leftovers(tmp_path) == []
+
+
+# -- the streaming writer ---------------------------------------------------------------------
+def test_atomic_open_writes_text_and_bytes(tmp_path: Path) -> None:
+    with atomic_open(tmp_path / "a.txt") as f:
+        f.write("héllo\n")
+    assert (tmp_path / "a.txt").read_bytes() == "héllo\n".encode()
+    with atomic_open(tmp_path / "sub" / "b.bin", "wb") as g:
+        g.write(b"\x00\x01")
+    assert (tmp_path / "sub" / "b.bin").read_bytes() == b"\x00\x01"
+    with pytest.raises(ValueError, match="mode"):
+        atomic_open(tmp_path / "c.txt", "a")  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_failed_block_leaves_the_old_file(tmp_path: Path, error: type[BaseException]) -> None:
+    path = tmp_path / "names.txt"
+    path.write_text("old\n")
+    with pytest.raises(error), atomic_open(path) as f:
+        f.write("half")
+        raise error("stop")
+    assert path.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["names.txt"]
+
+
+def test_atomic_open_into_a_missing_folder(tmp_path: Path) -> None:
+    path = tmp_path / "no" / "names.txt"
+    with (
+        pytest.raises(NotWritableError, match="does not exist"),
+        atomic_open(path, make_parents=False),
+    ):
+        pass
+    assert not path.parent.exists()
+
+
+# -- claims ---------------------------------------------------------------------------------
+def test_of_runs_claiming_one_new_path_together_exactly_one_proceeds(tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    tags = ["p", "q", "r", "s"]
+    results = _run_together(CLAIMER, [[str(path), t] for t in tags], tmp_path / "go")
+    assert all(status == 0 for status, _, _ in results), results
+    outcomes = [out.strip() for _, out, _ in results]
+    winners = [t for t, out in zip(tags, outcomes, strict=True) if out == "claimed"]
+    assert len(winners) == 1, outcomes
+    assert path.read_text() == winners[0]
+    for out in outcomes:
+        assert out == "claimed" or out.startswith("refused:"), out
+        assert "\n" not in out
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_claim_is_refused_while_held_and_free_after(tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    with claim(path) as held:
+        assert held.held and held.path == path
+        with pytest.raises(FileExistsError, match="claimed by another run"):
+            claim(path)
+        with pytest.raises(FileExistsError, match="claimed by another run"):
+            claim(path, exist_ok=True)
+        path.write_text("saved")
+    assert not held.held
+    with pytest.raises(FileExistsError, match="already exists"):
+        claim(path)
+    with claim(path, exist_ok=True):
+        pass
+    held.release()  # again: nothing
+    assert _leftovers(tmp_path) == []
+
+
+def test_the_claim_of_a_killed_run_does_not_block_the_next(tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    script = (
+        "import sys, time\n"
+        "from microgpt_xp._files import claim\n"
+        f"c = claim({str(path)!r})\n"
+        "print('claimed', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "claimed\n"
+        with pytest.raises(FileExistsError, match="claimed by another run"):
+            claim(path)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    assert (tmp_path / ".run.ckpt.lock").exists()  # left behind by the killed run
+    with claim(path) as held:
+        assert held.held
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_claim_checks_the_path_first(tmp_path: Path) -> None:
+    with pytest.raises(NotWritableError, match="is a folder"):
+        claim(tmp_path)
+
+
+# -- checks before the work ------------------------------------------------------------------
+def test_check_writable_accepts_a_new_path_and_makes_its_folders(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "run.ckpt"
+    assert check_writable(path) == path
+    assert path.parent.is_dir() and not path.exists()
+    (tmp_path / "old.ckpt").write_text("keep")
+    check_writable(tmp_path / "old.ckpt")
+    assert (tmp_path / "old.ckpt").read_text() == "keep"
+    assert _leftovers(path.parent) == [] and _leftovers(tmp_path) == []
+
+
+def test_check_writable_refuses_a_folder(tmp_path: Path) -> None:
+    with pytest.raises(NotWritableError, match="it is a folder") as info:
+        check_writable(tmp_path)
+    assert str(tmp_path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_check_writable_refuses_a_path_under_a_regular_file(tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("abc\n")
+    for path in (tmp_path / "data.txt" / "run.ckpt", tmp_path / "data.txt" / "sub" / "run.ckpt"):
+        with pytest.raises(NotWritableError, match=r"data\.txt' is a file, not a folder"):
+            check_writable(path)
+    assert (tmp_path / "data.txt").read_text() == "abc\n"
+
+
+def test_check_writable_refuses_a_missing_folder_when_told_not_to_make_it(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(NotWritableError, match="does not exist"):
+        check_writable(tmp_path / "no" / "x.txt", make_parents=False)
+    assert not (tmp_path / "no").exists()
+
+
+def test_check_writable_refuses_a_read_only_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("this user (root?) writes read-only folders: permissions not enforced")
+        with pytest.raises(NotWritableError, match="cannot create a file in folder"):
+            check_writable(folder / "run.ckpt")
+        with pytest.raises(NotWritableError, match="cannot create folder"):
+            check_writable(folder / "sub" / "run.ckpt")
+    finally:
+        folder.chmod(0o755)
+
+
+def test_same_file(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("x")
+    b.write_text("x")
+    (tmp_path / "link.txt").symlink_to(a)
+    os.link(a, tmp_path / "hard.txt")
+    assert same_file(a, a) and same_file(a, tmp_path / "." / "a.txt")
+    assert same_file(str(a), tmp_path / "link.txt") and same_file(a, tmp_path / "hard.txt")
+    assert not same_file(a, b)  # equal contents, other files
+    assert not same_file(a, tmp_path / "missing") and not same_file(tmp_path / "missing", a)
