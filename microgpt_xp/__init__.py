@@ -12,8 +12,9 @@ from .checkpoint import Checkpoint, CheckpointError, load, save
 from .config import GPTConfig
 from .data import DataError, Tokenizer, default_docs, read_docs
 from .exact import run_exact, sample_exact
+from .export import export_onnx
 from .model import KVCache, decode_step, forward, loss_and_grads, score, train_step
-from .optim import Adam, AdamState, adam_init, adam_update
+from .optim import Adam, AdamConfig, AdamState, adam_init, adam_update
 from .params import Params, init_params
 from .sample import iter_samples, sample
 from .train import ResumeError, TrainingError, TrainResult, train
@@ -21,6 +22,7 @@ from .train import ResumeError, TrainingError, TrainResult, train
 __all__ = [
     "BACKENDS",
     "Adam",
+    "AdamConfig",
     "AdamState",
     "Checkpoint",
     "CheckpointError",
@@ -37,6 +39,7 @@ __all__ = [
     "adam_update",
     "decode_step",
     "default_docs",
+    "export_onnx",
     "forward",
     "init_params",
     "iter_samples",

@@ -60,6 +60,10 @@ class Backend:
             if it returns False); ``None`` elsewhere.
         persist: for lazy backends, evaluates a list of arrays in one computation and
             returns them as arrays held in memory (``None`` for eager backends).
+        chunk_meta: for chunked backends (Dask), ``x -> an empty array of x's chunk
+            type``; such a backend given to a driver as ``backend=`` means one task per
+            chunk of a batch (:class:`microgpt_xp.runners.dask.DaskTasks`), the weights
+            and chunks living on the chunks' backend (NumPy when created from the host).
     """
 
     name: str
@@ -80,10 +84,16 @@ class Backend:
     attach_check: Callable[[Any, Callable[[Any], bool], str], Any] | None = None
     compile: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
     lazy: bool = False
+    chunk_meta: Callable[[Any], Any] | None = None
     is_traced: Callable[[Any], bool] | None = None
 
     #: the namespace object itself, for generic entries (:func:`generic_backend`)
     namespace_object: Any = None
+
+    @property
+    def chunked(self) -> bool:
+        """Whether its arrays are chunks of another backend's arrays (Dask)."""
+        return self.chunk_meta is not None
 
     def namespace_module(self) -> str:
         """The name of the namespace module."""
@@ -357,7 +367,6 @@ def install_extra(extra: str) -> str:
     return f"pip install 'microgpt-xp[{extra}]' (from a checkout: pip install '.[{extra}]')"
 
 
-
 #: Every backend, in the order users see them.
 BACKENDS: dict[str, Backend] = {
     b.name: b
@@ -388,6 +397,7 @@ BACKENDS: dict[str, Backend] = {
             persist=_dask_persist,
             attach_check=_dask_attach_check,
             lazy=True,
+            chunk_meta=lambda x: x._meta,
         ),
         Backend(
             name="cupy",

@@ -136,6 +136,19 @@ def asarray(
     return entry(backend).from_host(host, resolve_device(backend, device), chunks)
 
 
+def to_batch(
+    tokens: Any, lengths: Any, backend: Any, *, device: Any = None, chunk_size: int | None = None
+) -> tuple[Any, Any]:
+    """Move a host batch ``(tokens (B, L), lengths (B,))`` to a backend; on Dask, chunk it
+    along the batch axis (``chunk_size`` rows per chunk; default one chunk)."""
+    chunks_t = None if chunk_size is None else (chunk_size, -1)
+    chunks_l = None if chunk_size is None else (chunk_size,)
+    return (
+        asarray(tokens, backend, device=device, chunks=chunks_t),
+        asarray(lengths, backend, device=device, chunks=chunks_l),
+    )
+
+
 def backend_of(x: Any) -> str:
     """The backend name of an array (``"numpy"``, ``"dask"``, ..., or the name of a
     namespace outside the table, such as ``"ndonnx"``)."""

@@ -192,6 +192,16 @@ def block_size_for(docs: Iterable[str]) -> int:
     return max(map(len, docs), default=0) + 1
 
 
+#: The spec's block size: the least a default block size is.
+SPEC_BLOCK_SIZE = 16
+
+
+def default_block_size(docs: Iterable[str]) -> int:
+    """The block size a run takes by default (the library's ``train`` and the CLI's):
+    the spec's 16, or more where that would cut a document (:func:`block_size_for`)."""
+    return max(SPEC_BLOCK_SIZE, block_size_for(docs))
+
+
 def count_cut(docs: Iterable[str], block_size: int) -> int:
     """How many documents a model of ``block_size`` positions reads cut (longer than
     ``block_size - 1`` characters: :func:`encode_docs` keeps their first ``block_size``

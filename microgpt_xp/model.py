@@ -17,7 +17,7 @@ from . import layers as L
 from . import primitives as P
 from ._checks import check_tokens as _check_tokens
 from ._xp import array_namespace
-from .optim import BETA1, BETA2, EPS, LR, NUM_STEPS, AdamState, adam_update
+from .optim import AdamConfig, AdamState, adam_config, adam_update
 from .params import LAYER_FIELDS, Params
 
 Array = Any
@@ -236,11 +236,8 @@ def train_step(
     lengths: Array,
     *,
     reduction: Reduction = "mean",
-    lr: float = LR,
-    beta1: float = BETA1,
-    beta2: float = BETA2,
-    eps: float = EPS,
-    num_steps: int = NUM_STEPS,
+    optimizer: AdamConfig | None = None,
+    **changes: Any,
 ) -> tuple[Params, AdamState, Array]:
     """One training step, as a pure function: the batch's loss and gradients
     (:func:`loss_and_grads`), then one Adam update (:func:`~microgpt_xp.adam_update`).
@@ -248,8 +245,9 @@ def train_step(
     Args:
         params, state: the weights and the optimizer state (:func:`~microgpt_xp.adam_init`).
         tokens, lengths: the batch, as for :func:`loss_and_grads`.
-        reduction, lr, beta1, beta2, eps, num_steps: as for :func:`loss_and_grads` and
-            :func:`~microgpt_xp.adam_update`.
+        reduction: as for :func:`loss_and_grads`.
+        optimizer: Adam's :class:`~microgpt_xp.AdamConfig` (the spec's by default);
+            ``changes`` replace some of its fields (``num_steps=10``).
 
     Returns:
         ``(new_params, new_state, loss)``, ``loss`` the batch's loss before the update.
@@ -258,22 +256,12 @@ def train_step(
     modified, so ``jax.jit(train_step)`` compiles it as it is (once per batch shape).
     """
     _check_reduction(reduction)
+    hp = adam_config(optimizer, **changes)
     cfg = params.config
     tokens, lengths = _check_tokens(
         params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
     )
-    return _train_step(
-        params,
-        state,
-        tokens,
-        lengths,
-        reduction=reduction,
-        lr=lr,
-        beta1=beta1,
-        beta2=beta2,
-        eps=eps,
-        num_steps=num_steps,
-    )
+    return _train_step(params, state, tokens, lengths, reduction=reduction, optimizer=hp)
 
 
 def _train_step(
@@ -283,17 +271,11 @@ def _train_step(
     lengths: Array,
     *,
     reduction: Reduction,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    num_steps: int,
+    optimizer: AdamConfig,
 ) -> tuple[Params, AdamState, Array]:
     """:func:`train_step` of a checked batch: the math alone (what the drivers compile)."""
     loss, grads = _loss_and_grads(params, tokens, lengths, reduction)
-    new_params, new_state = adam_update(
-        params, grads, state, lr=lr, beta1=beta1, beta2=beta2, eps=eps, num_steps=num_steps
-    )
+    new_params, new_state = adam_update(params, grads, state, optimizer)
     return new_params, new_state, loss
 
 
@@ -399,9 +381,7 @@ def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array
     # the edge check of a cache whose position can be read (not traced, not symbolic)
     pos = cache.pos if isinstance(cache.pos, int) else _xp.read_int(cache.pos)
     if pos is not None and pos >= cfg.block_size:
-        raise ValueError(
-            f"the cache is full: position {pos} is past block_size {cfg.block_size}"
-        )
+        raise ValueError(f"the cache is full: position {pos} is past block_size {cfg.block_size}")
     # on Dask the value check rides along with the returned (lazy) ids
     checked, _ = _check_tokens(
         params, token_ids[:, None], None, max_len=cfg.block_size, min_length=1
@@ -440,7 +420,13 @@ def decode_hidden(params: Params, token_ids: Array, cache: KVCache) -> tuple[Arr
         keys.append(k)
         values.append(v)
         y = L.decode_attention(
-            qkv[:c, :], k, v, visible, n_head=cfg.n_head, head_dim=cfg.head_dim, slots=cfg.block_size
+            qkv[:c, :],
+            k,
+            v,
+            visible,
+            n_head=cfg.n_head,
+            head_dim=cfg.head_dim,
+            slots=cfg.block_size,
         )
         x = x + params.attn_wo[layer, ...] @ y
         h = P.relu(params.mlp_fc1[layer, ...] @ L.rmsnorm_columns(x, c))[0]

@@ -9,6 +9,7 @@ for the training loop and checkpoints; its results are those of :func:`adam_upda
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -51,19 +52,56 @@ def adam_init(params: Params) -> AdamState:
     return AdamState(zeros, zeros, P.full((), 0, params.wte, dtype=params.xp.int64))
 
 
+@dataclass(frozen=True)
+class AdamConfig:
+    """Adam's hyper-parameters and schedule as one record, bound once and passed as a
+    whole (as optax binds them): the initial learning rate ``lr``, the moments' decays
+    ``beta1``/``beta2``, ``eps`` (added outside the square root) and ``num_steps``, the
+    length of the linear decay ``lr_t = lr * (1 - t / num_steps)``. The spec's values by
+    default. Immutable and hashable (a static argument of a compiled step).
+
+    Raises ``TypeError``/``ValueError`` unless the values are finite real numbers with
+    ``lr > 0``, ``0 <= beta < 1``, ``eps > 0`` and ``num_steps`` a positive int.
+    """
+
+    lr: float = LR
+    beta1: float = BETA1
+    beta2: float = BETA2
+    eps: float = EPS
+    num_steps: int = NUM_STEPS
+
+    def __post_init__(self) -> None:
+        check_hyperparameters(self.lr, self.beta1, self.beta2, self.eps, self.num_steps)
+        for name in ("lr", "beta1", "beta2", "eps"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    def lr_at(self, t: int) -> float:
+        """The learning rate of the ``t``-th step (0-based)."""
+        return self.lr * (1 - t / self.num_steps)
+
+
+def adam_config(config: AdamConfig | None = None, **changes: Any) -> AdamConfig:
+    """``config`` (default: the spec's :class:`AdamConfig`) with the fields named in
+    ``changes`` replaced (``TypeError`` for a name that is not a field)."""
+    if config is not None and not isinstance(config, AdamConfig):
+        raise TypeError(f"the optimizer must be an AdamConfig, got {type(config).__name__}")
+    base = AdamConfig() if config is None else config
+    unknown = set(changes) - {f.name for f in dataclasses.fields(AdamConfig)}
+    if unknown:
+        raise TypeError(f"unknown Adam hyper-parameters {sorted(unknown)}")
+    return dataclasses.replace(base, **changes) if changes else base
+
+
 def adam_update(
     params: Params,
     grads: Params,
     state: AdamState,
-    *,
-    lr: float = LR,
-    beta1: float = BETA1,
-    beta2: float = BETA2,
-    eps: float = EPS,
-    num_steps: int = NUM_STEPS,
+    config: AdamConfig | None = None,
+    **changes: Any,
 ) -> tuple[Params, AdamState]:
-    """One Adam update of ``params`` with ``grads`` (the spec's, §8): returns the new
-    params and state; nothing is modified.
+    """One Adam update of ``params`` with ``grads`` (the spec's, §8) under ``config``
+    (:class:`AdamConfig`, the spec's by default; ``changes`` replace some of its fields,
+    e.g. ``num_steps=10``): returns the new params and state; nothing is modified.
 
     With ``t = state.step`` (0-based): ``lr_t = lr * (1 - t / num_steps)``,
     ``m = beta1 m + (1 - beta1) g``, ``v = beta2 v + (1 - beta2) g²``,
@@ -77,18 +115,19 @@ def adam_update(
     kept (a dozen array operations per step rather than a dozen per field; every
     element's arithmetic is the same).
     """
+    hp = adam_config(config, **changes)
     xp = params.xp
     dtype = params.dtype
     t = xp.astype(state.step, xp.float64)
-    lr_t = xp.astype(lr * (1.0 - t / num_steps), dtype)
+    lr_t = xp.astype(hp.lr * (1.0 - t / hp.num_steps), dtype)
     t1 = t + 1.0
-    bc1 = xp.astype(1.0 - beta1**t1, dtype)
-    bc2 = xp.astype(1.0 - beta2**t1, dtype)
-    c1, c2 = 1 - beta1, 1 - beta2  # Python floats, evaluated as the original does
+    bc1 = xp.astype(1.0 - hp.beta1**t1, dtype)
+    bc2 = xp.astype(1.0 - hp.beta2**t1, dtype)
+    c1, c2 = 1 - hp.beta1, 1 - hp.beta2  # Python floats, evaluated as the original does
     p, g = flatten(params), flatten(grads)
-    m = beta1 * state.m + c1 * g
-    v = beta2 * state.v + c2 * (g * g)
-    p = p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + eps)
+    m = hp.beta1 * state.m + c1 * g
+    v = hp.beta2 * state.v + c2 * (g * g)
+    p = p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + hp.eps)
     return unflatten(p, params.config), AdamState(m, v, state.step + 1)
 
 
@@ -118,46 +157,36 @@ def _is_real(value: Any) -> bool:
 
 
 class Adam:
-    """The spec's Adam as a stateful object: bias-corrected moments, ``eps`` added outside
-    the square root, and the learning rate decayed linearly, ``lr_t = lr * (1 - t /
-    num_steps)`` for the ``t``-th call of :meth:`step` (0-based). Every parameter is
-    updated every step, also those whose gradient is zero, as the original does.
+    """The spec's Adam as a stateful object over :func:`adam_init`/:func:`adam_update`:
+    bias-corrected moments, ``eps`` added outside the square root, and the learning rate
+    decayed linearly, ``lr_t = lr * (1 - t / num_steps)`` for the ``t``-th call of
+    :meth:`step` (0-based). Every parameter is updated every step, also those whose
+    gradient is zero, as the original does. No weight decay, no clipping.
 
-    A thin wrapper over :func:`adam_init`/:func:`adam_update`: ``state`` is the
-    :class:`AdamState`, ``t`` a host copy of its step count (so that the training loop
-    never reads the device for it), ``m`` and ``v`` the moments. No weight decay, no
-    clipping.
+    ``Adam(params, config)`` takes an :class:`AdamConfig`; ``Adam(params, lr=0.01,
+    num_steps=1000)`` changes fields of the spec's. ``config`` is the record (``lr``,
+    ``num_steps``, ... read through it), ``state`` the :class:`AdamState`, ``t`` a host
+    copy of its step count (so that the training loop never reads the device for it),
+    ``m`` and ``v`` the moments.
     """
 
-    def __init__(
-        self,
-        params: Params,
-        lr: float = LR,
-        beta1: float = BETA1,
-        beta2: float = BETA2,
-        eps: float = EPS,
-        num_steps: int = NUM_STEPS,
-    ) -> None:
+    def __init__(self, params: Params, config: AdamConfig | None = None, **changes: Any) -> None:
         if not isinstance(params, Params):
             raise TypeError(f"Adam needs a Params, got {type(params).__name__}")
-        check_hyperparameters(lr, beta1, beta2, eps, num_steps)
-        self.lr, self.beta1, self.beta2, self.eps = float(lr), float(beta1), float(beta2), float(eps)
-        self.num_steps = num_steps
-        self.config = params.config
+        self.config = adam_config(config, **changes)
+        self.model = params.config
         self.state = adam_init(params)
         self._t = 0
 
     @property
-    def hyperparameters(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`adam_update` (``lr``, ``beta1``, ``beta2``,
-        ``eps``, ``num_steps``)."""
-        return {
-            "lr": self.lr,
-            "beta1": self.beta1,
-            "beta2": self.beta2,
-            "eps": self.eps,
-            "num_steps": self.num_steps,
-        }
+    def lr(self) -> float:
+        """The initial learning rate."""
+        return self.config.lr
+
+    @property
+    def num_steps(self) -> int:
+        """The length of the linear decay."""
+        return self.config.num_steps
 
     @property
     def t(self) -> int:
@@ -166,7 +195,11 @@ class Adam:
 
     @t.setter
     def t(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= self.num_steps:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 0 <= value <= self.num_steps
+        ):
             raise ValueError(f"t must be an int in [0, {self.num_steps}], got {value!r}")
         m = self.state.m
         step = P.full((), value, m, dtype=array_namespace(m).int64)
@@ -177,7 +210,7 @@ class Adam:
     def m(self) -> Params:
         """The first moments, one array per field (views of the state's flat vector where
         the namespace has views)."""
-        return unflatten(self.state.m, self.config)
+        return unflatten(self.state.m, self.model)
 
     @m.setter
     def m(self, value: Params) -> None:
@@ -186,20 +219,25 @@ class Adam:
     @property
     def v(self) -> Params:
         """The second moments, one array per field."""
-        return unflatten(self.state.v, self.config)
+        return unflatten(self.state.v, self.model)
 
     @v.setter
     def v(self, value: Params) -> None:
         self.state = AdamState(self.state.m, flatten(self._check(value)), self.state.step)
 
     def _check(self, record: Params) -> Params:
-        if not isinstance(record, Params) or record.config != self.config:
-            raise ValueError(f"Adam's moments must be Params of {self.config}")
+        if not isinstance(record, Params) or record.config != self.model:
+            raise ValueError(f"Adam's moments must be Params of {self.model}")
         return record
 
     def lr_at(self, t: int) -> float:
         """The learning rate of the ``t``-th step (0-based)."""
-        return self.lr * (1 - t / self.num_steps)
+        return self.config.lr_at(t)
+
+    def extend(self, num_steps: int) -> None:
+        """Lengthen the schedule of a finished run to ``num_steps`` (the learning rate then
+        follows a run of the new length from the step reached on)."""
+        self.config = adam_config(self.config, num_steps=num_steps)
 
     def step(self, params: Params, grads: Params) -> Params:
         """Apply one update and return the new params (the inputs are not modified).
@@ -211,7 +249,7 @@ class Adam:
         if self._t >= self.num_steps:
             raise ValueError(f"Adam has taken all its num_steps={self.num_steps} steps")
         check_like(params, grads, "grads")
-        params, self.state = adam_update(params, grads, self.state, **self.hyperparameters)
+        params, self.state = adam_update(params, grads, self.state, self.config)
         self._t += 1
         return params
 
@@ -225,7 +263,7 @@ class Adam:
 
     def state_dict(self) -> dict[str, Any]:
         """Hyperparameters and step count (the moments are ``self.m`` / ``self.v``)."""
-        return {**self.hyperparameters, "t": self._t}
+        return {**dataclasses.asdict(self.config), "t": self._t}
 
 
 def check_like(params: Params, other: Params, what: str) -> None:

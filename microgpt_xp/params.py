@@ -376,7 +376,8 @@ def _rebuild(item: Any, done: Any) -> Any:
         return Params.trusted(item.config, {name: next(done) for name in FIELDS})
     if dataclasses.is_dataclass(item) and not isinstance(item, type):
         return dataclasses.replace(
-            item, **{f.name: _rebuild(getattr(item, f.name), done) for f in dataclasses.fields(item)}
+            item,
+            **{f.name: _rebuild(getattr(item, f.name), done) for f in dataclasses.fields(item)},
         )
     if isinstance(item, tuple):
         return tuple(_rebuild(x, done) for x in item)

@@ -1,33 +1,219 @@
-"""Batched generation through the KV cache, with temperature."""
+"""Batched generation through the KV cache, with temperature, top-k and a prompt.
+
+One function makes the batches (:func:`iter_sample_tokens`); :func:`sample_tokens`,
+:func:`iter_samples` and :func:`sample` are thin wrappers over it that take the same
+options (:class:`SampleOptions`). How a batch is spread over workers is a runner's
+business (:mod:`microgpt_xp.runners`); a batch's draws never depend on it.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
-from . import _xp
+from . import _xp, runners
 from . import primitives as P
 from ._xp import array_namespace
-from .dask_steps import (
-    Weights,
-    check_chunk_backend,
-    check_chunk_size,
-    chunk_bounds,
-    dask_modules,
-    host_params,
-    imports_settled,
-    on_backend,
-    spec_array,
-    weights_node,
-)
 from .data import Tokenizer
 from .model import KVCache, decode_hidden
-from .parallel import WorkerPool, check_workers
 from .params import Params
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+#: The largest logit magnitude for which ``logits / temperature`` is sure not to overflow
+#: when the temperature is at least ``LOGIT_BOUND / finfo(dtype).max``; below that,
+#: sampling draws the argmax (see :func:`decode_batch`).
+LOGIT_BOUND = 1e4
+
+#: Samples generated at once when no batch size is given: big enough that a position's
+#: Python overhead is paid over many rows, small enough that a batch stays in the CPU's
+#: caches and a few MB, whatever the number of samples (docs/cli.md, "The default batch
+#: size").
+DEFAULT_BATCH_SIZE = 2_000
+
+
+class SampleOptions(TypedDict, total=False):
+    """The options every sampling function takes.
+
+    Attributes:
+        temperature: divides the logits (default 0.5); a finite number > 0.
+        seed: sample ``i`` is driven by row ``i`` of ``default_rng(seed).random((N,
+            block_size))`` (:func:`row_uniforms`), whatever the batching (default 0).
+        top_k: draw among the ``k`` largest logits only (ties with the ``k``-th kept);
+            ``None`` (default): among all.
+        prompt: the start every sample continues (ids after BOS; the text for
+            :func:`sample`/:func:`iter_samples`); samples are returned with it.
+        batch_size: samples generated at once (default :data:`DEFAULT_BATCH_SIZE`).
+        runner: how a batch is spread over workers (default: this process; Dask params:
+            one task per chunk of ``chunks`` samples).
+        chunks, workers, jit: one-word spellings of ``runner=DaskTasks(chunks)``,
+            ``Processes(workers)`` and ``Local(jit)``.
+    """
+
+    temperature: float
+    seed: int
+    top_k: int | None
+    prompt: Any
+    batch_size: int | None
+    runner: runners.Runner | None
+    chunks: int | None
+    workers: int | None
+    jit: bool | None
+
+
+def check_temperature(temperature: Any) -> float:
+    """``temperature`` as a float if it is a finite real number ``> 0`` (any real type:
+    ``int``, ``float``, ``numpy.float32``, ...; not ``bool``), else ``ValueError``."""
+    if isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
+        value = float(temperature)
+        if math.isfinite(value) and value > 0:
+            return value
+    raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+
+
+def iter_sample_tokens(
+    params: Params, bos: int, num_samples: int, **options: Unpack[SampleOptions]
+) -> Iterator[np.ndarray]:
+    """Generate ``num_samples`` sequences from BOS (then the prompt, if any), a batch at a
+    time: yields ``(b, block_size)`` int64 host arrays, each row the prompt's ids, then
+    the sampled ids up to and including the first sampled BOS, then more BOS. Memory
+    follows the batch, not ``num_samples``.
+
+    The arguments are checked now, the work is done as the batches are taken (worker
+    processes, if any, end when the iterator is exhausted or closed). See
+    :class:`SampleOptions` for the options; the result for a seed does not depend on
+    the batch size, the runner or ``jit``.
+    """
+    unknown = set(options) - set(SampleOptions.__annotations__)
+    if unknown:
+        raise TypeError(f"unexpected sampling options {sorted(unknown)}")
+    _xp.check_positive_int(num_samples, "the number of samples")
+    cfg = params.config
+    if not 0 <= bos < cfg.vocab_size:
+        raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
+    inv_t = 1.0 / check_temperature(options.get("temperature", 0.5))
+    seed = options.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    top_k = options.get("top_k")
+    if top_k is not None:
+        _xp.check_positive_int(top_k, "top_k")
+    prompt = _check_prompt(options.get("prompt"), bos, cfg.vocab_size, cfg.block_size)
+    batch_size = options.get("batch_size")
+    batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    _xp.check_positive_int(batch_size, "batch size")
+    chunks = options.get("chunks")
+    if chunks is not None:
+        _xp.check_positive_int(chunks, "chunks")
+    runner, home = runners.resolve(
+        options.get("runner"),
+        params.backend,
+        workers=options.get("workers"),
+        chunk_size=chunks,
+        jit=options.get("jit"),
+        like=params.wte,
+    )
+    if home != params.backend:  # Dask params: the tasks run on their chunks' backend
+        params = params.to(home)
+    return _batches(params, runner, bos, num_samples, batch_size, seed, inv_t, prompt, top_k)
+
+
+def _check_prompt(prompt: Any, bos: int, vocab_size: int, block_size: int) -> tuple[int, ...]:
+    ids = tuple(int(i) for i in (prompt or ()))
+    if any(not 0 <= i < vocab_size or i == bos for i in ids):
+        raise ValueError(
+            f"prompt ids must lie in [0, {vocab_size}) and not be BOS ({bos}), got {list(ids)}"
+        )
+    if len(ids) >= block_size:
+        raise ValueError(
+            f"a prompt of {len(ids)} tokens leaves no position to sample in a block of "
+            f"{block_size} (BOS comes first)"
+        )
+    return ids
+
+
+def _batches(
+    params: Params,
+    runner: runners.Runner,
+    bos: int,
+    num_samples: int,
+    batch_size: int,
+    seed: int,
+    inv_t: float,
+    prompt: tuple[int, ...],
+    top_k: int | None,
+) -> Iterator[np.ndarray]:
+    width = params.config.block_size
+    try:
+        # a range, not a list of bounds: any number of samples takes O(batch) memory
+        for a in range(0, num_samples, batch_size):
+            uniforms = row_uniforms(seed, a, min(a + batch_size, num_samples), width)
+            if runner.shards:
+                parts = runner.map(_decode_rows, params, [uniforms], bos, inv_t, prompt, top_k)
+                yield np.concatenate(parts)
+            else:
+                yield decode_batch(
+                    params, bos, uniforms, inv_t, prompt=prompt, top_k=top_k, jit=runner.jit
+                )
+    finally:
+        runner.close()
+
+
+def sample_tokens(
+    params: Params, bos: int, num_samples: int, **options: Unpack[SampleOptions]
+) -> np.ndarray:
+    """:func:`iter_sample_tokens`'s batches as one ``(N, block_size)`` int64 host array."""
+    return np.concatenate(list(iter_sample_tokens(params, bos, num_samples, **options)), axis=0)
+
+
+def iter_samples(
+    params: Params, tokenizer: Tokenizer, num_samples: int, **options: Unpack[SampleOptions]
+) -> Iterator[list[str]]:
+    """The documents (names) of :func:`iter_sample_tokens` as text, a list per batch;
+    ``prompt`` is text here, and every sample starts with it.
+
+    >>> import microgpt_xp as mx
+    >>> from microgpt_xp.sample import iter_samples
+    >>> tokenizer = mx.Tokenizer("ab")
+    >>> params = mx.init_params(mx.GPTConfig(tokenizer.vocab_size, block_size=4), seed=0)
+    >>> batches = list(iter_samples(params, tokenizer, 5, batch_size=2, seed=1))
+    >>> tuple(len(names) for names in batches)
+    (2, 2, 1)
+    >>> sum(batches, []) == mx.sample(params, tokenizer, 5, seed=1)
+    True
+    """
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}")
+    if tokenizer.vocab_size != params.config.vocab_size:
+        raise ValueError(
+            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
+        )
+    prompt = options.get("prompt")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be text, got {type(prompt).__name__}")
+        options = {**options, "prompt": tokenizer.encode(prompt)}
+    batches = iter_sample_tokens(params, tokenizer.bos, num_samples, **options)
+    return (tokenizer.decode_rows(ids) for ids in batches)
+
+
+def sample(
+    params: Params, tokenizer: Tokenizer, num_samples: int = 20, **options: Unpack[SampleOptions]
+) -> list[str]:
+    """Generate ``num_samples`` documents (names) with the KV cache: each starts from BOS
+    (and the ``prompt``) and stops at the first sampled BOS or after ``block_size``
+    tokens. A seed gives the same names whatever the batch size, runner or ``jit``. The
+    names batch by batch: :func:`iter_samples`."""
+    return [
+        name for names in iter_samples(params, tokenizer, num_samples, **options) for name in names
+    ]
 
 
 def choose(probs: Any, u: Any) -> Any:
@@ -50,160 +236,16 @@ def choose_columns(probs_t: Any, u: Any) -> Any:
     return xp.sum(xp.astype(hits, xp.int64), axis=0)
 
 
-#: The largest logit magnitude for which ``logits / temperature`` is sure not to overflow
-#: when the temperature is at least ``LOGIT_BOUND / finfo(dtype).max``; below that,
-#: sampling draws the argmax (see :func:`decode_batch`).
-LOGIT_BOUND = 1e4
-
-#: Samples generated at once when no batch size is given (by :func:`iter_samples`,
-#: :func:`sample_tokens` and :func:`sample`): big enough that a position's Python
-#: overhead is paid over many rows, small enough that a batch stays in the CPU's caches
-#: and a few MB, whatever the number of samples. The fastest size on NumPy in the
-#: measurements of docs/cli.md ("The default batch size").
-DEFAULT_BATCH_SIZE = 2_000
-
-
-def check_temperature(temperature: Any) -> float:
-    """``temperature`` as a float if it is a finite real number ``> 0`` (any real type:
-    ``int``, ``float``, ``numpy.float32``, ...; not ``bool``), else ``ValueError``."""
-    if isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
-        value = float(temperature)
-        if math.isfinite(value) and value > 0:
-            return value
-    raise ValueError(f"temperature must be a positive number, got {temperature!r}")
-
-
-def sample_tokens(
+def _decode_rows(
     params: Params,
+    uniforms: np.ndarray,
     bos: int,
-    num_samples: int,
-    *,
-    temperature: float = 0.5,
-    seed: int = 0,
-    batch_size: int | None = None,
-    chunks: int | None = None,
-    workers: int | None = None,
-    jit: bool | None = None,
-) -> np.ndarray:
-    """Generate ``num_samples`` sequences from BOS; returns ``(N, block_size)`` int64 ids
-    on the host, each row cut at its first BOS (which stays, followed by more BOS).
-
-    Sample ``i`` is driven by row ``i`` of ``numpy.random.default_rng(seed).random((N,
-    block_size))``, drawn on the host batch by batch (:func:`row_uniforms`) and moved to
-    the params' device, so the result for a seed does not depend on ``batch_size``
-    (samples generated at once; ``None``: :data:`DEFAULT_BATCH_SIZE`, on Dask all), on
-    Dask ``chunks`` (rows per task; Dask params run one task per chunk, :func:`generate`),
-    nor on ``workers`` (processes that share a NumPy batch, see
-    :mod:`microgpt_xp.parallel`; ``None``: this one alone), nor on ``jit`` (see
-    :func:`decode_batch`). The batches one at a time: :func:`iter_sample_tokens`.
-    """
-    batches = iter_sample_tokens(
-        params,
-        bos,
-        num_samples,
-        temperature=temperature,
-        seed=seed,
-        batch_size=batch_size,
-        chunks=chunks,
-        workers=workers,
-        jit=jit,
-    )
-    return np.concatenate(list(batches), axis=0)
-
-
-def iter_sample_tokens(
-    params: Params,
-    bos: int,
-    num_samples: int,
-    *,
-    temperature: float = 0.5,
-    seed: int = 0,
-    batch_size: int | None = None,
-    chunks: int | None = None,
-    workers: int | None = None,
-    jit: bool | None = None,
-) -> Iterator[np.ndarray]:
-    """:func:`sample_tokens` one batch at a time: yields ``(b, block_size)`` int64 host
-    arrays, ``batch_size`` rows each (the last may be shorter), whose concatenation is
-    ``sample_tokens(...)`` with the same arguments. Memory follows the batch, not
-    ``num_samples``. The arguments are checked now, the work is done as the batches are
-    taken (worker processes, if any, end when the iterator is exhausted or closed)."""
-    _xp.check_positive_int(num_samples, "the number of samples")
-    temperature = check_temperature(temperature)
-    if batch_size is not None:
-        _xp.check_positive_int(batch_size, "batch size")
-    check_workers(workers, params.backend)
-    cfg = params.config
-    if not 0 <= bos < cfg.vocab_size:
-        raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
-    if params.backend == "dask":
-        return _dask_batches(params, bos, num_samples, temperature, seed, batch_size, chunks)
-    batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    return _eager_batches(
-        params, bos, num_samples, 1.0 / temperature, seed, batch_size, workers, jit
-    )
-
-
-def _eager_batches(
-    params: Params,
-    bos: int,
-    num_samples: int,
-    inv_t: float,
-    seed: int,
-    batch_size: int,
-    workers: int | None,
-    jit: bool | None,
-) -> Iterator[np.ndarray]:
-    """The batches of :func:`iter_sample_tokens` on an eager namespace."""
-    width = params.config.block_size
-    # a range, not a list of bounds: any number of samples takes O(batch) memory
-    bounds = ((a, min(a + batch_size, num_samples)) for a in range(0, num_samples, batch_size))
-    if workers in (None, 1):
-        for a, b in bounds:
-            yield decode_batch(params, bos, row_uniforms(seed, a, b, width), inv_t, jit=jit)
-        return
-    with WorkerPool(workers) as pool:
-        for a, b in bounds:
-            uniforms = row_uniforms(seed, a, b, width)
-            yield np.concatenate(
-                [part for _, part in pool.map(_decode_rows, params, [uniforms], bos, inv_t)]
-            )
-
-
-def _dask_batches(
-    params: Params,
-    bos: int,
-    num_samples: int,
-    temperature: float,
-    seed: int,
-    batch_size: int | None,
-    chunks: int | None,
-) -> Iterator[np.ndarray]:
-    """The batches of :func:`iter_sample_tokens` for Dask params: one computation per
-    batch, one task per chunk of ``chunks`` rows (default: the batch)."""
-    from .cluster import computing
-
-    batch = num_samples if batch_size is None else batch_size
-    chunk = min(batch, num_samples) if chunks is None else chunks
-    batch = -(-batch // chunk) * chunk  # whole chunks per batch: none is computed twice
-    ids = generate(
-        params,
-        num_samples,
-        bos=bos,
-        chunk_size=chunk,
-        temperature=temperature,
-        seed=seed,
-        chunk_backend=_xp.backend_of(params.wte._meta),
-    )
-    for a, b in chunk_bounds(num_samples, batch):
-        with computing():
-            block = np.asarray(ids[a:b].compute())
-        yield block
-
-
-def _decode_rows(params: Params, uniforms: np.ndarray, bos: int, inv_temperature: float) -> Any:
-    """:func:`decode_batch` with the rows first (the shape :meth:`WorkerPool.map` calls)."""
-    return decode_batch(params, bos, uniforms, inv_temperature)
+    inv_temperature: float,
+    prompt: Sequence[int],
+    top_k: int | None,
+) -> Any:
+    """:func:`decode_batch` with the rows first (the shape a runner's ``map`` calls)."""
+    return decode_batch(params, bos, uniforms, inv_temperature, prompt=prompt, top_k=top_k)
 
 
 def decode_batch(
@@ -212,20 +254,23 @@ def decode_batch(
     uniforms: np.ndarray,
     inv_temperature: float,
     *,
-    chunks: int | None = None,
+    prompt: Sequence[int] = (),
+    top_k: int | None = None,
     early_stop: bool = True,
     jit: bool | None = None,
 ) -> np.ndarray:
-    """Generate one batch from BOS through the KV cache with host ``uniforms (b,
-    block_size)`` (one per sample and position; row ``i`` drives sample ``i``); returns
-    ``(b, block_size)`` int64 ids on the host, each row BOS from its first BOS on.
+    """Generate one batch from BOS (then ``prompt``) through the KV cache with host
+    ``uniforms (b, block_size)`` (one per sample and position; row ``i`` drives sample
+    ``i``); returns ``(b, block_size)`` int64 ids on the host: the prompt, the sampled
+    ids, BOS from the first sampled BOS on.
 
-    The uniforms are moved to the params' device (on Dask, ``chunks`` rows per chunk);
-    on eager backends the loop stops once every row has sampled BOS (unless
-    ``early_stop=False``, which always runs ``block_size`` positions, as a benchmark does).
-    Each position is one call of a function of fixed shapes (the KV cache is
-    preallocated), compiled once per batch size where the namespace has a compiler and
-    ``jit`` allows (see :func:`microgpt_xp.score`).
+    Position ``p`` feeds the token at ``p`` and draws the one at ``p + 1`` with
+    ``uniforms[:, p]``; the draws of the prompt's positions are made and replaced by the
+    prompt (so a sample's draws do not depend on the prompt's length). The loop stops
+    once every row has sampled BOS (unless ``early_stop=False``, which always runs
+    ``block_size`` positions, as a benchmark does). Each position is one call of a
+    function of fixed shapes (the KV cache is preallocated), compiled once per batch size
+    where the namespace has a compiler and ``jit`` allows (see :func:`microgpt_xp.score`).
 
     A temperature so small that logits divided by it could overflow the params' dtype
     (``inv_temperature`` above its largest value over :data:`LOGIT_BOUND`: below about
@@ -236,28 +281,25 @@ def decode_batch(
     compile_fn = _xp.compiler(backend, jit)
     t = params.config.block_size
     b = uniforms.shape[0]
-    dtype = str(params.dtype).split(".")[-1]
-    u = _xp.asarray(
-        uniforms, backend, device=dev, dtype=dtype, chunks=None if chunks is None else (chunks, -1)
-    )
-    token = _xp.asarray(
-        np.full(b, bos, dtype=np.int64),
-        backend,
-        device=dev,
-        chunks=None if chunks is None else (chunks,),
-    )
+    dtype = _xp.dtype_name(params.wte)
+    u = _xp.asarray(uniforms, backend, device=dev, dtype=dtype)
+    token = _xp.asarray(np.full(b, bos, dtype=np.int64), backend, device=dev)
     bos_id = P.full((), bos, token)
     greedy = not inv_temperature * LOGIT_BOUND <= float(np.finfo(dtype).max)
     inv_t = P.full((), 1.0 if greedy else inv_temperature, params.wte)
     done = token != token
     cache = KVCache.zeros(params, b)
-    position = _greedy_position if greedy else _sample_position
-    step = position if compile_fn is None else _xp.compiled(position, backend)
+    k = None if top_k is None or top_k >= params.config.vocab_size else top_k
+    step = _position_fn(greedy, k)
+    step = step if compile_fn is None else _xp.compiled(step, backend)
     rows = []
     for pos in range(t):
         token, cache, done, row = step(params, cache, token, u[:, pos], done, bos_id, inv_t)
+        if pos < len(prompt):  # the prompt's token, not the draw
+            token = row = P.full((b,), prompt[pos], token)
+            done = token != token
         rows.append(row)
-        if early_stop and not _xp.is_lazy(done) and bool(xp.all(done)):
+        if early_stop and pos >= len(prompt) and _xp.read_scalar(xp.all(done), bool):
             break
     ids = _xp.to_numpy(xp.stack(rows, axis=1))
     full = np.full((b, t), bos, dtype=np.int64)
@@ -265,214 +307,53 @@ def decode_batch(
     return full
 
 
-def _sample_position(
-    params: Params, cache: KVCache, token: Any, u: Any, done: Any, bos: Any, inv_t: Any
+@functools.cache
+def _position_fn(greedy: bool, top_k: int | None) -> Callable[..., Any]:
+    """:func:`_position` with its static choices bound (one object per choice, so that a
+    compiled version is built once)."""
+    return functools.partial(_position, greedy=greedy, top_k=top_k)
+
+
+def _position(
+    params: Params,
+    cache: KVCache,
+    token: Any,
+    u: Any,
+    done: Any,
+    bos: Any,
+    inv_t: Any,
+    *,
+    greedy: bool,
+    top_k: int | None,
 ) -> tuple[Any, KVCache, Any, Any]:
     """One position of :func:`decode_batch`: ``token (B,)`` in, the next ``token``, the
     cache, ``done (B,)`` (rows that have drawn BOS) and the ``row (B,)`` to record (BOS from
-    a row's first BOS on). ``u (B,)`` uniforms, ``bos`` and ``inv_t`` 0-d arrays."""
+    a row's first BOS on). ``u (B,)`` uniforms, ``bos`` and ``inv_t`` 0-d arrays. With
+    ``greedy``, the largest logit is drawn (``u`` draws among ties). ``top_k`` keeps the
+    ``k`` largest logits of each row (and ties with the ``k``-th)."""
     xp = params.xp
     # the ids are the model's own draws (checked once, at the start, by bos)
     x_t, cache = decode_hidden(params, token, cache)
     # logits / temperature = (lm_head / temperature) @ x_t, laid out (V, B), so that the
     # softmax and the draw reduce over the leading axis; the draw is scale-free, so it
     # takes softmax's exponentials unnormalised
-    z = (params.lm_head * inv_t) @ x_t
-    token = choose_columns(xp.exp(z - xp.max(z, axis=0, keepdims=True)), u)
-    return _advance(xp, token, cache, done, bos)
-
-
-def _greedy_position(
-    params: Params, cache: KVCache, token: Any, u: Any, done: Any, bos: Any, inv_t: Any
-) -> tuple[Any, KVCache, Any, Any]:
-    """:func:`_sample_position` in the limit of a temperature going to 0: the largest
-    logit is drawn (``u`` draws among ties); ``inv_t`` is not used."""
-    xp = params.xp
-    x_t, cache = decode_hidden(params, token, cache)
-    z = params.lm_head @ x_t
-    top = xp.astype(z == xp.max(z, axis=0, keepdims=True), z.dtype)
-    return _advance(xp, choose_columns(top, u), cache, done, bos)
-
-
-def _advance(
-    xp: Any, token: Any, cache: KVCache, done: Any, bos: Any
-) -> tuple[Any, KVCache, Any, Any]:
-    """The end of a position: mark rows that drew BOS as done, record BOS from then on."""
+    z = (params.lm_head @ x_t) if greedy else (params.lm_head * inv_t) @ x_t
+    top = xp.max(z, axis=0, keepdims=True)
+    weights = xp.astype(z == top, z.dtype) if greedy else xp.exp(z - top)
+    if top_k is not None:
+        kth = xp.sort(z, axis=0)[-top_k : 1 - top_k or None, :]
+        weights = xp.where(z >= kth, weights, xp.zeros_like(weights))
+    token = choose_columns(weights, u)
     done = done | (token == bos)
     return token, cache, done, xp.where(done, bos, token)
 
 
-# -- on Dask: one task per chunk of samples ---------------------------------------------
+# -- the draws ------------------------------------------------------------------------------
 def row_uniforms(seed: int, start: int, stop: int, width: int) -> np.ndarray:
     """Rows ``start .. stop - 1`` of ``numpy.random.default_rng(seed).random((N, width))``
     for any ``N >= stop``, without drawing the rows before them (the PCG64 stream is
-    advanced by ``start * width`` draws). These are the uniforms
-    :func:`microgpt_xp.sample.sample_tokens` uses, so a chunk needs O(chunk) memory."""
+    advanced by ``start * width`` draws). These are the uniforms sampling uses, so a
+    chunk of samples needs O(chunk) memory."""
     bits = np.random.PCG64(seed)  # what default_rng(seed) wraps
     bits.advance(start * width)
     return np.random.Generator(bits).random((stop - start, width))
-
-
-def _generate_block(
-    spec: Any,
-    host: Params,
-    bos: int,
-    inv_t: float,
-    seed: int,
-    backend: str,
-    device: Any,
-) -> np.ndarray:
-    """One chunk's samples ``(size, block_size)`` int64, as ``sample_tokens`` makes them."""
-    imports_settled()
-    start, stop, _ = spec[0]
-    params = on_backend(host, backend, device)
-    uniforms = row_uniforms(seed, start, stop, host.config.block_size)
-    return decode_batch(params, bos, uniforms, inv_t)
-
-
-def generate(
-    params: Params,
-    num_samples: int,
-    *,
-    bos: int,
-    chunk_size: int = 8192,
-    temperature: float = 0.5,
-    seed: int = 0,
-    weights: Weights = "graph",
-    client: Any = None,
-    chunk_backend: str = "numpy",
-    chunk_device: Any = None,
-) -> Any:
-    """``num_samples`` sequences from BOS through the KV cache, as one lazy Dask array
-    ``(N, block_size)`` int64 chunked ``chunk_size`` rows a chunk; rows are cut at their
-    first BOS (which stays, followed by more BOS) as in
-    :func:`microgpt_xp.sample.sample_tokens`.
-
-    Row ``i`` uses row ``i`` of ``default_rng(seed).random((N, block_size))``, drawn
-    inside its chunk's task (:func:`row_uniforms`), so the samples of a seed are those of
-    ``sample_tokens(params, bos, N, seed=seed)`` whatever the chunking, and no O(N) array
-    of draws is built. ``weights``, ``client``, ``chunk_backend`` and ``chunk_device`` are
-    as in :func:`microgpt_xp.scale.score_corpus`: with ``weights="graph"`` (the default)
-    the array can be computed after the client that built it has closed; with
-    ``"scatter"`` the weights live on that client's cluster, so compute it first.
-    """
-    dask, da = dask_modules()
-    host = host_params(params)
-    cfg = host.config
-    _xp.check_positive_int(num_samples, "the number of samples")
-    temperature = check_temperature(temperature)
-    if not 0 <= bos < cfg.vocab_size:
-        raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    check_chunk_size(chunk_size)
-    check_chunk_backend(chunk_backend)
-    bounds = chunk_bounds(num_samples, chunk_size)
-    name = f"microgpt-rows-{dask.base.tokenize(num_samples, chunk_size)}"
-    specs = spec_array([(s, e, None) for s, e in bounds], name)
-    return da.blockwise(
-        _generate_block,
-        "ij",
-        specs,
-        "i",
-        weights_node(host, weights, client),
-        None,
-        bos,
-        None,
-        1.0 / temperature,
-        None,
-        seed,
-        None,
-        chunk_backend,
-        None,
-        chunk_device,
-        None,
-        new_axes={"j": cfg.block_size},
-        adjust_chunks={"i": tuple(e - s for s, e in bounds)},
-        dtype=np.int64,
-        meta=np.empty((0, 0), dtype=np.int64),
-    )
-
-
-def sample(
-    params: Params,
-    tokenizer: Tokenizer,
-    num_samples: int = 20,
-    *,
-    temperature: float = 0.5,
-    seed: int = 0,
-    batch_size: int | None = None,
-    chunks: int | None = None,
-    workers: int | None = None,
-    jit: bool | None = None,
-) -> list[str]:
-    """Generate ``num_samples`` documents (names) with the KV cache at ``temperature``.
-
-    Each starts from BOS at position 0 and stops at the first sampled BOS or after
-    ``block_size`` tokens. Draws are made on the host (see :func:`sample_tokens`), so a
-    seed gives the same names whatever the batch size (samples generated at once;
-    ``None``: :data:`DEFAULT_BATCH_SIZE`), chunking or ``workers`` (processes sharing a
-    NumPy batch; ``None``: this one alone). Runs on the params' namespace and device:
-    compiled where it has a compiler (``jit``, see :func:`decode_batch`), as one task per
-    chunk of ``chunks`` samples on Dask. The names batch by batch: :func:`iter_samples`.
-    """
-    batches = iter_samples(
-        params,
-        tokenizer,
-        num_samples,
-        temperature=temperature,
-        seed=seed,
-        batch_size=batch_size,
-        chunks=chunks,
-        workers=workers,
-        jit=jit,
-    )
-    return [name for names in batches for name in names]
-
-
-def iter_samples(
-    params: Params,
-    tokenizer: Tokenizer,
-    num_samples: int,
-    *,
-    batch_size: int | None = None,
-    temperature: float = 0.5,
-    seed: int = 0,
-    chunks: int | None = None,
-    workers: int | None = None,
-    jit: bool | None = None,
-) -> Iterator[list[str]]:
-    """The names of :func:`sample`, a list per batch of ``batch_size`` samples (``None``:
-    :data:`DEFAULT_BATCH_SIZE`; on Dask, all), made as they are taken: memory follows
-    the batch, not ``num_samples``, so any number of names can be streamed.
-
-    The concatenated lists are ``sample(params, tokenizer, num_samples, ...)`` with the
-    same seed and temperature, whatever the batch size. The arguments are checked at the
-    call, before the first batch.
-
-    >>> import microgpt_xp as mx
-    >>> from microgpt_xp.sample import iter_samples
-    >>> tokenizer = mx.Tokenizer("ab")
-    >>> params = mx.init_params(mx.GPTConfig(tokenizer.vocab_size, block_size=4), seed=0)
-    >>> batches = list(iter_samples(params, tokenizer, 5, batch_size=2, seed=1))
-    >>> tuple(len(names) for names in batches)
-    (2, 2, 1)
-    >>> sum(batches, []) == mx.sample(params, tokenizer, 5, seed=1)
-    True
-    """
-    if tokenizer.vocab_size != params.config.vocab_size:
-        raise ValueError(
-            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
-        )
-    batches = iter_sample_tokens(
-        params,
-        tokenizer.bos,
-        num_samples,
-        temperature=temperature,
-        seed=seed,
-        batch_size=batch_size,
-        chunks=chunks,
-        workers=workers,
-        jit=jit,
-    )
-    return (tokenizer.decode_rows(ids) for ids in batches)

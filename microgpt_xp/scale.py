@@ -29,29 +29,29 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import numpy as np
 
 from . import _xp
 from ._files import atomic_write
 from .cluster import ClusterError, computing
-from .dask_steps import (
+from .corpus import Corpus, ShuffledRepeat, Source, chunk_docs, encode, is_corpus
+from .data import DataError, Tokenizer
+from .model import score
+from .params import Params
+from .runners import chunk_bounds, host_params, run_on
+from .runners.dask import (
     Weights,
     check_chunk_backend,
     check_chunk_size,
-    chunk_bounds,
     dask_modules,
-    host_params,
     imports_settled,
-    on_backend,
     spec_array,
     weights_node,
 )
-from .data import DataError, Tokenizer, encode_docs
-from .model import score
-from .params import Params
-from .sample import generate, row_uniforms
+from .sample import check_temperature, decode_batch, row_uniforms
+from .scoring import ScoreSummary, _score_docs, score_docs
 
 __all__ = [
     "Corpus",
@@ -68,80 +68,12 @@ __all__ = [
     "write_names",
     "write_scores",
 ]
-from .train import to_batch
 
 Method = Literal["task", "graph"]
 
 #: Default documents per chunk: large enough that the per-task overhead is small,
 #: small enough that a chunk's activations stay in the tens of MB.
 DEFAULT_CHUNK_SIZE = 8192
-
-
-# -- corpora -------------------------------------------------------------------------------
-@runtime_checkable
-class Corpus(Protocol):
-    """A corpus that hands out documents by position, so that a chunk's task can produce
-    its own documents. It must be cheap to pickle (it travels to every worker once)."""
-
-    def __len__(self) -> int:
-        """Number of documents."""
-        ...
-
-    def docs(self, start: int, stop: int) -> list[str]:
-        """Documents ``start .. stop - 1`` in corpus order."""
-        ...
-
-
-@dataclass(frozen=True)
-class ShuffledRepeat:
-    """``num_docs`` documents made by repeating ``base`` epoch after epoch, each epoch a
-    fresh permutation from ``numpy.random.default_rng([seed, epoch])`` (the epoch order of
-    :func:`microgpt_xp.data.batch_indices`): document ``i`` is
-    ``base[perm_{i // n}[i % n]]`` with ``n = len(base)``.
-
-    Only ``base`` is held; :meth:`docs` builds a slice on demand, so a corpus of a
-    million documents costs the memory of ``base``.
-    """
-
-    base: tuple[str, ...]
-    num_docs: int
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "base", tuple(self.base))
-        if not self.base:
-            raise DataError("ShuffledRepeat needs at least one base document")
-        if isinstance(self.num_docs, bool) or not isinstance(self.num_docs, int):
-            raise TypeError(f"num_docs must be an int, got {self.num_docs!r}")
-        if self.num_docs < 1:
-            raise DataError(f"num_docs must be positive, got {self.num_docs}")
-
-    def __len__(self) -> int:
-        return self.num_docs
-
-    def docs(self, start: int, stop: int) -> list[str]:
-        """Documents ``start .. stop - 1`` (clipped to ``[0, num_docs)``)."""
-        start, stop = max(0, start), min(stop, self.num_docs)
-        n = len(self.base)
-        out: list[str] = []
-        if start >= stop:
-            return out
-        for epoch in range(start // n, (stop - 1) // n + 1):
-            perm = np.random.default_rng([self.seed, epoch]).permutation(n)
-            lo, hi = max(start, epoch * n) - epoch * n, min(stop, (epoch + 1) * n) - epoch * n
-            out.extend(self.base[j] for j in perm[lo:hi])
-        return out
-
-    def max_doc_len(self) -> int:
-        """Characters in the longest document."""
-        return max(len(d) for d in self.base)
-
-
-Source = Corpus | Sequence[str]
-
-
-def _is_corpus(source: Any) -> bool:
-    return isinstance(source, Corpus) and not isinstance(source, (str, list, tuple))
 
 
 def _chunks_of(source: Source, chunk_size: int) -> tuple[Any, Any, list[int]]:
@@ -153,7 +85,7 @@ def _chunks_of(source: Source, chunk_size: int) -> tuple[Any, Any, list[int]]:
     if n < 1:
         raise DataError("the corpus holds no documents")
     bounds = chunk_bounds(n, chunk_size)
-    if _is_corpus(source):
+    if is_corpus(source):
         # Named, not tokenized: hashing an arbitrary corpus object may pickle it whole.
         tag = uuid.uuid4().hex
         corpus = dask.delayed(source, name=f"microgpt-corpus-{tag}", traverse=False)
@@ -169,42 +101,7 @@ def _chunks_of(source: Source, chunk_size: int) -> tuple[Any, Any, list[int]]:
     return spec_array(payload, name), corpus, [e - s for s, e in bounds]
 
 
-def _chunk_docs(spec: Any, corpus: Any) -> tuple[int, int, list[str]]:
-    start, stop, docs = spec[0]
-    if docs is None:
-        docs = corpus.docs(start, stop)
-    if len(docs) != stop - start:
-        raise DataError(
-            f"the corpus returned {len(docs)} documents for positions {start}..{stop - 1}"
-        )
-    return start, stop, docs
-
-
-def _encode(tokenizer: Tokenizer, docs: list[str], block_size: int, start: int) -> Any:
-    try:
-        return encode_docs(tokenizer, docs, block_size)
-    except ValueError as exc:
-        raise DataError(f"documents {start}..{start + len(docs) - 1}: {exc}") from exc
-
-
-# -- weights -------------------------------------------------------------------------------
 # -- scoring -------------------------------------------------------------------------------
-def _score_docs(
-    params: Params, tokenizer: Tokenizer, docs: list[str], start: int, jit: bool | None = None
-) -> np.ndarray:
-    """``(len(docs), 3)`` float64 ``[loss, loss * predictions, predictions]`` per document
-    (the columns whose sums give both means), scored on the params' backend and device;
-    ``start`` is the position of ``docs[0]`` in the corpus (for error messages); ``jit`` as
-    in :func:`microgpt_xp.score`."""
-    cfg = params.config
-    tokens, lengths = _encode(tokenizer, docs, cfg.block_size, start)
-    tok, lens = to_batch(tokens, lengths, params.backend, device=params.device)
-    losses = _xp.to_numpy(score(params, tok, lens, jit=jit))
-    n = np.minimum(lengths - 1, cfg.block_size)
-    loss64, n64 = losses.astype(np.float64), n.astype(np.float64)
-    return np.stack([loss64, loss64 * n64, n64], axis=1)
-
-
 def _score_block(
     spec: Any,
     corpus: Any,
@@ -215,8 +112,8 @@ def _score_block(
 ) -> np.ndarray:
     """One chunk's task: :func:`_score_docs` of its documents on ``backend``/``device``."""
     imports_settled()
-    start, _, docs = _chunk_docs(spec, corpus)
-    return _score_docs(on_backend(host, backend, device), tokenizer, docs, start)
+    start, _, docs = chunk_docs(spec, corpus)
+    return np.asarray(run_on(_score_docs, backend, device, host, tokenizer, docs, start))
 
 
 def _encode_block(
@@ -224,25 +121,12 @@ def _encode_block(
 ) -> np.ndarray:
     """One chunk's documents as ``(size, width + 1)`` int64: tokens padded with BOS to
     ``width`` columns, then the length."""
-    start, _, docs = _chunk_docs(spec, corpus)
-    tokens, lengths = _encode(tokenizer, docs, block_size, start)
+    start, _, docs = chunk_docs(spec, corpus)
+    tokens, lengths = encode(tokenizer, docs, block_size, start)
     out = np.full((len(docs), width + 1), tokenizer.bos, dtype=np.int64)
     out[:, : tokens.shape[1]] = tokens
     out[:, width] = lengths
     return out
-
-
-@dataclass(frozen=True)
-class ScoreSummary:
-    """Computed results of :class:`CorpusScore`: the mean over documents of their losses,
-    the mean over all predicted tokens, the number of documents and, when asked for,
-    the per-document ``losses (N,)`` and ``num_predictions (N,)``."""
-
-    mean: float
-    token_mean: float
-    num_docs: int
-    losses: np.ndarray | None = None
-    num_predictions: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -304,56 +188,6 @@ class CorpusScore:
     def collections(self) -> tuple[Any, ...]:
         """``(mean, token_mean, losses, num_predictions)``, e.g. for :func:`graph_stats`."""
         return (self.mean, self.token_mean, self.losses, self.num_predictions)
-
-
-def score_docs(
-    params: Params,
-    tokenizer: Tokenizer,
-    source: Source,
-    *,
-    chunk_size: int = 1024,
-    callback: Any = None,
-    jit: bool | None = None,
-) -> ScoreSummary:
-    """Score every document of a corpus eagerly, ``chunk_size`` documents at a time, on
-    the params' own backend and device (the in-process twin of :func:`score_corpus`,
-    which needs Dask; both score a chunk with the same code).
-
-    ``source`` is a sequence of strings or a :class:`Corpus`. ``callback(done, total)``,
-    if given, is called after each chunk with the number of documents scored so far.
-    ``jit`` is :func:`microgpt_xp.score`'s (``None``: compiled where the backend has a
-    compiler; JAX compiles once per chunk shape). Returns a :class:`ScoreSummary` with the
-    per-document ``losses (N,)`` (float64) and ``num_predictions (N,)``.
-    """
-    _xp.check_jit(jit)
-    if not isinstance(params, Params):
-        raise TypeError(f"params must be a Params, got {type(params).__name__}")
-    if not isinstance(tokenizer, Tokenizer):
-        raise TypeError(f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}")
-    if tokenizer.vocab_size != params.config.vocab_size:
-        raise ValueError(
-            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
-        )
-    check_chunk_size(chunk_size)
-    if isinstance(source, str) or not hasattr(source, "__len__"):
-        raise TypeError("source must be a Corpus or a sequence of document strings")
-    n = len(source)
-    if n < 1:
-        raise DataError("the corpus holds no documents")
-    parts = []
-    for start, stop in chunk_bounds(n, chunk_size):
-        docs = source.docs(start, stop) if _is_corpus(source) else list(source[start:stop])  # type: ignore[union-attr,index]
-        parts.append(_score_docs(params, tokenizer, docs, start, jit))
-        if callback is not None:
-            callback(stop, n)
-    cols = np.concatenate(parts, axis=0)
-    return ScoreSummary(
-        mean=float(np.mean(cols[:, 0])),
-        token_mean=float(cols[:, 1].sum() / cols[:, 2].sum()),
-        num_docs=n,
-        losses=cols[:, 0],
-        num_predictions=cols[:, 2].astype(np.int64),
-    )
 
 
 def score_corpus(
@@ -487,6 +321,86 @@ def score_corpus(
 
 
 # -- generation ----------------------------------------------------------------------------
+def _generate_block(
+    spec: Any,
+    host: Params,
+    bos: int,
+    inv_t: float,
+    seed: int,
+    backend: str,
+    device: Any,
+) -> np.ndarray:
+    """One chunk's samples ``(size, block_size)`` int64, as ``sample_tokens`` makes them."""
+    imports_settled()
+    start, stop, _ = spec[0]
+    uniforms = row_uniforms(seed, start, stop, host.config.block_size)
+    return np.asarray(run_on(decode_batch, backend, device, host, bos, uniforms, inv_t))
+
+
+def generate(
+    params: Params,
+    num_samples: int,
+    *,
+    bos: int,
+    chunk_size: int = 8192,
+    temperature: float = 0.5,
+    seed: int = 0,
+    weights: Weights = "graph",
+    client: Any = None,
+    chunk_backend: str = "numpy",
+    chunk_device: Any = None,
+) -> Any:
+    """``num_samples`` sequences from BOS through the KV cache, as one lazy Dask array
+    ``(N, block_size)`` int64 chunked ``chunk_size`` rows a chunk; rows are cut at their
+    first BOS (which stays, followed by more BOS) as in
+    :func:`microgpt_xp.sample.sample_tokens`.
+
+    Row ``i`` uses row ``i`` of ``default_rng(seed).random((N, block_size))``, drawn
+    inside its chunk's task (:func:`row_uniforms`), so the samples of a seed are those of
+    ``sample_tokens(params, bos, N, seed=seed)`` whatever the chunking, and no O(N) array
+    of draws is built. ``weights``, ``client``, ``chunk_backend`` and ``chunk_device`` are
+    as in :func:`microgpt_xp.scale.score_corpus`: with ``weights="graph"`` (the default)
+    the array can be computed after the client that built it has closed; with
+    ``"scatter"`` the weights live on that client's cluster, so compute it first.
+    """
+    dask, da = dask_modules()
+    host = host_params(params)
+    cfg = host.config
+    _xp.check_positive_int(num_samples, "the number of samples")
+    temperature = check_temperature(temperature)
+    if not 0 <= bos < cfg.vocab_size:
+        raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    check_chunk_size(chunk_size)
+    check_chunk_backend(chunk_backend)
+    bounds = chunk_bounds(num_samples, chunk_size)
+    name = f"microgpt-rows-{dask.base.tokenize(num_samples, chunk_size)}"
+    specs = spec_array([(s, e, None) for s, e in bounds], name)
+    return da.blockwise(
+        _generate_block,
+        "ij",
+        specs,
+        "i",
+        weights_node(host, weights, client),
+        None,
+        bos,
+        None,
+        1.0 / temperature,
+        None,
+        seed,
+        None,
+        chunk_backend,
+        None,
+        chunk_device,
+        None,
+        new_axes={"j": cfg.block_size},
+        adjust_chunks={"i": tuple(e - s for s, e in bounds)},
+        dtype=np.int64,
+        meta=np.empty((0, 0), dtype=np.int64),
+    )
+
+
 def _decode_block(ids: np.ndarray, tokenizer: Tokenizer) -> np.ndarray:
     out = np.empty(ids.shape[0], dtype=object)
     out[:] = [tokenizer.decode(row) for row in ids]

@@ -20,9 +20,10 @@ from dask.callbacks import Callback  # noqa: E402
 from fakegpu import FakeGPU  # noqa: E402
 
 import microgpt_xp as mx  # noqa: E402
-from microgpt_xp.dask_steps import BlockwiseSteps  # noqa: E402
 from microgpt_xp.data import encode_docs  # noqa: E402
 from microgpt_xp.params import Params  # noqa: E402
+from microgpt_xp.runners import DaskTasks  # noqa: E402
+from microgpt_xp.train import add_pair, weighted_loss_and_grads  # noqa: E402
 
 DOCS = mx.default_docs()[:300]
 TOKENIZER = mx.Tokenizer.from_docs(DOCS)
@@ -35,7 +36,10 @@ ARGS: dict[str, Any] = dict(steps=5, batch_size=40, seed=4, dtype="float64", con
 def test_a_step_is_one_task_per_chunk(chunk_size: int | None, chunks: int) -> None:
     params = mx.init_params(CONFIG, dtype="float64")
     tokens, lengths = encode_docs(TOKENIZER, DOCS[:40], CONFIG.block_size)
-    graph, root = BlockwiseSteps("mean", chunk_size).graph(params, tokens, lengths)
+    totals = (len(lengths), int(np.minimum(lengths - 1, CONFIG.block_size).sum()))
+    graph, (root,) = DaskTasks(chunk_size).graph(
+        weighted_loss_and_grads, params, [tokens, lengths], "mean", *totals, combine=add_pair
+    )
     # the weights, one task per chunk, and the chunks - 1 additions of the tree
     assert len(graph) == 2 * chunks
     holding = [k for k, v in graph.items() if isinstance(v, Params)]
@@ -116,8 +120,7 @@ def test_a_worker_lost_mid_training_does_not_change_the_losses() -> None:
 
 def test_lazy_results_outlive_the_cluster_or_say_why_not() -> None:
     from microgpt_xp.cluster import ClusterError
-    from microgpt_xp.sample import generate
-    from microgpt_xp.scale import score_corpus
+    from microgpt_xp.scale import generate, score_corpus
 
     params = mx.init_params(CONFIG, dtype="float64")
     with connect(None, n_workers=1, processes=False, timeout=60) as c:

@@ -13,7 +13,7 @@ import reference
 from xp_testing import state_dict_arrays, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, init_params
-from microgpt_xp.optim import Adam
+from microgpt_xp.optim import Adam, AdamConfig
 
 CONFIG = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=5)
 #: float64 updates agree with the scalar reference to this relative error (or bit for bit).
@@ -108,7 +108,9 @@ def test_spec_schedule_end_points() -> None:
     adam = Adam(init_params(GPTConfig(vocab_size=27)))
     assert adam.lr_at(0) == 0.01
     assert adam.lr_at(999) == pytest.approx(1e-5, rel=1e-12)
-    assert (adam.beta1, adam.beta2, adam.eps, adam.num_steps) == (0.85, 0.99, 1e-8, 1000)
+    hp = adam.config
+    assert (hp.beta1, hp.beta2, hp.eps, hp.num_steps) == (0.85, 0.99, 1e-8, 1000)
+    assert hp == AdamConfig()  # the spec's record
 
 
 def test_zero_gradient_weights_keep_moving(backend: Any) -> None:

@@ -1,5 +1,6 @@
-"""Opt-in worker processes (``workers=N``): the same results as one process, clear errors,
-and no process left behind, whatever happens to a worker or to the parent."""
+"""Worker processes (``runner=Processes(N)``, or ``workers=N``): the same results as one
+process, clear errors, and no process left behind, whatever happens to a worker or to the
+parent."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import pytest
 from xp_testing import xp_assert_close
 
 import microgpt_xp as mx
-from microgpt_xp.parallel import WorkerPool, shard_bounds
 from microgpt_xp.params import FIELDS
+from microgpt_xp.runners import Processes, shard_bounds
+from microgpt_xp.runners.processes import WorkerPool
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process tests")
 
@@ -69,12 +71,21 @@ def test_bad_workers_are_refused(workers: Any) -> None:
         mx.sample(mx.init_params(CONFIG), TOKENIZER, 2, workers=workers)
 
 
-def test_workers_are_for_numpy_batches() -> None:
-    pytest.importorskip("array_api_strict")
-    with pytest.raises(ValueError, match="NumPy"):
-        mx.train(DOCS, steps=1, backend="array_api_strict", workers=2)
-    with pytest.raises(ValueError, match="NumPy"):
-        mx.sample(mx.init_params(CONFIG, backend="array_api_strict"), TOKENIZER, 2, workers=2)
+def test_processes_and_the_backend_are_two_choices() -> None:
+    """Processes spread the rows; the weights stay where the backend puts them (here
+    array-api-strict, rebuilt in each worker), with one process's results."""
+    strict = pytest.importorskip("array_api_strict")
+    args: dict[str, Any] = dict(steps=2, batch_size=24, config=CONFIG, dtype="float64", seed=3)
+    one = mx.train(DOCS, backend="array_api_strict", **args)
+    with Processes(2) as runner:
+        two = mx.train(DOCS, backend="array_api_strict", runner=runner, **args)
+        assert mx.sample(two.params, TOKENIZER, 6, runner=runner) == mx.sample(
+            two.params, TOKENIZER, 6
+        )
+    assert two.params.xp is strict
+    np.testing.assert_allclose(two.losses, one.losses, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"workers cannot be given with it"):
+        mx.train(DOCS, runner=Processes(2), workers=2, **args)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "token_mean"])

@@ -234,7 +234,7 @@ def test_resume_extends_a_finished_run(tmp_path: Path) -> None:
     # the same three steps by hand: the saved state, the schedule of a run of STEPS + 3
     params, adam = before.params, before.adam
     assert adam is not None
-    adam.num_steps = STEPS + 3
+    adam.extend(STEPS + 3)
     tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
     for step in range(STEPS, STEPS + 3):
         tok, lens = take_batch(tokens, lengths, batch_indices(len(DOCS), BATCH, step, 1))

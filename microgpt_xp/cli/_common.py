@@ -187,8 +187,7 @@ def check_jit(args: argparse.Namespace) -> None:
             compiler(args.backend, True)
         except ValueError:
             raise UsageError(
-                f"--jit: backend {args.backend!r} has no compiler; leave --jit out or give "
-                "--no-jit"
+                f"--jit: backend {args.backend!r} has no compiler; leave --jit out or give --no-jit"
             ) from None
 
 

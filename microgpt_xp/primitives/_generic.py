@@ -194,9 +194,7 @@ def merge_heads(y: Array, n_head: int) -> Array:
 
 
 @overridable()
-def attention(
-    q: Array, k: Array, v: Array, bias: Array | None, head_dim: int
-) -> tuple[Array, Any]:
+def attention(q: Array, k: Array, v: Array, bias: Array | None, head_dim: int) -> tuple[Array, Any]:
     """Scaled dot-product attention for ``q (B, H, Tq, D)`` over ``k, v (B, H, Tk, D)``
     (``D = head_dim``): ``softmax((q * D**-0.5) @ k.T + bias) @ v`` -> ``(B, H, Tq, D)``
     and the cache of :func:`attention_backward` (bias ``(Tq, Tk)`` of 0/−inf, or

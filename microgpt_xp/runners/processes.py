@@ -1,10 +1,10 @@
-"""Opt-in worker processes that share the rows of a NumPy batch.
+"""Worker processes that share the rows of a batch: :class:`Processes`, a runner.
 
-``train(..., workers=N)`` and ``sample(..., workers=N)`` split each batch into ``N`` row
-shards: this process computes the first, ``N - 1`` worker processes the others, and the
-results are combined in a fixed order (so a run is the same from run to run, and equal to
-a one-process run up to rounding). By default (``workers=None``) everything runs in the
-calling process; nothing is started.
+``runner=Processes(N)`` (or ``workers=N``) splits each batch into ``N`` row shards: this
+process computes the first, ``N - 1`` worker processes the others, and the results are
+combined in a fixed order (so a run is the same from run to run, and equal to a
+one-process run up to rounding). By default everything runs in the calling process;
+nothing is started.
 
 The workers are a :class:`concurrent.futures.ProcessPoolExecutor` of *spawned* processes
 (no ``fork``: safe in programs with threads, under Jupyter, with CUDA, and the default of
@@ -17,6 +17,7 @@ only where a shard's work is large against that copy (see ``docs/training.md``).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -28,34 +29,21 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .params import Params
+from ..params import Params
+from ._base import Combine, Runner, host_params, run_on, shard_bounds, tree_sum
 
 R = TypeVar("R")
 
 
-def check_workers(workers: int | None, backend: str = "numpy") -> int | None:
-    """Return ``workers`` if it is ``None`` or a positive int, and more than one only for
-    NumPy arrays of ``backend`` (the only ones shared over processes); else raise
-    ``ValueError``."""
+def check_workers(workers: Any) -> int | None:
+    """Return ``workers`` if it is ``None`` or a positive int, else raise ``ValueError``."""
     if workers is None:
         return None
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(
             f"workers must be a positive int (processes that share a batch) or None, got {workers!r}"
         )
-    if workers > 1 and backend != "numpy":
-        raise ValueError(
-            f"workers={workers} shares NumPy batches over processes; backend {backend!r} "
-            "brings its own parallelism (use workers=None)"
-        )
     return workers
-
-
-def shard_bounds(rows: int, shards: int) -> list[tuple[int, int]]:
-    """``shards`` contiguous ``(start, stop)`` row ranges of near-equal size covering
-    ``0..rows`` (empty ranges dropped)."""
-    bounds = [(i * rows // shards, (i + 1) * rows // shards) for i in range(shards)]
-    return [(a, b) for a, b in bounds if b > a]
 
 
 # -- in the worker processes ---------------------------------------------------------------
@@ -176,3 +164,39 @@ class WorkerPool:
         calls = [(fn, params, *shard, *args) for shard in shards[1:]]
         results = self._run(lambda: fn(params, *shards[0], *args), calls)
         return list(zip(bounds, results, strict=True))
+
+
+class Processes(Runner):
+    """A runner over ``processes`` processes: this one and ``processes - 1`` spawned
+    workers (a :class:`WorkerPool`, started on first use and ended by :meth:`close`).
+    The weights travel to the workers as NumPy arrays with each shard and run on the
+    weights' backend there (NumPy; any backend whose arrays the workers can make)."""
+
+    def __init__(self, processes: int) -> None:
+        if check_workers(processes) is None:
+            raise ValueError("Processes needs a number of processes")
+        self.processes = processes
+        self._pool = WorkerPool(processes)
+
+    def bounds(self, rows: int) -> list[tuple[int, int]]:
+        return shard_bounds(rows, self.processes)
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        params: Params,
+        rows: Sequence[np.ndarray],
+        *args: Any,
+        combine: Combine | None = None,
+    ) -> Any:
+        host = host_params(params)
+        task = functools.partial(run_on, fn, params.backend, params.device)
+        parts = self._pool.map(task, host, rows, *args)
+        results = [result for _, result in parts]
+        return tree_sum(results, combine) if combine is not None else results
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __repr__(self) -> str:
+        return f"Processes({self.processes})"

@@ -1,0 +1,115 @@
+"""Corpora that hand out documents by position, so that a chunk's task can produce its
+own documents, and the encoding of a chunk of them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .data import DataError, Tokenizer, encode_docs
+
+
+@runtime_checkable
+class Corpus(Protocol):
+    """A corpus that hands out documents by position, so that a chunk's task can produce
+    its own documents. It must be cheap to pickle (it travels to every worker once)."""
+
+    def __len__(self) -> int:
+        """Number of documents."""
+        ...
+
+    def docs(self, start: int, stop: int) -> list[str]:
+        """Documents ``start .. stop - 1`` in corpus order."""
+        ...
+
+
+@dataclass(frozen=True)
+class ShuffledRepeat:
+    """``num_docs`` documents made by repeating ``base`` epoch after epoch, each epoch a
+    fresh permutation from ``numpy.random.default_rng([seed, epoch])`` (the epoch order of
+    :func:`microgpt_xp.data.batch_indices`): document ``i`` is
+    ``base[perm_{i // n}[i % n]]`` with ``n = len(base)``.
+
+    Only ``base`` is held; :meth:`docs` builds a slice on demand, so a corpus of a
+    million documents costs the memory of ``base``.
+    """
+
+    base: tuple[str, ...]
+    num_docs: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", tuple(self.base))
+        if not self.base:
+            raise DataError("ShuffledRepeat needs at least one base document")
+        if isinstance(self.num_docs, bool) or not isinstance(self.num_docs, int):
+            raise TypeError(f"num_docs must be an int, got {self.num_docs!r}")
+        if self.num_docs < 1:
+            raise DataError(f"num_docs must be positive, got {self.num_docs}")
+
+    def __len__(self) -> int:
+        return self.num_docs
+
+    def docs(self, start: int, stop: int) -> list[str]:
+        """Documents ``start .. stop - 1`` (clipped to ``[0, num_docs)``)."""
+        start, stop = max(0, start), min(stop, self.num_docs)
+        n = len(self.base)
+        out: list[str] = []
+        if start >= stop:
+            return out
+        for epoch in range(start // n, (stop - 1) // n + 1):
+            perm = np.random.default_rng([self.seed, epoch]).permutation(n)
+            lo, hi = max(start, epoch * n) - epoch * n, min(stop, (epoch + 1) * n) - epoch * n
+            out.extend(self.base[j] for j in perm[lo:hi])
+        return out
+
+    def max_doc_len(self) -> int:
+        """Characters in the longest document."""
+        return max(len(d) for d in self.base)
+
+
+Source = Corpus | Sequence[str]
+
+
+def is_corpus(source: Any) -> bool:
+    """Whether ``source`` is a :class:`Corpus` (not a plain sequence of strings)."""
+    return isinstance(source, Corpus) and not isinstance(source, (str, list, tuple))
+
+
+def check_source(source: Any) -> int:
+    """The number of documents of a :class:`Corpus` or sequence of strings (``TypeError``
+    for anything else, :class:`~microgpt_xp.data.DataError` for none)."""
+    if isinstance(source, str) or not hasattr(source, "__len__"):
+        raise TypeError("source must be a Corpus or a sequence of document strings")
+    n = len(source)
+    if n < 1:
+        raise DataError("the corpus holds no documents")
+    return n
+
+
+def docs_of(source: Source, start: int, stop: int) -> list[str]:
+    """Documents ``start .. stop - 1`` of a :class:`Corpus` or a sequence."""
+    if is_corpus(source):
+        return source.docs(start, stop)  # type: ignore[union-attr]
+    return list(source[start:stop])  # type: ignore[index]
+
+
+def chunk_docs(spec: Any, corpus: Any) -> tuple[int, int, list[str]]:
+    start, stop, docs = spec[0]
+    if docs is None:
+        docs = corpus.docs(start, stop)
+    if len(docs) != stop - start:
+        raise DataError(
+            f"the corpus returned {len(docs)} documents for positions {start}..{stop - 1}"
+        )
+    return start, stop, docs
+
+
+def encode(tokenizer: Tokenizer, docs: list[str], block_size: int, start: int) -> Any:
+    try:
+        return encode_docs(tokenizer, docs, block_size)
+    except ValueError as exc:
+        raise DataError(f"documents {start}..{start + len(docs) - 1}: {exc}") from exc
