@@ -1,0 +1,207 @@
+"""The ONNX export: onnxruntime on the exported graphs gives NumPy's logits, for any batch
+and time, and the example sampler built on the decode graph gives ``mx.sample``'s names."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import microgpt_xp as mx
+from microgpt_xp.params import Params
+
+ndx = pytest.importorskip("ndonnx")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from microgpt_xp.export import export_onnx, onnx_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = mx.GPTConfig(27)
+BIG = mx.GPTConfig(27, n_layer=4, n_embd=128, n_head=4, block_size=64)
+#: several layers, whose caches the decode graph stacks, but quick to export
+LAYERS = mx.GPTConfig(27, n_layer=3, n_embd=32, n_head=4, block_size=16)
+#: the largest error allowed, relative to the largest logit
+TOL = {"float32": 2e-5, "float64": 1e-10}
+
+
+@functools.cache
+def exported(config: mx.GPTConfig, dtype: str, graph: str) -> tuple[Params, Any, Any]:
+    """``(params, model, session)``: NumPy params, their exported graph and an
+    onnxruntime session on it (built once per test run)."""
+    params = mx.init_params(config, seed=1, dtype=dtype)
+    model = onnx_model(params, graph=graph)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return params, model, session
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, dtype: str) -> None:
+    assert got.dtype == want.dtype == np.dtype(dtype)
+    err = float(np.max(np.abs(got - want)))
+    assert err <= TOL[dtype] * float(np.max(np.abs(want))), err
+
+
+def check_forward(config: mx.GPTConfig, dtype: str, b: int, t: int, seed: int) -> None:
+    """Random rows of length ``1..t`` (the first full), padded with out-of-range ids."""
+    params, _, session = exported(config, dtype, "forward")
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, t + 1, size=b)
+    lengths[0] = t
+    real = np.arange(t)[None, :] < lengths[:, None]
+    tokens = np.where(real, rng.integers(0, config.vocab_size, size=(b, t)), config.vocab_size + 5)
+    (logits,) = session.run(None, {"tokens": tokens, "lengths": lengths})
+    want = mx.forward(params, tokens, lengths)
+    assert logits.shape == (b, t, config.vocab_size)
+    assert_close(logits[real], want[real], dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("b", [1, 3, 64, 1024])
+def test_forward_equals_numpy_default_model(dtype: str, b: int) -> None:
+    for t in range(1, DEFAULT.block_size + 1):
+        check_forward(DEFAULT, dtype, b, t, seed=100 * b + t)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_forward_equals_numpy_bigger_model(dtype: str) -> None:
+    for b, t in [(1, 64), (3, 1), (64, 33), (1024, 2)]:
+        check_forward(BIG, dtype, b, t, seed=b + t)
+
+
+def test_graphs_fix_no_batch_and_no_time() -> None:
+    def dims(value: Any) -> list[Any]:
+        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+    _, forward_model, _ = exported(DEFAULT, "float32", "forward")
+    shapes = {v.name: dims(v) for v in [*forward_model.graph.input, *forward_model.graph.output]}
+    assert shapes["tokens"] == ["batch", "time"]
+    assert shapes["lengths"] == ["batch"]
+    assert shapes["logits"][2:] == [DEFAULT.vocab_size]
+    assert not any(isinstance(d, int) for d in shapes["logits"][:2])
+    _, decode_model, _ = exported(DEFAULT, "float32", "decode")
+    shapes = {v.name: dims(v) for v in [*decode_model.graph.input, *decode_model.graph.output]}
+    cache = [DEFAULT.n_layer, DEFAULT.block_size, DEFAULT.n_embd, "batch"]
+    assert shapes == {
+        "token_ids": ["batch"],
+        "keys": cache,
+        "values": cache,
+        "pos": [],
+        "logits": ["batch", DEFAULT.vocab_size],
+        "new_keys": cache,
+        "new_values": cache,
+        "new_pos": [],
+    }
+
+
+@pytest.mark.parametrize("graph", ["forward", "decode"])
+def test_weights_are_initializers(graph: str) -> None:
+    params, model, _ = exported(DEFAULT, "float32", graph)
+    inits = [onnx.numpy_helper.to_array(t) for t in model.graph.initializer]
+    for name, weight in params.arrays().items():
+        assert any(i.shape == weight.shape and np.array_equal(i, weight) for i in inits), name
+    assert not [n for n in model.graph.node if n.op_type == "Constant"]
+
+
+@pytest.mark.parametrize(
+    ("config", "dtype"),
+    [(DEFAULT, "float32"), (DEFAULT, "float64"), (LAYERS, "float64")],
+    ids=["default-float32", "default-float64", "3-layers-float64"],
+)
+def test_decode_graph_equals_decode_step(config: mx.GPTConfig, dtype: str) -> None:
+    params, _, session = exported(config, dtype, "decode")
+    rng = np.random.default_rng(3)
+    b = 5
+    cache = mx.KVCache()
+    shape = (config.n_layer, config.block_size, config.n_embd, b)
+    feed = {
+        "keys": np.zeros(shape, dtype=dtype),
+        "values": np.zeros(shape, dtype=dtype),
+        "pos": np.array(0, dtype=np.int64),
+    }
+    for pos in range(config.block_size):
+        ids = rng.integers(0, config.vocab_size, size=b)
+        want, cache = mx.decode_step(params, ids, cache)
+        logits, feed["keys"], feed["values"], feed["pos"] = session.run(
+            None, {**feed, "token_ids": ids}
+        )
+        assert_close(logits, want, dtype)
+        assert_close(feed["keys"], np.stack(cache.keys), dtype)
+        assert_close(feed["values"], np.stack(cache.values), dtype)
+        assert feed["pos"].shape == () and int(feed["pos"]) == pos + 1
+
+
+def test_export_writes_a_standalone_file(tmp_path: Path) -> None:
+    params, _, session = exported(DEFAULT, "float32", "forward")
+    tokenizer = mx.Tokenizer("abcdefghijklmnopqrstuvwxyz")
+    path = tmp_path / "new" / "model.onnx"
+    path.parent.mkdir()
+    path.write_bytes(b"an older file")
+    on_ndonnx = params.to(ndx)  # weights of another namespace, as they are
+    assert export_onnx(on_ndonnx, path, tokenizer=tokenizer) == path
+    assert [p.name for p in path.parent.iterdir()] == ["model.onnx"]  # no temporary left
+    onnx.checker.check_model(onnx.load(path))
+    loaded = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    meta = loaded.get_modelmeta().custom_metadata_map
+    assert json.loads(meta["microgpt_xp.config"]) == DEFAULT.to_dict()
+    assert meta["microgpt_xp.graph"] == "forward"
+    assert mx.Tokenizer.from_dict(json.loads(meta["microgpt_xp.tokenizer"])) == tokenizer
+    feed = {"tokens": np.array([[26, 0, 1]]), "lengths": np.array([3])}
+    np.testing.assert_array_equal(loaded.run(None, feed)[0], session.run(None, feed)[0])
+
+
+def test_export_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    params = mx.init_params(DEFAULT)
+    path = tmp_path / "m.onnx"
+    with pytest.raises(TypeError, match="params must be a Params"):
+        export_onnx(params.arrays(), path)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown graph 'backward'; choose one of forward, decode"):
+        export_onnx(params, path, graph="backward")
+    with pytest.raises(TypeError, match="tokenizer must be a Tokenizer"):
+        export_onnx(params, path, tokenizer="abc")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tokenizer has 4 ids but the model 27"):
+        export_onnx(params, path, tokenizer=mx.Tokenizer("abc"))
+    monkeypatch.setitem(sys.modules, "ndonnx", None)  # what a missing package looks like
+    with pytest.raises(ImportError, match=r"pip install 'microgpt-xp\[onnx\]'"):
+        export_onnx(params, path)
+    assert not path.exists()
+
+
+# -- examples/onnx_sample.py ------------------------------------------------------------------
+def load_example() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "onnx_sample", ROOT / "examples" / "onnx_sample.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_onnx_sample_gives_the_names_of_mx_sample(tmp_path: Path) -> None:
+    example = load_example()
+    result = mx.train(steps=30, dtype="float64")  # float64: no draw within rounding of a flip
+    path = export_onnx(
+        result.params, tmp_path / "decode.onnx", graph="decode", tokenizer=result.tokenizer
+    )
+    session = example.load_session(path)
+    # 1e-306: below 1e4 / finfo(float64).max, the greedy limit
+    for temperature, seed in [(0.5, 0), (1.0, 7), (1e-306, 2)]:
+        names = example.sample_names(
+            session, 300, temperature=temperature, seed=seed, batch_size=128
+        )
+        assert names == mx.sample(
+            result.params, result.tokenizer, 300, temperature=temperature, seed=seed
+        )
+
+
+def test_onnx_sample_main(capsys: pytest.CaptureFixture[str]) -> None:
+    assert load_example().main(["--steps", "20", "--samples", "3", "--seed", "4"]) == 0
+    out = capsys.readouterr().out
+    assert len([line for line in out.splitlines() if line.startswith("sample ")]) == 3
+    assert "the names of microgpt_xp.sample: True" in out
