@@ -224,9 +224,15 @@ def _torch_device(device: Any) -> Any:
     import torch
 
     try:
-        return torch.device("cpu") if device is None else torch.device(device)
+        dev = torch.device("cpu") if device is None else torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"unknown torch device {device!r}: {exc}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"torch device {device!r}: this torch has no usable CUDA (a CPU build, or no GPU "
+            "here); use device 'cpu'"
+        )
+    return dev
 
 
 def _torch_from_host(host: Any, device: Any, chunks: Any) -> Any:

@@ -81,6 +81,27 @@ def short_repr(text: str, limit: int = 40) -> str:
     return f"{text[:limit]!r}… ({len(text):,} characters)"
 
 
+def split_docs(docs: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """``(train, held_out)``: ``round(fraction * len(docs))`` documents (at least one)
+    held out, chosen by a permutation of ``numpy.random.default_rng([seed, 1])`` (so a
+    seed gives the same split), each part in corpus order. ``DataError`` unless ``0 <
+    fraction < 1`` leaves at least one document on each side."""
+    if not 0.0 < fraction < 1.0:
+        raise DataError(f"the held-out fraction must lie in (0, 1), got {fraction!r}")
+    n = len(docs)
+    held = max(1, round(fraction * n))
+    if held >= n:
+        raise DataError(
+            f"holding out {held} of {n} documents leaves none to train on: a smaller "
+            "fraction, or more documents"
+        )
+    chosen = np.zeros(n, dtype=bool)
+    chosen[np.random.default_rng([seed, 1]).permutation(n)[:held]] = True
+    return [d for d, c in zip(docs, chosen, strict=True) if not c], [
+        d for d, c in zip(docs, chosen, strict=True) if c
+    ]
+
+
 # -- tokenizer ---------------------------------------------------------------------------
 class Tokenizer:
     """microgpt's character tokenizer: ids ``0..len(chars)-1`` for the sorted distinct

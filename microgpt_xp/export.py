@@ -16,12 +16,14 @@ n_embd; ``V`` vocab_size; ``float`` the params' dtype):
   <= T``, ids in ``[0, V)``); output ``logits`` float ``(B, T, V)``, meaningful at
   positions ``< lengths``.
 - ``"decode"`` (:func:`~microgpt_xp.decode_step`, one position of a batch through the
-  KV cache): inputs ``token_ids`` int64 ``(B,)``, ``keys`` and ``values`` float ``(L, S,
-  C, B)`` (layer ``l`` is ``KVCache.keys[l]``: positions, channels, one column per
-  sequence; start from zeros) and ``pos`` int64 ``()`` (positions decoded so far, start
-  from 0, at most ``S - 1``); outputs ``logits`` float ``(B, V)``, ``new_keys`` and
-  ``new_values`` float ``(L, S, C, B)`` and ``new_pos`` int64 ``()`` (``pos + 1``),
-  the next step's inputs.
+  KV cache): inputs ``token_ids`` int64 ``(B,)``, ``keys_0 .. keys_{L-1}`` and
+  ``values_0 .. values_{L-1}`` float ``(S, C, B)`` (``keys_l`` is ``KVCache.keys[l]``:
+  positions, channels, one column per sequence; start from zeros) and ``pos`` int64
+  ``()`` (positions decoded so far, start from 0, at most ``S - 1``); outputs ``logits``
+  float ``(B, V)``, ``new_keys_l`` and ``new_values_l`` float ``(S, C, B)`` for each
+  layer ``l`` and ``new_pos`` int64 ``()`` (``pos + 1``): each output ``new_X`` is the
+  next step's input ``X``. (One buffer per layer rather than one stacked array: stacking
+  would copy every buffer twice a step.)
 
 The graphs do not validate their inputs the way :func:`~microgpt_xp.forward` does: with
 onnxruntime, ``T > S``, an empty batch, a decode step at ``pos >= S`` or a decode id
@@ -167,35 +169,29 @@ def _forward_graph(params: Params, ndx: Any) -> Graph:
 
 
 def _decode_graph(params: Params, ndx: Any) -> Graph:
-    """One :func:`decode_step`, the per-layer caches stacked on a leading axis."""
+    """One :func:`decode_step`, each layer's keys and values an input and an output of
+    their own (stacking them would copy every buffer twice a step)."""
     cfg = params.config
-    shape = (cfg.n_layer, cfg.block_size, cfg.n_embd, "batch")
-    inputs = {
-        "token_ids": ndx.argument(shape=("batch",), dtype=ndx.int64),
-        "keys": ndx.argument(shape=shape, dtype=params.dtype),
-        "values": ndx.argument(shape=shape, dtype=params.dtype),
-        "pos": ndx.argument(shape=(), dtype=ndx.int64),
-    }
+    shape = (cfg.block_size, cfg.n_embd, "batch")
     layers = range(cfg.n_layer)
-    cache = KVCache(
-        keys=tuple(inputs["keys"][i, ...] for i in layers),
-        values=tuple(inputs["values"][i, ...] for i in layers),
-        pos=inputs["pos"],
-    )
-    logits, new = decode_step(params, inputs["token_ids"], cache)
+
+    def cache_inputs(kind: str) -> dict[str, Any]:
+        return {f"{kind}_{i}": ndx.argument(shape=shape, dtype=params.dtype) for i in layers}
+
+    token_ids = ndx.argument(shape=("batch",), dtype=ndx.int64)
+    keys, values = cache_inputs("keys"), cache_inputs("values")
+    pos = ndx.argument(shape=(), dtype=ndx.int64)
+    cache = KVCache(keys=tuple(keys.values()), values=tuple(values.values()), pos=pos)
+    logits, new = decode_step(params, token_ids, cache)
     outputs = {
         "logits": logits,
-        "new_keys": ndx.stack(new.keys, axis=0),
-        "new_values": ndx.stack(new.values, axis=0),
+        **{f"new_keys_{i}": new.keys[i] for i in layers},
+        **{f"new_values_{i}": new.values[i] for i in layers},
         "new_pos": new.pos,
     }
-    shapes = {
-        "logits": ("batch", cfg.vocab_size),
-        "new_keys": shape,
-        "new_values": shape,
-        "new_pos": (),
-    }
-    return inputs, outputs, shapes
+    shapes = {name: shape for name in outputs}
+    shapes.update({"logits": ("batch", cfg.vocab_size), "new_pos": ()})
+    return {"token_ids": token_ids, **keys, **values, "pos": pos}, outputs, shapes
 
 
 _BUILDERS: dict[str, Callable[[Params, Any], Graph]] = {

@@ -28,6 +28,10 @@ LAYER_FIELDS: tuple[str, ...] = (
 )
 FIELDS: tuple[str, ...] = GLOBAL_FIELDS + LAYER_FIELDS
 
+#: The entry beside the weights in which an exported state dict carries its tokenizer
+#: (``{"chars": ...}``); :meth:`Params.from_state_dict` passes over it.
+TOKENIZER_KEY = "tokenizer"
+
 #: Standard deviation of the initial Gaussian weights (the spec's 0.08).
 INIT_STD = 0.08
 
@@ -204,13 +208,16 @@ class Params:
 
         Without ``config`` it is inferred from the shapes with the default ``n_head`` (4);
         pass one where ``n_head`` differs (shapes do not tell it). ``dtype=None`` keeps a
-        float32/float64 input dtype and uses float64 for lists. Missing or extra keys, wrong
+        float32/float64 input dtype and uses float64 for lists. A ``"tokenizer"`` entry (what
+        ``microgpt-xp export`` writes beside the weights) is passed over. Missing or extra keys, wrong
         shapes and non-finite values raise ``ValueError``.
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
         host = {
-            k: np.asarray(_xp.to_numpy(v) if _is_array(v) else v) for k, v in state_dict.items()
+            k: np.asarray(_xp.to_numpy(v) if _is_array(v) else v)
+            for k, v in state_dict.items()
+            if k != TOKENIZER_KEY  # what `microgpt-xp export` adds beside the weights
         }
         if config is None:
             config = _infer_config(host)

@@ -21,7 +21,7 @@ from . import primitives as P
 from ._xp import array_namespace
 from .data import Tokenizer
 from .model import KVCache, decode_hidden
-from .params import Params
+from .params import Params, flatten
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -96,6 +96,9 @@ def iter_sample_tokens(
         raise TypeError(f"unexpected sampling options {sorted(unknown)}")
     _xp.check_positive_int(num_samples, "the number of samples")
     cfg = params.config
+    xp = params.xp
+    if _xp.read_scalar(xp.all(xp.isfinite(flatten(params))), bool) is False:
+        raise ValueError("params hold weights that are not finite (NaN or inf): nothing to sample")
     if not 0 <= bos < cfg.vocab_size:
         raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
     inv_t = 1.0 / check_temperature(options.get("temperature", 0.5))

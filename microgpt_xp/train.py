@@ -9,10 +9,11 @@ runner, and never a backend's name, how a step runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -87,6 +88,7 @@ class TrainOptions(TypedDict, total=False):
         eval_every: with ``val_docs``, score them every this many steps (default: a
             tenth of the run, at least 1) and after the last step.
         on_eval: called as ``on_eval(step, val_loss)`` after each held-out scoring.
+        threads: BLAS threads of this process during the run (default: as they are).
         jit: ``runner=Local(jit=...)`` in a word: ``None`` compiles the step where the
             namespace has a compiler (JAX; every batch is then padded to the corpus's
             longest document, so the run compiles once), ``False`` runs eagerly, ``True``
@@ -103,6 +105,7 @@ class TrainOptions(TypedDict, total=False):
     reduction: Reduction
     eval_every: int
     on_eval: Callable[[int, float], None]
+    threads: int | None
     jit: bool | None
     lr: float
     workers: int | None
@@ -175,7 +178,7 @@ def train(
     and :class:`TrainingError` when a loss or a weight is not finite, or the loss has
     diverged (the last good checkpoint, if one was saved, is kept).
     """
-    opts = _Options.of(options, steps=steps, batch_size=batch_size, dtype=dtype)
+    opts = _Options.of(options, steps=steps, batch_size=batch_size, seed=seed, dtype=dtype)
     backend = _xp.check_backend(backend)
     runner, home = runners.resolve(
         runner, backend, workers=opts.workers, chunk_size=opts.chunk_size, jit=opts.jit
@@ -221,7 +224,8 @@ def train(
         result = TrainResult(params, adam, tokenizer, step=adam.t, start_step=adam.t)
         loop = _Loop(runner, opts, adam, tokenizer, held_out, checkpoint, run, history)
         try:
-            loop.run(result, tokens, lengths, steps, batch_size, seed, callback)
+            with blas_threads(opts.threads):
+                loop.run(result, tokens, lengths, steps, batch_size, seed, callback)
         finally:
             runner.close()
         if checkpoint is not None:
@@ -239,6 +243,7 @@ class _Options:
     reduction: Reduction = "mean"
     eval_every: int | None = None
     on_eval: Callable[[int, float], None] | None = None
+    threads: int | None = None
     jit: bool | None = None
     lr: float | None = None
     workers: int | None = None
@@ -248,7 +253,7 @@ class _Options:
     overwrite: bool = False
 
     @classmethod
-    def of(cls, options: Any, *, steps: Any, batch_size: Any, dtype: str) -> _Options:
+    def of(cls, options: Any, *, steps: Any, batch_size: Any, seed: Any, dtype: str) -> _Options:
         unknown = set(options) - set(TrainOptions.__annotations__)
         if unknown:
             raise TypeError(f"train() got unexpected keyword arguments {sorted(unknown)}")
@@ -257,7 +262,9 @@ class _Options:
         _xp.check_positive_int(steps, "steps")
         _xp.check_positive_int(batch_size, "batch size")
         _check_reduction(opts.reduction)
-        for name in ("eval_every", "chunk_size", "workers"):
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        for name in ("eval_every", "chunk_size", "workers", "threads"):
             value = getattr(opts, name)
             if value is not None:
                 _xp.check_positive_int(value, name.replace("_", " "))
@@ -266,6 +273,19 @@ class _Options:
         if opts.tokenizer is not None and not isinstance(opts.tokenizer, Tokenizer):
             raise TypeError(f"tokenizer must be a Tokenizer, got {type(opts.tokenizer).__name__}")
         return opts
+
+
+@contextlib.contextmanager
+def blas_threads(threads: int | None) -> Iterator[None]:
+    """BLAS held to ``threads`` threads in this process inside the block (``None``: as
+    they are)."""
+    if threads is None:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=threads, user_api="blas"):
+        yield
 
 
 class _no_claim:

@@ -10,12 +10,10 @@ import importlib.util
 import json
 import logging
 import math
-import os
+import re
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 from .._xp import BACKENDS
 
@@ -128,15 +126,27 @@ def add_backend_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_workers_option(p: argparse.ArgumentParser) -> None:
-    """``--workers N``: processes that share each NumPy batch (check it with
-    :func:`check_workers`)."""
+    """``--workers N``: processes that share each batch (``runner=Processes(N)``)."""
     p.add_argument(
         "--workers",
         metavar="N",
         type=positive_int,
         default=None,
-        help="numpy: N processes (not threads) share each batch by rows: this one and N-1 "
-        "spawned worker processes, ended with the command (default: this process alone)",
+        help="N processes (not threads) share each batch by rows: this one and N-1 "
+        "spawned worker processes, ended with the command; the arrays stay on --backend "
+        "(default: this process alone)",
+    )
+
+
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    """``--threads N``: BLAS threads of this process (``threads=`` of the library)."""
+    p.add_argument(
+        "--threads",
+        metavar="N",
+        type=positive_int,
+        default=None,
+        help="BLAS threads of this process (default: chosen for the model's size, see "
+        "docs/performance.md#threads)",
     )
 
 
@@ -172,12 +182,6 @@ def add_json_option(p: argparse.ArgumentParser, text: str = "print JSON instead 
 
 
 # -- checks before any work ---------------------------------------------------------------
-def check_workers(args: argparse.Namespace) -> None:
-    """Refuse ``--workers`` off NumPy."""
-    if args.workers is not None and args.backend != "numpy":
-        raise UsageError("--workers applies only with --backend numpy")
-
-
 def check_jit(args: argparse.Namespace) -> None:
     """Refuse ``--jit`` on a backend without a compiler, before any work."""
     from .._xp import compiler
@@ -202,6 +206,20 @@ def check_scheduler(args: argparse.Namespace) -> None:
         from .. import _xp
 
         raise ImportError(f"--scheduler needs dask.distributed: {_xp.entry('dask').install}")
+
+
+def check_output(out: str | None, checkpoint: str | None = None, what: str = "--out") -> None:
+    """Fail before the work if ``out`` cannot be written, or is the checkpoint itself
+    (the same file, however it is spelled)."""
+    if out is None or out == "-":
+        return
+    from .._files import check_writable, same_file
+
+    if checkpoint is not None and same_file(out, checkpoint):
+        raise UsageError(
+            f"{what} {out!r} is --checkpoint {checkpoint!r}: it would replace the model"
+        )
+    check_writable(out, make_parents=False)
 
 
 def check_device(backend: str, device: str | None) -> None:
@@ -262,6 +280,74 @@ def checkpoint_tokenizer(ck: Checkpoint, path: str) -> Tokenizer:
 
 
 # -- output ---------------------------------------------------------------------------------
+#: The library's words for its arguments and the options that set them: where a library
+#: error is put in the command line's words (:func:`in_option_words`), the one place.
+OPTIONS = {
+    "seed": "--seed",
+    "batch size": "--batch-size",
+    "steps": "--steps",
+    "lr": "--lr",
+    "chunk size": "--chunk-size",
+    "workers": "--workers",
+    "threads": "--threads",
+    "eval every": "--eval-every",
+    "top_k": "--top-k",
+    "temperature": "--temperature",
+    "the held-out fraction": "--val-fraction",
+}
+_ARGUMENT = re.compile(r"^(" + "|".join(map(re.escape, OPTIONS)) + r") (must|is) ")
+_KEYWORD = re.compile(r"\b(resume|overwrite)=True\b|\bbackend='(\w+)'")
+_SHAPE = re.compile(r"GPTConfig\.n_embd \((\d+)\) must be divisible by n_head \((\d+)\)")
+_BATCH = re.compile(r"has (\d+) documents, fewer than the batch size \d+$")
+
+
+def in_option_words(text: str) -> str:
+    """A library error's text with its argument names as the options that set them, and
+    a hint where one helps (``seed must be ...`` -> ``--seed must be ...``)."""
+    text = _ARGUMENT.sub(lambda m: f"{OPTIONS[m.group(1)]} {m.group(2)} ", text)
+    text = _KEYWORD.sub(
+        lambda m: f"--{m.group(1)}" if m.group(1) else f"--backend {m.group(2)}", text
+    )
+    text = _SHAPE.sub(
+        r"--n-embd \1 is not a multiple of --n-head \2 (each head takes n_embd / n_head channels)",
+        text,
+    )
+    found = _BATCH.search(text)
+    if found:
+        text += f": use --batch-size {found.group(1)} (or less), or more documents"
+    return text
+
+
+#: The option of each ``train`` argument a ResumeError can name.
+RESUME_OPTIONS = {
+    "seed": "--seed",
+    "batch_size": "--batch-size",
+    "lr": "--lr",
+    "dtype": "--dtype",
+    "steps": "--steps",
+    "docs": "--data",
+    "val_docs": "--val-data",
+}
+
+
+def resume_words(exc: Any, args: argparse.Namespace) -> str:
+    """A ``ResumeError`` in the words of the command line: the option, given and saved."""
+    name = args.checkpoint
+    if exc.option in ("docs", "val_docs"):
+        given = getattr(args, "data", None) or "(the embedded corpus)"
+        held = "" if exc.option == "docs" else " held-out"
+        option = "--data" if exc.option == "docs" else "--val-data/--val-fraction"
+        return (
+            f"cannot resume {name!r} with {option} {given}: its run trained on another{held} "
+            f"corpus ({exc.saved}, not {exc.given})"
+        )
+    option = RESUME_OPTIONS.get(exc.option, exc.option)
+    text = f"cannot resume {name!r} with {option} {exc.given}: its run has {option} {exc.saved}"
+    if exc.option == "steps":
+        text += " (a finished run is extended by a larger --steps; an unfinished one keeps its own)"
+    return text
+
+
 def one_line(text: str) -> str:
     """``text`` with every run of whitespace (line breaks included) made one space."""
     return " ".join(text.split())
@@ -301,27 +387,3 @@ def print_json_stream(head: dict[str, Any], key: str, batches: Iterable[Sequence
             sys.stdout.write(("\n" if first else ",\n") + items)
             first = False
     sys.stdout.write("]\n}\n" if first else "\n  ]\n}\n")
-
-
-@contextlib.contextmanager
-def atomic_output(path: str) -> Iterator[TextIO]:
-    """A text file to write ``path`` through: a temporary file in the same folder, renamed
-    over ``path`` when the block ends without an error (removed otherwise), so that
-    ``path`` is never seen half-written and a failed or interrupted run leaves it as it
-    was (what :func:`microgpt_xp._files.atomic_write` does for data held in memory)."""
-    target = Path(path)
-    if not target.parent.is_dir():
-        raise FileNotFoundError(f"{path!r}: folder {str(target.parent)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())  # the content is on disk before the name points to it
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # the mode open() would give a new file
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -1,11 +1,9 @@
 """``microgpt-xp eval``: the mean per-document loss of a checkpoint over a corpus, scored
-by :func:`microgpt_xp.scale.score_docs` (eager, a chunk at a time) or, on Dask, by
-:func:`microgpt_xp.scale.score_corpus` (one Dask computation)."""
+by :func:`microgpt_xp.scoring.score_docs` a chunk at a time (on Dask, one task a chunk)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ._common import (
     Subcommands,
@@ -15,6 +13,7 @@ from ._common import (
     add_jit_option,
     add_json_option,
     add_scheduler_option,
+    add_threads_option,
     check_device,
     check_jit,
     check_scheduler,
@@ -25,6 +24,7 @@ from ._common import (
     print_json,
     read_docs,
 )
+from ._progress import Progress
 
 DEFAULT_EVAL_CHUNK = 1024
 
@@ -48,6 +48,7 @@ def add_parser(sub: Subcommands) -> None:
         help="UTF-8 text file, one document per line (default: the embedded corpus)",
     )
     add_backend_options(e)
+    add_threads_option(e)
     add_jit_option(e)
     e.add_argument(
         "--chunk-size",
@@ -66,36 +67,36 @@ def run(args: argparse.Namespace) -> int:
     check_scheduler(args)
     check_jit(args)
     check_device(args.backend, args.device)
+    from .. import _xp
     from ..checkpoint import load
-    from ..scale import score_corpus, score_docs
+    from ..runners import resolve
+    from ..scoring import score_docs
+    from ..train import blas_threads
 
+    # --backend dask spells one task per chunk (DaskTasks), the weights on NumPy
+    tasks = args.chunk_size if _xp.entry(args.backend).chunked else None
+    runner, home = resolve(None, args.backend, chunk_size=tasks, jit=args.jit)
     # connect first: an unreachable scheduler is reported before any work
-    with dask_client(args.scheduler):
-        ck = load(args.checkpoint, backend=args.backend, device=args.device)
+    with dask_client(args.scheduler), blas_threads(args.threads):
+        ck = load(
+            args.checkpoint, backend=home, device=args.device if home == args.backend else None
+        )
         tokenizer = checkpoint_tokenizer(ck, args.checkpoint)
         docs = read_docs(args.data)
         _note_cut(docs, ck.config.block_size)
-        if args.backend == "dask":
-            scores = score_corpus(ck.params, tokenizer, docs, chunk_size=args.chunk_size)
-            mean_loss = scores.compute().mean
-        else:
-            from tqdm import tqdm
+        with Progress(len(docs), desc="eval", unit="doc") as bar:
 
-            with tqdm(
-                total=len(docs), desc="eval", unit="doc", disable=None, file=sys.stderr
-            ) as bar:
+            def progress(done: int, total: int) -> None:
+                bar.update(done)
 
-                def progress(done: int, total: int) -> None:
-                    bar.update(done - bar.n)
-
-                mean_loss = score_docs(
-                    ck.params,
-                    tokenizer,
-                    docs,
-                    chunk_size=args.chunk_size,
-                    callback=progress,
-                    jit=args.jit,
-                ).mean
+            mean_loss = score_docs(
+                ck.params,
+                tokenizer,
+                docs,
+                chunk_size=args.chunk_size,
+                callback=progress,
+                runner=runner,
+            ).mean
     if args.json:
         print_json(
             {

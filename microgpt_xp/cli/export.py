@@ -1,13 +1,13 @@
 """``microgpt-xp export``: a checkpoint's weights as JSON in the original's state-dict
-layout (:func:`microgpt_xp.exact.export_state_dict`)."""
+layout with its tokenizer (:func:`microgpt_xp.exact.export_state_dict`), or the model as an
+ONNX graph (:func:`microgpt_xp.export_onnx`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from ._common import Subcommands, add_checkpoint_option, add_command
+from ._common import Subcommands, UsageError, add_checkpoint_option, add_command, check_output
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -15,26 +15,55 @@ def add_parser(sub: Subcommands) -> None:
     x = add_command(
         sub,
         "export",
-        "write a checkpoint's weights as JSON in the original's state-dict layout",
-        'Write the weights as JSON: {"wte": [[...]], ..., '
-        '"layer0.mlp_fc2": [[...]]},\nthe original microgpt\'s state-dict names and '
-        "matrix layout.",
+        "write a checkpoint's weights as JSON, or the model as an ONNX graph",
+        '--format json (the default): the weights as JSON, {"wte": [[...]], ...,\n'
+        '"layer0.mlp_fc2": [[...]], "tokenizer": {"chars": ...}}, the original microgpt\'s\n'
+        "state-dict names and matrix layout and the characters of the ids (BOS is the id\n"
+        "after the last character).\n\n"
+        "--format onnx: a standalone ONNX model built by running the model's own code on\n"
+        "ndonnx's lazy arrays (--graph forward: tokens (batch, time) and lengths (batch,) in,\n"
+        "logits (batch, time, vocab) out; --graph decode: one KV-cache step); needs the\n"
+        "[onnx] extra. Either file is written atomically.",
     )
     add_checkpoint_option(x)
-    x.add_argument("--out", metavar="FILE", required=True, help="JSON file to write ('-': stdout)")
+    x.add_argument(
+        "--out", metavar="FILE", required=True, help="file to write ('-': stdout, JSON only)"
+    )
+    x.add_argument("--format", choices=("json", "onnx"), default="json", help="what to write")
+    x.add_argument(
+        "--graph",
+        choices=("forward", "decode"),
+        default="forward",
+        help="with --format onnx: the whole-sequence forward or one decoding step",
+    )
     x.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the weights to ``--out`` (``-``: stdout)."""
+    """Write the weights (or the graph) to ``--out``."""
+    if args.format == "onnx" and args.out == "-":
+        raise UsageError("--format onnx writes a file: give --out FILE")
+    check_output(args.out, args.checkpoint)
+    from .._files import atomic_write
     from ..checkpoint import load
-    from ..exact import export_state_dict
 
     ck = load(args.checkpoint)
-    text = json.dumps(export_state_dict(ck.params))
+    if args.format == "onnx":
+        from ..export import export_onnx
+
+        export_onnx(ck.params, args.out, graph=args.graph, tokenizer=ck.tokenizer)
+        print(f"wrote the {args.graph} graph of {ck.config.num_params} weights to {args.out}")
+        return 0
+    from ..exact import export_state_dict
+    from ..params import TOKENIZER_KEY
+
+    state: dict[str, object] = dict(export_state_dict(ck.params))
+    if ck.tokenizer is not None:
+        state[TOKENIZER_KEY] = ck.tokenizer.to_dict()
+    text = json.dumps(state)
     if args.out == "-":
         print(text)
     else:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
+        atomic_write(args.out, text + "\n")
         print(f"wrote {ck.config.num_params} weights to {args.out}")
     return 0

@@ -1,10 +1,10 @@
 """``microgpt-xp sample``: names from a checkpoint (:func:`microgpt_xp.sample`), or with
-``--microgpt-exact`` the original's sampling (:func:`microgpt_xp.sample_exact`)."""
+``--microgpt-exact`` the original's sampling (:mod:`microgpt_xp.cli.replay`)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from ..sample import DEFAULT_BATCH_SIZE
@@ -19,11 +19,11 @@ from ._common import (
     add_command,
     add_jit_option,
     add_json_option,
+    add_threads_option,
     add_workers_option,
-    atomic_output,
     check_device,
     check_jit,
-    check_workers,
+    check_output,
     checkpoint_tokenizer,
     positive_float,
     positive_int,
@@ -31,6 +31,7 @@ from ._common import (
     print_json_stream,
     print_samples,
 )
+from ._progress import Progress
 
 if TYPE_CHECKING:
     from ..checkpoint import Checkpoint
@@ -46,9 +47,10 @@ def add_parser(sub: Subcommands) -> None:
         "Sample documents (names) from a trained checkpoint through the KV cache.\n\n"
         "Names are made --batch-size at a time and printed as each batch is done, so any\n"
         "number of them takes the memory of one batch. Sample i depends only on --seed,\n"
-        "--temperature and i: the first N names of a longer run are the names of a run\n"
-        "of N, whatever the batch size.\n\n"
-        "With --microgpt-exact, continue the random state that 'train --microgpt-exact\n"
+        "--temperature, --top-k, --prompt and i: the first N names of a longer run are the\n"
+        "names of a run of N, whatever the batch size. On a terminal, a progress bar counts\n"
+        "the names of a long run.\n\n"
+        "With --microgpt-exact, continue the random state that 'microgpt-xp replay\n"
         "--checkpoint' saved, and print the names that run printed.",
     )
     add_checkpoint_option(s)
@@ -61,6 +63,19 @@ def add_parser(sub: Subcommands) -> None:
         default=DEFAULT_TEMPERATURE,
         help="sampling temperature",
     )
+    s.add_argument(
+        "--top-k",
+        metavar="K",
+        type=positive_int,
+        default=None,
+        help="draw among the K most likely next characters only (default: among all)",
+    )
+    s.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        default=None,
+        help="the start every name continues (printed with it)",
+    )
     s.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the sampling draws")
     add_backend_options(s)
     s.add_argument(
@@ -71,6 +86,7 @@ def add_parser(sub: Subcommands) -> None:
         help="samples generated at once: memory grows with it, the names do not depend on it",
     )
     add_workers_option(s)
+    add_threads_option(s)
     add_jit_option(s)
     s.add_argument(
         "--out",
@@ -85,23 +101,23 @@ def add_parser(sub: Subcommands) -> None:
         "--microgpt-exact",
         action="store_true",
         help="sample as the original does, from the random state saved by "
-        "'train --microgpt-exact --checkpoint'",
+        "'microgpt-xp replay --checkpoint'",
     )
     s.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the checkpoint onto ``--backend``/``--device`` and stream its samples."""
-    check_workers(args)
     check_jit(args)
+    check_output(args.out, args.checkpoint)
     check_device(args.backend, args.device)
     from ..checkpoint import load
+    from ..train import blas_threads
 
     ck = load(args.checkpoint, backend=args.backend, device=args.device)
     tokenizer = checkpoint_tokenizer(ck, args.checkpoint)
     if args.microgpt_exact:
-        names = _sample_exact(args, ck, tokenizer)
-        batches: Iterable[list[str]] = [names]
+        batches: Iterable[list[str]] = [_sample_exact(args, ck, tokenizer)]
     else:
         from ..sample import iter_samples
 
@@ -111,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
             args.num_samples,
             batch_size=args.batch_size,
             temperature=args.temperature,
+            top_k=args.top_k,
+            prompt=args.prompt,
             seed=args.seed,
             workers=args.workers,
             jit=args.jit,
@@ -119,58 +137,57 @@ def run(args: argparse.Namespace) -> int:
         "checkpoint": args.checkpoint,
         "step": ck.step,
         "temperature": args.temperature,
+        "top_k": args.top_k,
+        "prompt": args.prompt,
         "seed": None if args.microgpt_exact else args.seed,
         "microgpt_exact": args.microgpt_exact,
     }
-    if args.out is not None:
-        count = 0
-        with atomic_output(args.out) as f:
-            for names in batches:
-                f.writelines(f"{name}\n" for name in names)
-                count += len(names)
-        if args.json:
-            print_json({**head, "out": args.out, "num_samples": count})
+    with blas_threads(args.threads), Progress(args.num_samples, desc="sample", unit="name") as bar:
+        counted = _counted(batches, bar)
+        if args.out is not None:
+            from .._files import atomic_open
+
+            count = 0
+            with atomic_open(args.out, make_parents=False) as f:
+                for names in counted:
+                    f.writelines(f"{name}\n" for name in names)
+                    count += len(names)
+            if args.json:
+                print_json({**head, "out": args.out, "num_samples": count})
+            else:
+                print(f"wrote {count} names to {args.out}")
+        elif args.json:
+            print_json_stream(head, "samples", counted)
         else:
-            print(f"wrote {count} names to {args.out}")
-    elif args.json:
-        print_json_stream(head, "samples", batches)
-    else:
-        done = 0
-        for names in batches:
-            print_samples(names, start=done + 1)
-            done += len(names)
+            done = 0
+            for names in counted:
+                print_samples(names, start=done + 1)
+                done += len(names)
     return 0
+
+
+def _counted(batches: Iterable[list[str]], bar: Progress) -> Iterator[list[str]]:
+    """The batches, counted on the progress bar as they are taken."""
+    done = 0
+    for names in batches:
+        done += len(names)
+        bar.update(done)
+        yield names
 
 
 def _sample_exact(args: argparse.Namespace, ck: Checkpoint, tokenizer: Tokenizer) -> list[str]:
     """``sample --microgpt-exact``: the original's sampling from the saved random state."""
-    import random
-
-    from ..checkpoint import CheckpointError
-    from ..exact import sample_exact
+    from .replay import sample_exact
 
     if (
         args.seed != DEFAULT_SEED
         or args.batch_size != DEFAULT_BATCH_SIZE
         or args.workers is not None
+        or args.top_k is not None
+        or args.prompt is not None
     ):
         raise UsageError(
-            "--seed, --batch-size and --workers cannot be used with --microgpt-exact "
-            "(it continues the saved random state, one name at a time)"
+            "--seed, --batch-size, --workers, --top-k and --prompt cannot be used with "
+            "--microgpt-exact (it continues the saved random state, one name at a time)"
         )
-    exact = ck.meta.get("microgpt_exact") if isinstance(ck.meta, dict) else None
-    state = exact.get("sample_rng_state") if isinstance(exact, dict) else None
-    if state is None:
-        raise CheckpointError(
-            f"checkpoint {args.checkpoint!r} holds no microgpt-exact random state; "
-            "write one with 'microgpt-xp train --microgpt-exact --checkpoint PATH'"
-        )
-    rng = random.Random()
-    try:
-        version, internal, gauss_next = state
-        rng.setstate((version, tuple(internal), gauss_next))
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(
-            f"checkpoint {args.checkpoint!r}: malformed microgpt-exact random state ({exc})"
-        ) from exc
-    return sample_exact(ck.params, tokenizer, rng, args.num_samples, args.temperature)
+    return sample_exact(args, ck, tokenizer)

@@ -1,11 +1,12 @@
-"""``microgpt-xp train``: batched training (:func:`microgpt_xp.train`) then sampling, or
-with ``--microgpt-exact`` the original script's run (:func:`microgpt_xp.run_exact`)."""
+"""``microgpt-xp train``: batched training (:func:`microgpt_xp.train`), held-out loss,
+progress, then sampling. ``train --microgpt-exact`` is the replay
+(:mod:`microgpt_xp.cli.replay`)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,12 +28,13 @@ from ._common import (
     add_jit_option,
     add_json_option,
     add_scheduler_option,
+    add_threads_option,
     add_workers_option,
     check_device,
     check_jit,
     check_scheduler,
-    check_workers,
     dask_client,
+    in_option_words,
     nonnegative_int,
     note,
     positive_float,
@@ -40,27 +42,16 @@ from ._common import (
     print_json,
     print_samples,
     read_docs,
+    resume_words,
 )
+from ._plot import check_plot, plot_losses
+from ._progress import Progress
+from ._shape import SHAPE_OPTIONS, SPEC_SHAPE, add_shape_options, note_cut, shape_text
 
 if TYPE_CHECKING:
     from ..checkpoint import Checkpoint
     from ..config import GPTConfig
     from ..data import Tokenizer
-    from ..train import ResumeError
-
-#: The spec's model shape: the defaults of --n-layer, --n-embd, --n-head, and the block
-#: size of the embedded corpus and of --microgpt-exact.
-SPEC_SHAPE = {"n_layer": 1, "n_embd": 16, "n_head": 4, "block_size": 16}
-SHAPE_OPTIONS = {name: "--" + name.replace("_", "-") for name in SPEC_SHAPE}
-#: The CLI option of each train() argument a ResumeError can name.
-RESUME_OPTIONS = {
-    "seed": "--seed",
-    "batch_size": "--batch-size",
-    "lr": "--lr",
-    "dtype": "--dtype",
-    "steps": "--steps",
-    "docs": "--data",
-}
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -72,15 +63,17 @@ def add_parser(sub: Subcommands) -> None:
         "Train microgpt with batched Adam and print sampled names.\n\n"
         "The model's shape (--n-layer, --n-embd, --n-head, --block-size) is stored in the\n"
         "checkpoint; sample, eval and export read it from there. By default the block size\n"
-        "fits the longest document of --data, so that no document is cut.\n\n"
+        "is the spec's 16, or the longest document + 1 where that is more, so that no\n"
+        "document is cut.\n\n"
+        "With --val-data or --val-fraction, held-out documents are scored every\n"
+        "--eval-every steps (their mean loss, as 'eval' gives it) beside the training loss.\n"
+        "On a terminal a progress bar shows both; elsewhere a line is written every so often.\n\n"
         "An existing --checkpoint is continued with --resume (a finished run is extended by\n"
-        "a larger --steps) or replaced with --overwrite; it is never overwritten otherwise.\n"
-        "Ctrl-C stops training and prints the command that continues the run.\n\n"
-        "With --microgpt-exact, replay the original microgpt script instead: Python's\n"
-        "random seeded with 42, one document per step in float64, the same printed output.\n"
-        "--steps, --num-samples, --temperature, --backend, --device, --data, --checkpoint,\n"
-        "--overwrite, --plot, --json and the model's shape apply in that mode too; the\n"
-        "other training options do not.",
+        "a larger --steps) or replaced with --overwrite; it is never overwritten otherwise,\n"
+        "and two runs never write one checkpoint at once. Ctrl-C (or SIGTERM, SIGHUP)\n"
+        "stops training and prints the command that continues the run.\n\n"
+        "With --microgpt-exact, replay the original microgpt script instead (the same as\n"
+        "'microgpt-xp replay', whose options it takes).",
     )
     add_backend_options(t)
     t.add_argument(
@@ -104,6 +97,25 @@ def add_parser(sub: Subcommands) -> None:
         help="UTF-8 text file, one document per line (default: the embedded corpus of "
         "English first names)",
     )
+    held = t.add_mutually_exclusive_group()
+    held.add_argument(
+        "--val-data", metavar="FILE", default=None, help="held-out documents, one a line"
+    )
+    held.add_argument(
+        "--val-fraction",
+        metavar="F",
+        type=positive_float,
+        default=None,
+        help="hold out this fraction of --data (a split fixed by --seed; a resumed run keeps it)",
+    )
+    t.add_argument(
+        "--eval-every",
+        metavar="N",
+        type=positive_int,
+        default=None,
+        help="score the held-out documents every N steps, and after the last (default: a "
+        "tenth of the run)",
+    )
     t.add_argument(
         "--seed",
         type=int,
@@ -114,9 +126,9 @@ def add_parser(sub: Subcommands) -> None:
         "--checkpoint",
         metavar="PATH",
         default=None,
-        help="save the weights, optimizer state, model shape and tokenizer here at the end "
-        "(and every --checkpoint-every steps); an existing file needs --resume or "
-        "--overwrite (default: no checkpoint)",
+        help="save the weights, optimizer state, model shape, tokenizer and loss history "
+        "here at the end (and every --checkpoint-every steps); an existing file needs "
+        "--resume or --overwrite (default: no checkpoint)",
     )
     t.add_argument(
         "--checkpoint-every",
@@ -129,9 +141,8 @@ def add_parser(sub: Subcommands) -> None:
         "--resume",
         action="store_true",
         help="continue the run in --checkpoint if that file exists (with its --data, "
-        "--seed, --batch-size, --lr, --dtype and model shape; its --steps, or more to "
-        "extend a finished run: the learning rate then decays as in a run of the new "
-        "length, lr * (1 - step / steps))",
+        "held-out documents, --seed, --batch-size, --lr, --dtype and model shape; its "
+        "--steps, or more to extend a finished run)",
     )
     t.add_argument(
         "--overwrite",
@@ -143,12 +154,13 @@ def add_parser(sub: Subcommands) -> None:
         metavar="N",
         type=positive_int,
         default=None,
-        help="dask: documents per chunk of the batch axis (default: one chunk)",
+        help="dask: documents per task (default: one task a batch)",
     )
     add_workers_option(t)
+    add_threads_option(t)
     add_jit_option(t)
     add_scheduler_option(t)
-    _add_shape_options(t)
+    add_shape_options(t, "(default: the spec's 16, or the longest document + 1 where that is more)")
     t.add_argument(
         "--plot",
         metavar="FILE",
@@ -167,11 +179,13 @@ def add_parser(sub: Subcommands) -> None:
         default=DEFAULT_TEMPERATURE,
         help="sampling temperature",
     )
-    add_json_option(t, "print a JSON summary instead of text")
+    add_json_option(
+        t, "print a JSON summary (the per-step and held-out losses included) instead of text"
+    )
     t.add_argument(
         "--microgpt-exact",
         action="store_true",
-        help="replay the original microgpt script (its seed, order, float64 and output)",
+        help="replay the original microgpt script (see 'microgpt-xp replay --help')",
     )
     t.add_argument(
         "--newlines",
@@ -181,191 +195,140 @@ def add_parser(sub: Subcommands) -> None:
     t.set_defaults(handler=run)
 
 
-def _add_shape_options(t: argparse.ArgumentParser) -> None:
-    """--n-layer, --n-embd, --n-head and --block-size, in a group of their own."""
-    shape = t.add_argument_group(
-        "model shape",
-        "Stored in the checkpoint; sample, eval and export read it from there. With\n"
-        "--resume, the checkpoint's shape is used (an option given must match it).",
-    )
-    shape.add_argument(
-        "--n-layer",
-        metavar="N",
-        type=positive_int,
-        default=None,
-        help=f"transformer blocks (default: {SPEC_SHAPE['n_layer']})",
-    )
-    shape.add_argument(
-        "--n-embd",
-        metavar="N",
-        type=positive_int,
-        default=None,
-        help="channels of the residual stream, a multiple of --n-head "
-        f"(default: {SPEC_SHAPE['n_embd']})",
-    )
-    shape.add_argument(
-        "--n-head",
-        metavar="N",
-        type=positive_int,
-        default=None,
-        help=f"attention heads (default: {SPEC_SHAPE['n_head']})",
-    )
-    shape.add_argument(
-        "--block-size",
-        metavar="N",
-        type=positive_int,
-        default=None,
-        help="positions the model reads: a document of up to N-1 characters is read "
-        "whole; longer ones are cut to their first N characters, and a note says how "
-        "many (default: the longest document of --data + 1; "
-        f"{SPEC_SHAPE['block_size']} for the embedded corpus and with --microgpt-exact)",
-    )
-
-
 def run(args: argparse.Namespace) -> int:
-    """Check the options, then train (on the ``--scheduler`` cluster if given)."""
+    """Check what can fail before training, then train (on the ``--scheduler`` cluster if
+    given)."""
+    if args.microgpt_exact:
+        from . import replay
+
+        return replay.run(replay.parse_train_argv(args.argv[1:]))
+    if args.newlines:
+        raise UsageError("--newlines applies only with --microgpt-exact")
     if args.resume and args.overwrite:
         raise UsageError(
             "--resume continues the run in --checkpoint and --overwrite replaces it: give one"
         )
-    _check_shape(args)
-    if args.microgpt_exact:
-        return _run_exact(args)
-    if args.newlines:
-        raise UsageError("--newlines applies only with --microgpt-exact")
     if (args.resume or args.overwrite or args.checkpoint_every) and args.checkpoint is None:
         raise UsageError("--resume, --overwrite and --checkpoint-every need --checkpoint PATH")
-    if args.chunk_size is not None and args.backend != "dask":
-        raise UsageError("--chunk-size applies only with --backend dask")
-    check_workers(args)
     check_jit(args)
     check_scheduler(args)
-    _check_plot(args.plot)
-    _check_checkpoint_free(args)
+    check_plot(args.plot)
+    from .._files import same_file
+
+    for option in ("data", "val_data"):
+        given = getattr(args, option)
+        if args.checkpoint is not None and given is not None and same_file(args.checkpoint, given):
+            raise UsageError(
+                f"--checkpoint {args.checkpoint!r} is --{option.replace('_', '-')} {given!r}: "
+                "the run would replace its corpus"
+            )
     check_device(args.backend, args.device)
     with dask_client(args.scheduler):
         return _train(args)
 
 
-def _check_shape(args: argparse.Namespace) -> None:
-    """Refuse an --n-embd that --n-head does not divide (each head takes ``n_embd /
-    n_head`` channels); with --resume the checkpoint's shape is checked instead."""
-    n_embd = SPEC_SHAPE["n_embd"] if args.n_embd is None else args.n_embd
-    n_head = SPEC_SHAPE["n_head"] if args.n_head is None else args.n_head
-    if n_embd % n_head and not args.resume:
-        raise UsageError(
-            f"--n-embd {n_embd} is not a multiple of --n-head {n_head} (each head takes "
-            "n_embd / n_head channels)"
-        )
+def _corpora(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
+    """The training documents and the held-out ones (``None``: none)."""
+    from ..data import split_docs
 
-
-def _check_checkpoint_free(args: argparse.Namespace) -> None:
-    """Refuse to write over an existing --checkpoint without --resume or --overwrite."""
-    exists = args.checkpoint is not None and Path(args.checkpoint).exists()
-    if exists and not (args.resume or args.overwrite):
-        raise FileExistsError(
-            f"checkpoint {args.checkpoint!r} exists: continue its run with --resume, "
-            "or replace it with --overwrite"
-        )
+    docs = read_docs(args.data)
+    if args.val_data is not None:
+        return docs, read_docs(args.val_data)
+    if args.val_fraction is not None:
+        return split_docs(docs, args.val_fraction, args.seed)
+    return docs, None
 
 
 def _train(args: argparse.Namespace) -> int:
-    """Batched training (``train`` without ``--microgpt-exact``), inside the scheduler."""
-    docs = read_docs(args.data)
-    if len(docs) < args.batch_size:
-        from ..data import DataError
+    """Batched training, inside the scheduler."""
+    # the modules (the package's names are their functions), read at the call
+    sampling = importlib.import_module("microgpt_xp.sample")
+    training = importlib.import_module("microgpt_xp.train")
+    from ..data import Tokenizer, default_block_size
+    from ..runners import WorkerDied
 
-        raise DataError(
-            f"{_corpus_name(args)} has {len(docs)} documents, fewer than the batch size "
-            f"{args.batch_size}: use --batch-size {len(docs)} (or less), or more documents"
-        )
-
-    from tqdm import tqdm
-
-    from ..data import Tokenizer
-    from ..sample import sample
-    from ..train import ResumeError, train
-
-    tokenizer = Tokenizer.from_docs(docs)
+    docs, val_docs = _corpora(args)
+    every_doc = docs if val_docs is None else [*docs, *val_docs]
+    tokenizer = Tokenizer.from_docs(every_doc)
     resumed = _checkpoint_to_resume(args)
-    config = _config(args, docs, tokenizer, resumed)
+    config = _config(args, default_block_size(every_doc), tokenizer, resumed)
     header = (
-        f"train: {len(docs)} docs | vocab {tokenizer.vocab_size} | "
-        f"{config.num_params} params{_shape_text(config)} | {args.backend} "
-        f"{args.dtype} | batch {args.batch_size} | {args.steps} steps"
+        f"train: {len(docs)} docs{'' if val_docs is None else f' (+{len(val_docs)} held out)'} | "
+        f"vocab {tokenizer.vocab_size} | {config.num_params} params{shape_text(config)} | "
+        f"{args.backend} {args.dtype} | batch {args.batch_size} | {args.steps} steps"
     )
-    bar: Any = None
+    state: dict[str, Any] = {"bar": None, "step": None}
 
-    def begin(step: int) -> None:
+    def begin(step: int) -> Progress:
         """Print the notes and the header once train() has accepted its arguments (so
-        that an error is the only line), then show the progress bar from ``step`` on."""
-        nonlocal bar
-        size = config.block_size
-        what = f"the checkpoint's block size {size}" if resumed else f"--block-size {size}"
-        _note_cut(docs, size, what)
+        that an error is the only line), then show the progress from ``step`` on."""
+        what = (
+            f"the checkpoint's block size {config.block_size}"
+            if resumed
+            else f"--block-size {config.block_size}"
+        )
+        note_cut(every_doc, config.block_size, what)
         if args.resume and resumed is None:
             note(f"--resume: {args.checkpoint!r} did not exist; the run started at step 0")
         if not args.json:
             print(header, flush=True)
-        bar = tqdm(
-            total=args.steps,
-            initial=step,
-            desc="train",
-            unit="step",
-            disable=None,
-            file=sys.stderr,
-        )
-
-    done: list[int] = []  # the last step taken
+        state["bar"] = Progress(args.steps, desc="train", unit="step", initial=step)
+        return state["bar"]  # type: ignore[no-any-return]
 
     def progress(step: int, loss: float) -> None:
-        if bar is None:
-            begin(step - 1)
-        done[:] = [step]
-        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-        bar.update(step - bar.n)
+        bar = state["bar"] or begin(step - 1)
+        state["step"] = step
+        bar.update(step, loss=f"{loss:.4f}")
+
+    def evaluated(step: int, val_loss: float) -> None:
+        state["bar"].update(step, val=f"{val_loss:.4f}")
 
     started = time.time_ns()
     start = time.perf_counter()
     try:
-        result = train(
+        result = training.train(
             docs,
             steps=args.steps,
             batch_size=args.batch_size,
-            lr=args.lr,
+            seed=args.seed,
+            config=config,
             backend=args.backend,
             device=args.device,
             dtype=args.dtype,
-            seed=args.seed,
-            config=config,
+            checkpoint=args.checkpoint,
+            val_docs=val_docs,
+            callback=progress,
             tokenizer=tokenizer,
+            lr=args.lr,
             chunk_size=args.chunk_size,
             workers=args.workers,
+            threads=args.threads,
             jit=args.jit,
-            checkpoint=args.checkpoint,
+            eval_every=args.eval_every,
+            on_eval=evaluated,
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
             overwrite=args.overwrite,
-            callback=progress,
         )
-    except ResumeError as exc:
-        raise ValueError(_resume_error(exc, args)) from exc
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(_interrupted(args, done[0] if done else None, started)) from None
+    except training.ResumeError as exc:
+        raise ValueError(resume_words(exc, args)) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP
+        stop = KeyboardInterrupt(_stopped(args, "interrupted", state["step"], started))
+        stop.signum = getattr(exc, "signum", None)  # type: ignore[attr-defined]
+        raise stop from None
+    except WorkerDied as exc:
+        raise training.TrainingError(_stopped(args, str(exc), state["step"], started)) from None
     finally:
-        if bar is not None:
-            bar.close()
+        if state["bar"] is not None:
+            state["bar"].close()
     seconds = time.perf_counter() - start
-    if bar is None:  # no step to take: the run in the checkpoint was finished
-        begin(result.step)
-        assert bar is not None
-        bar.close()
+    if state["bar"] is None:  # no step to take: the run in the checkpoint was finished
+        begin(result.step).close()
         note(
-            f"the run in {args.checkpoint!r} has taken all its {result.step} steps; "
-            "a larger --steps extends it"
+            f"the run in {args.checkpoint!r} has taken all its {result.step} steps; a larger --steps extends it"
         )
     names = (
-        sample(
+        sampling.sample(
             result.params,
             result.tokenizer,
             args.num_samples,
@@ -379,47 +342,47 @@ def _train(args: argparse.Namespace) -> int:
         else []
     )
     final_loss = result.losses[-1] if result.losses else None
+    final_val = result.val_losses[-1][1] if result.val_losses else None
     if args.plot is not None:
         if result.losses:
-            _plot_losses(
-                args.plot,
-                result.losses,
-                result.start_step,
-                f"microgpt-xp ({args.backend} {args.dtype}, batch {args.batch_size})",
-            )
+            title = f"microgpt-xp ({args.backend} {args.dtype}, batch {args.batch_size})"
+            plot_losses(args.plot, result.losses, result.start_step, title, result.val_losses)
         else:
             note(f"no steps were run, so no loss curve was written to {args.plot!r}")
     if args.json:
         print_json(
             {
                 "final_loss": final_loss,
+                "final_val_loss": final_val,
                 "steps": result.step,
                 "steps_run": len(result.losses),
+                "start_step": result.start_step,
+                "losses": result.losses,
+                "val_losses": [list(pair) for pair in result.val_losses],
                 "seconds": seconds,
                 "backend": args.backend,
                 "dtype": args.dtype,
                 "batch_size": args.batch_size,
                 "num_docs": len(docs),
+                "num_val_docs": 0 if val_docs is None else len(val_docs),
                 "config": config.to_dict(),
                 "checkpoint": args.checkpoint,
                 "samples": names,
             }
         )
         return 0
-    steps_run = len(result.losses)
     loss_text = "n/a" if final_loss is None else f"{final_loss:.4f}"
+    val_text = "" if final_val is None else f" | held-out loss {final_val:.4f}"
     resumed_at = f" (resumed at step {result.start_step})" if result.start_step else ""
-    print(f"done: {steps_run} steps{resumed_at} in {seconds:.1f} s | final loss {loss_text}")
+    print(
+        f"done: {len(result.losses)} steps{resumed_at} in {seconds:.1f} s | final loss {loss_text}{val_text}"
+    )
     if args.checkpoint is not None:
         print(f"checkpoint: {args.checkpoint} (step {result.step})")
     if args.plot is not None and result.losses:
         print(f"loss curve: {args.plot}")
     print_samples(names)
     return 0
-
-
-def _corpus_name(args: argparse.Namespace) -> str:
-    return "the embedded corpus" if args.data is None else f"the corpus {args.data!r}"
 
 
 def _checkpoint_to_resume(args: argparse.Namespace) -> Checkpoint | None:
@@ -432,80 +395,40 @@ def _checkpoint_to_resume(args: argparse.Namespace) -> Checkpoint | None:
 
 
 def _config(
-    args: argparse.Namespace, docs: Sequence[str], tokenizer: Tokenizer, resumed: Checkpoint | None
+    args: argparse.Namespace, fit: int, tokenizer: Tokenizer, resumed: Checkpoint | None
 ) -> GPTConfig:
     """The model shape: the resumed checkpoint's (the shape options given must match
-    it), else the options', the block size by default fitting the longest document."""
+    it), else the options', the block size by default ``fit``."""
     from ..config import GPTConfig
-    from ..data import block_size_for
 
     given = {name: getattr(args, name) for name in SPEC_SHAPE}
     if resumed is not None:
-        name = args.checkpoint
-        if resumed.tokenizer is not None and resumed.tokenizer != tokenizer:
-            raise ValueError(
-                f"cannot resume {name!r} with --data {args.data or '(the embedded corpus)'}: "
-                "its run trained on a corpus of other characters"
-            )
         for key, value in given.items():
             saved = getattr(resumed.config, key)
             if value is not None and value != saved:
                 option = SHAPE_OPTIONS[key]
                 raise ValueError(
-                    f"cannot resume {name!r} with {option} {value}: its run has {option} {saved}"
+                    f"cannot resume {args.checkpoint!r} with {option} {value}: its run has {option} {saved}"
                 )
+        if resumed.tokenizer is not None and resumed.tokenizer != tokenizer:
+            raise ValueError(
+                f"cannot resume {args.checkpoint!r} with --data {args.data or '(the embedded corpus)'}: "
+                "its run trained on a corpus of other characters"
+            )
         return resumed.config
     shape = {k: SPEC_SHAPE[k] if v is None else v for k, v in given.items()}
     if given["block_size"] is None:
-        fit = block_size_for(docs)
-        # the embedded corpus keeps the original's 16 (its longest name fits in it)
-        shape["block_size"] = max(SPEC_SHAPE["block_size"], fit) if args.data is None else fit
-    return GPTConfig(tokenizer.vocab_size, **shape)
+        shape["block_size"] = fit
+    try:
+        return GPTConfig(tokenizer.vocab_size, **shape)
+    except ValueError as exc:  # a shape the options cannot make
+        raise UsageError(in_option_words(str(exc))) from None
 
 
-def _shape_text(config: GPTConfig) -> str:
-    """`` (n_layer 2, ...)`` for a shape other than the spec's, else nothing (so that the
-    default run prints what it always printed)."""
-    shape = {name: getattr(config, name) for name in SPEC_SHAPE}
-    if shape == SPEC_SHAPE:
-        return ""
-    return " (" + ", ".join(f"{name} {value}" for name, value in shape.items()) + ")"
-
-
-def _note_cut(docs: Sequence[str], block_size: int, what: str) -> None:
-    """Say on stderr how many documents ``what`` (a block size of ``block_size``) cuts."""
-    from ..data import block_size_for, count_cut
-
-    cut = count_cut(docs, block_size)
-    if cut:
-        note(
-            f"{cut} of {len(docs)} documents are longer than {what} reads whole "
-            f"({block_size - 1} characters): training sees only their first {block_size} "
-            f"characters, never their end (--block-size {block_size_for(docs)} fits the "
-            "longest)"
-        )
-
-
-def _resume_error(exc: ResumeError, args: argparse.Namespace) -> str:
-    """A ResumeError in the words of the command line: the option, given and saved."""
-    name = args.checkpoint
-    option = RESUME_OPTIONS.get(exc.option, exc.option)
-    if exc.option == "docs":
-        given = args.data or "(the embedded corpus)"
-        return (
-            f"cannot resume {name!r} with --data {given}: its run trained on another corpus "
-            f"({exc.saved}, not {exc.given})"
-        )
-    text = f"cannot resume {name!r} with {option} {exc.given}: its run has {option} {exc.saved}"
-    if exc.option == "steps":
-        text += " (a finished run is extended by a larger --steps; an unfinished one keeps its own)"
-    return text
-
-
-def _interrupted(args: argparse.Namespace, step: int | None, started_ns: int) -> str:
-    """What Ctrl-C during training prints: where it stopped, the last checkpoint, and
-    the command that continues the run."""
-    where = "interrupted" + ("" if step is None else f" after step {step}")
+def _stopped(args: argparse.Namespace, why: str, step: int | None, started_ns: int) -> str:
+    """What a stopped run prints: why and where it stopped, the last checkpoint, and the
+    command that continues the run (or starts it again)."""
+    where = why + ("" if step is None else f" after step {step}")
     if args.checkpoint is None:
         return f"{where}; nothing was saved (with --checkpoint PATH a run can be resumed)"
     path = Path(args.checkpoint)
@@ -524,10 +447,7 @@ def _interrupted(args: argparse.Namespace, step: int | None, started_ns: int) ->
         saved = f" (step {load(args.checkpoint).step})"
     except Exception:  # the message must come out whatever the file holds
         saved = ""
-    return (
-        f"{where}; the last checkpoint is {args.checkpoint}{saved}; continue the run with: "
-        f"{resume_command(args.argv)}"
-    )
+    return f"{where}; the last checkpoint is {args.checkpoint}{saved}; continue the run with: {resume_command(args.argv)}"
 
 
 def resume_command(argv: Sequence[str]) -> str:
@@ -541,141 +461,3 @@ def resume_command(argv: Sequence[str]) -> str:
     if not any(is_flag(a, "--resume") for a in kept):
         kept.append("--resume")
     return shlex.join([PROG, *kept])
-
-
-def _run_exact(args: argparse.Namespace) -> int:
-    """``train --microgpt-exact``: :func:`microgpt_xp.exact.run_exact`, printing what the
-    original prints."""
-    not_applicable = {
-        "--batch-size": args.batch_size != DEFAULT_BATCH_SIZE,
-        "--lr": args.lr != DEFAULT_LR,
-        "--seed": args.seed != DEFAULT_SEED,
-        "--dtype": args.dtype != "float32",
-        "--resume": args.resume,
-        "--checkpoint-every": args.checkpoint_every != 0,
-        "--chunk-size": args.chunk_size is not None,
-        "--workers": args.workers is not None,
-        "--scheduler": args.scheduler is not None,
-    }
-    given = [flag for flag, used in not_applicable.items() if used]
-    if given:
-        raise UsageError(
-            f"{', '.join(given)} cannot be used with --microgpt-exact "
-            "(it always trains on one document a step in float64 from seed 42)"
-        )
-    if args.overwrite and args.checkpoint is None:
-        raise UsageError("--overwrite needs --checkpoint PATH")
-    _check_plot(args.plot)
-    _check_checkpoint_free(args)
-    check_device(args.backend, args.device)
-    docs = read_docs(args.data)
-    if args.data is None:
-        note(
-            f"no --data: using the embedded corpus ({len(docs)} names); the original microgpt "
-            "trained on makemore's names.txt"
-        )
-    shape: dict[str, Any] = {
-        k: SPEC_SHAPE[k] if getattr(args, k) is None else getattr(args, k) for k in SPEC_SHAPE
-    }
-    size = shape["block_size"]
-    _note_cut(
-        docs,
-        size,
-        f"the original's block size {size}" if args.block_size is None else f"--block-size {size}",
-    )
-
-    from ..exact import run_exact
-
-    start = time.perf_counter()
-    # run_exact prints the original's lines itself (print_fn's default) unless --json
-    printing: dict[str, Any] = {"print_fn": None} if args.json else {}
-    replay = run_exact(
-        docs,
-        backend=args.backend,
-        device=args.device,
-        num_steps=args.steps,
-        num_samples=args.num_samples,
-        temperature=args.temperature,
-        newlines=args.newlines,
-        **shape,
-        **printing,
-    )
-    seconds = time.perf_counter() - start
-    if args.checkpoint is not None:
-        from ..checkpoint import save
-
-        version, internal, gauss_next = replay.sample_rng_state
-        assert replay.params is not None and replay.adam is not None
-        save(
-            args.checkpoint,
-            replay.params,
-            adam=replay.adam,
-            step=len(replay.losses),
-            tokenizer=replay.tokenizer,
-            meta={"microgpt_exact": {"sample_rng_state": [version, list(internal), gauss_next]}},
-        )
-    if args.plot is not None:
-        _plot_losses(args.plot, replay.losses, 0, "microgpt-exact (one document a step, float64)")
-    if args.json:
-        assert replay.params is not None
-        print_json(
-            {
-                "mode": "microgpt-exact",
-                "final_loss": replay.losses[-1] if replay.losses else None,
-                "steps": len(replay.losses),
-                "seconds": seconds,
-                "num_docs": len(docs),
-                "vocab_size": replay.params.config.vocab_size,
-                "num_params": replay.params.config.num_params,
-                "checkpoint": args.checkpoint,
-                "samples": replay.samples,
-            }
-        )
-    return 0
-
-
-# -- the loss curve -------------------------------------------------------------------------
-def _check_plot(path: str | None) -> None:
-    """Fail before training if ``--plot`` cannot be written."""
-    if path is None:
-        return
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-    except ImportError as exc:
-        from .._backends import install_extra
-
-        raise ImportError(f"--plot needs matplotlib: {install_extra('plot')} ({exc})") from exc
-    suffix = Path(path).suffix.lstrip(".").lower()
-    formats = FigureCanvasAgg.get_supported_filetypes()
-    if suffix not in formats:
-        raise ValueError(
-            f"--plot {path!r}: unsupported image format {suffix!r}; use one of "
-            f"{', '.join(sorted(formats))}"
-        )
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise FileNotFoundError(f"--plot {path!r}: folder {str(parent)!r} does not exist")
-
-
-def _plot_losses(path: str, losses: Sequence[float], first_step: int, title: str) -> None:
-    """Save the per-step losses (step ``first_step + 1`` first) and their running mean."""
-    import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    # No pyplot: a bare Figure on an Agg canvas leaves matplotlib's global state alone.
-    fig = Figure(figsize=(7, 4), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    steps = np.arange(first_step + 1, first_step + len(losses) + 1)
-    ax.plot(steps, losses, lw=0.6, alpha=0.5, label="batch loss")
-    window = max(1, len(losses) // 50)
-    if window > 1:
-        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
-        ax.plot(steps[window - 1 :], smooth, lw=1.5, label=f"mean of {window} steps")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.savefig(path, dpi=120)

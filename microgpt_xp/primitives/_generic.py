@@ -155,16 +155,41 @@ def relu_backward(dy: Array, cache: Any) -> Array:
 @overridable()
 def softmax(z: Array, axis: int = -1) -> Array:
     """Softmax over ``axis`` (the last, or 0) as the original computes it: ``e * (Σe)**-1``
-    with ``e = exp(z - max(z))``. Entries of ``-inf`` get probability 0."""
+    with ``e = exp(z - max(z))``. Entries of ``-inf`` get probability 0.
+
+    Over the last axis, the max and the reciprocal are taken of ``(…,)`` arrays and
+    broadcast back (the same values): ONNX runtimes run an operation between a scalar and
+    an array whose last axis has length 1 one element at a time. The reciprocal is ``1 /
+    Σe`` (what ``** -1`` computes on NumPy and PyTorch; ONNX runs ``**`` as a general
+    power)."""
     xp = array_namespace(z)
     if axis == -1:
-        e = xp.exp(z - max_last(z))
-        return e * sum_last(e) ** -1
+        return _normalized(xp.exp(z - xp.max(z, axis=-1)[..., None]))
     if axis != 0:
         raise ValueError(f"softmax runs over axis -1 or 0, not {axis}")
     # a reduction over the leading axis is already one vectorized pass per row
     e = xp.exp(z - xp.max(z, axis=0, keepdims=True))
-    return e * xp.sum(e, axis=0, keepdims=True) ** -1
+    return e * (1.0 / xp.sum(e, axis=0, keepdims=True))
+
+
+def _normalized(e: Array) -> Array:
+    """``e (…, n)`` times the reciprocal of its sums over the last axis."""
+    return e * (1.0 / sum_last(e)[..., 0])[..., None]
+
+
+def _masked_softmax(z: Array, bias: Array) -> Array:
+    """:func:`softmax` over the last axis of ``z + bias`` for an additive mask ``bias``
+    (``-inf`` at the entries to hide, broadcast to ``z``), the same values, with no
+    exponential of ``-inf``: ONNX runtimes take an ``exp`` whose result is below the
+    normal range (an input below about -87 in float32, ``-inf`` included) many times
+    slower than others. The hidden entries' exponent is raised to 0 (``maximum`` with a
+    floor of 0 there, ``-inf`` elsewhere), and their ``exp(0)`` multiplied by 0."""
+    xp = array_namespace(z, bias)
+    shown = bias > -xp.inf
+    s = z + bias
+    d = s - xp.max(s, axis=-1)[..., None]
+    floor = xp.where(shown, xp.full_like(bias, -xp.inf), xp.zeros_like(bias))
+    return _normalized(xp.exp(xp.maximum(d, floor)) * xp.astype(shown, d.dtype))
 
 
 # -- attention --------------------------------------------------------------------------------
@@ -204,9 +229,7 @@ def attention(q: Array, k: Array, v: Array, bias: Array | None, head_dim: int) -
     scale = float(head_dim) ** -0.5
     qs = q * scale
     scores = qs @ xp.matrix_transpose(k)
-    if bias is not None:
-        scores = scores + bias
-    att = softmax(scores)
+    att = softmax(scores) if bias is None else _masked_softmax(scores, bias)
     return att @ v, (qs, k, v, att, scale)
 
 

@@ -26,7 +26,7 @@ from ._base import (
     tree_sum,
 )
 from .dask import DaskTasks
-from .processes import Processes, check_workers
+from .processes import Processes, WorkerDied, check_workers
 
 
 def resolve(
@@ -67,7 +67,7 @@ def resolve(
         chunks = "numpy" if like is None else _xp.backend_of(spec.chunk_meta(like))
         return DaskTasks(chunk_size=chunk_size), chunks
     if chunk_size is not None:
-        raise ValueError("chunk_size is the rows of a Dask task: it needs backend='dask'")
+        raise ValueError("chunk size is the rows of a Dask task: it needs backend='dask'")
     if workers not in (None, 1):
         return Processes(workers), backend  # type: ignore[arg-type]
     return Local(jit), backend
@@ -79,6 +79,7 @@ __all__ = [
     "Local",
     "Processes",
     "Runner",
+    "WorkerDied",
     "chunk_bounds",
     "host_params",
     "resolve",

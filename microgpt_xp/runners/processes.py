@@ -10,7 +10,7 @@ The workers are a :class:`concurrent.futures.ProcessPoolExecutor` of *spawned* p
 (no ``fork``: safe in programs with threads, under Jupyter, with CUDA, and the default of
 Python 3.14). Each worker holds its BLAS to one thread and watches its parent: when the
 parent process ends in any way (``SIGKILL`` included) the worker exits at once. A worker
-that dies mid-step makes the step raise one :class:`RuntimeError`; the next step starts a
+that dies mid-step makes the step raise one :class:`WorkerDied`; the next step starts a
 fresh pool. Weights and rows travel pickled with each shard, so worker processes pay off
 only where a shard's work is large against that copy (see ``docs/training.md``).
 """
@@ -33,6 +33,11 @@ from ..params import Params
 from ._base import Combine, Runner, host_params, run_on, shard_bounds, tree_sum
 
 R = TypeVar("R")
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended during a step (killed, out of memory): the step's result
+    is lost; the next step starts new workers."""
 
 
 def check_workers(workers: Any) -> int | None:
@@ -122,7 +127,7 @@ class WorkerPool:
 
     def _run(self, first: Any, submit: list[tuple[Any, ...]]) -> list[Any]:
         """``submit``'s calls on the workers while ``first()`` runs here; the results in
-        order, first's first. A lost worker raises one ``RuntimeError`` (after every
+        order, first's first. A lost worker raises one :class:`WorkerDied` (after every
         shard has finished or failed); the pool is then replaced at the next call."""
         if not submit:
             return [first()]
@@ -131,7 +136,7 @@ class WorkerPool:
             futures: list[Future[Any]] = [pool.submit(*call) for call in submit]
         except BrokenProcessPool as exc:
             self._broken()
-            raise RuntimeError(f"a microgpt_xp worker process died: {exc}") from None
+            raise WorkerDied(f"a microgpt_xp worker process died: {exc}") from None
         try:
             here = first()
         finally:
@@ -141,7 +146,7 @@ class WorkerPool:
             return [here, *(f.result() for f in futures)]
         except BrokenProcessPool as exc:
             self._broken()
-            raise RuntimeError(
+            raise WorkerDied(
                 f"a microgpt_xp worker process died during the step ({exc}); "
                 "the step's result is lost, the next step starts new workers"
             ) from None
