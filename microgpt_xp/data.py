@@ -102,6 +102,25 @@ def split_docs(docs: Sequence[str], fraction: float, seed: int) -> tuple[list[st
     ]
 
 
+def check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
+    """The corpus ``docs`` (``None``: :func:`default_docs`) as a list of strings;
+    ``DataError``/``TypeError`` (naming the argument ``what``) otherwise."""
+    if docs is None:
+        return default_docs()
+    if isinstance(docs, (str, bytes)):
+        raise TypeError(
+            f"{what} must be a sequence of documents, not one string (a string would be read "
+            "as one-character documents): pass [text] or text.splitlines()"
+        )
+    docs = list(docs)
+    if not docs:
+        raise DataError(f"{what}: the corpus holds no documents")
+    bad = next((d for d in docs if not isinstance(d, str)), None)
+    if bad is not None:
+        raise TypeError(f"documents must be strings, got {type(bad).__name__}: {bad!r}")
+    return docs
+
+
 # -- tokenizer ---------------------------------------------------------------------------
 class Tokenizer:
     """microgpt's character tokenizer: ids ``0..len(chars)-1`` for the sorted distinct

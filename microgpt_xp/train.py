@@ -26,11 +26,10 @@ from ._xp import to_batch
 from .checkpoint import save
 from .config import GPTConfig
 from .data import (
-    DataError,
     Tokenizer,
     batch_indices,
+    check_docs,
     default_block_size,
-    default_docs,
     encode_docs,
     take_batch,
 )
@@ -192,8 +191,8 @@ def train(
             f"checkpoint {str(checkpoint)!r} exists; resume it (resume=True) or replace it "
             "(overwrite=True)"
         )
-    docs = _check_docs(docs, "docs")
-    held_out = None if val_docs is None else _check_docs(val_docs, "val_docs")
+    docs = check_docs(docs, "docs")
+    held_out = None if val_docs is None else check_docs(val_docs, "val_docs")
     every_doc = docs if held_out is None else [*docs, *held_out]
     tokenizer = opts.tokenizer or Tokenizer.from_docs(every_doc)
     if config is None:
@@ -294,24 +293,6 @@ class _no_claim:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def _check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
-    """The corpus as a list of non-empty strings (``DataError``/``TypeError`` otherwise)."""
-    if docs is None:
-        return default_docs()
-    if isinstance(docs, (str, bytes)):
-        raise TypeError(
-            f"{what} must be a sequence of documents, not one string (a string would be read "
-            "as one-character documents): pass [text] or text.splitlines()"
-        )
-    docs = list(docs)
-    if not docs:
-        raise DataError(f"{what}: the corpus holds no documents")
-    bad = next((d for d in docs if not isinstance(d, str)), None)
-    if bad is not None:
-        raise TypeError(f"documents must be strings, got {type(bad).__name__}: {bad!r}")
-    return docs
 
 
 def _start(

@@ -134,3 +134,69 @@ def test_only_the_table_and_the_primitives_name_a_backend(module: str) -> None:
         and n.value in BACKEND_NAMES
     }
     assert not named, f"{module} names backends {named}; that belongs in {BACKEND_AWARE}"
+
+
+#: The drivers and what they use to run a step: where a backend's name would be a branch.
+DRIVER_FILES = ["train.py", "sample.py", "scale.py", "scoring.py", "resume.py", "export.py", "cli"]
+
+
+def _sources(entries: list[str]) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for entry in entries:
+        path = PACKAGE / entry
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            files[str(file.relative_to(PACKAGE))] = file.read_text()
+    return files
+
+
+def test_no_driver_branches_on_a_backend_name() -> None:
+    """Where arrays live is the backend; how a batch runs is the runner's: no driver
+    compares a backend (or anything) with a backend's name."""
+    for name, text in _sources(DRIVER_FILES).items():
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                names = {
+                    c.value
+                    for c in [node.left, *node.comparators]
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                }
+                assert not names & BACKEND_NAMES, f"{name}:{node.lineno} compares with {names & BACKEND_NAMES}"
+
+
+def test_one_predicate_decides_the_overrides() -> None:
+    """Only primitives/_dispatch.py asks which library an array belongs to (its
+    ``native_module``); the override modules and the generic code never do."""
+    folder = PACKAGE / "primitives"
+    for file in folder.glob("*.py"):
+        text = file.read_text()
+        asks = [w for w in ("is_numpy_array", "is_torch_array", "is_jax_array", "is_cupy_array",
+                            "is_dask_array", "is_numpy_namespace", "array_namespace(x) is") if w in text]  # fmt: skip
+        if file.name == "_dispatch.py":
+            assert "is_numpy_array" in text and "def native_module" in text
+        else:
+            assert not asks, f"primitives/{file.name} asks {asks}"
+    assert (folder / "_generic.py").exists()
+    generic = (folder / "_generic.py").read_text()
+    for library in ("numpy", "torch", "jax", "cupy", "dask"):
+        assert f"import {library}" not in generic, f"the generic code imports {library}"
+
+
+def test_layers_are_building_blocks_not_forwards() -> None:
+    """A function of layers.py that only returns a call of a primitive is a forward that
+    the model can make itself."""
+    tree = ast.parse((PACKAGE / "layers.py").read_text())
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        only_call = (
+            len(body) == 1
+            and isinstance(body[0], ast.Return)
+            and isinstance(body[0].value, ast.Call)
+        )
+        assert not only_call, f"layers.{fn.name} only forwards a call"
+
+
+def test_modules_are_small() -> None:
+    for file in PACKAGE.rglob("*.py"):
+        lines = len(file.read_text().splitlines())
+        assert lines <= 500, f"{file.relative_to(PACKAGE)} has {lines} lines"

@@ -200,7 +200,9 @@ def check_scheduler(args: argparse.Namespace) -> None:
     installed (the address itself is checked by :func:`microgpt_xp.cluster.connect`)."""
     if args.scheduler is None:
         return
-    if args.backend != "dask":
+    from .. import _xp
+
+    if not _xp.entry(args.backend).chunked:  # a cluster runs Dask tasks
         raise UsageError("--scheduler needs --backend dask")
     if importlib.util.find_spec("distributed") is None:
         from .. import _xp

@@ -30,11 +30,12 @@ class Progress:
         unit: str,
         initial: int = 0,
         every: int | None = None,
-        seconds: float = LINE_SECONDS,
+        seconds: float | None = None,
     ) -> None:
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
         self.every = every if every is not None else max(1, total // 100)
-        self.seconds, self.start = seconds, time.monotonic()
+        self.seconds = LINE_SECONDS if seconds is None else seconds
+        self.start = time.monotonic()
         self._last_n, self._last_t = initial, self.start
         self._postfix: dict[str, str] = {}
         self._bar: Any = None
