@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 #: Optional packages an example may import; without them the example is skipped.
-OPTIONAL = ("torch", "jax", "cupy", "dask", "distributed", "array_api_strict", "matplotlib")
+OPTIONAL = ("torch", "jax", "cupy", "dask", "distributed", "array_api_strict", "matplotlib", "marray", "ndonnx")
 
 
 def _modules() -> list[str]:

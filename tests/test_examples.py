@@ -157,3 +157,15 @@ def test_cupy_train_on_gpu(backend, tmp_path: Path) -> None:
     )
     assert abs(cupy_first - numpy_first) <= 1e-4
     assert len(_samples(out)) == 3
+
+
+def test_the_readme_tour_runs_after_the_readme_install() -> None:
+    """Every ``python`` block of README.md, run in order in one namespace, with nothing
+    installed but the package (the lines that need an extra are comments there)."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", readme, flags=re.S | re.M)
+    assert len(blocks) >= 3
+    namespace: dict[str, object] = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+    assert len(namespace["names"]) == 5  # type: ignore[arg-type]
