@@ -40,6 +40,19 @@ def _score_docs(
     return score_rows(params, tokens, lengths, jit)
 
 
+def score_texts(
+    params: Params, docs: np.ndarray, positions: np.ndarray, tokenizer: Tokenizer, chunk_size: int
+) -> np.ndarray:
+    """A runner's shard of :func:`score_docs`: the documents ``docs`` (an object array;
+    ``positions`` theirs in the corpus) scored ``chunk_size`` at a time, as
+    :func:`score_docs` scores them in one process."""
+    parts = [
+        _score_docs(params, tokenizer, list(docs[a:b]), int(positions[a]))
+        for a, b in chunk_bounds(len(docs), chunk_size)
+    ]
+    return np.concatenate(parts, axis=0)
+
+
 def score_rows(
     params: Params, tokens: np.ndarray, lengths: np.ndarray, jit: bool | None = None
 ) -> np.ndarray:
@@ -87,17 +100,18 @@ def score_docs(
         )
     _xp.check_positive_int(chunk_size, "chunk size")
     n = check_source(source)
-    parts = []
-    for start, stop in chunk_bounds(n, chunk_size):
-        tokens, lengths = encode(
-            tokenizer, docs_of(source, start, stop), params.config.block_size, start
-        )
-        if runner.shards:
-            parts.extend(runner.map(score_rows, params, [tokens, lengths]))
-        else:
-            parts.append(score_rows(params, tokens, lengths, runner.jit))
+    if runner.shards:  # the runner spreads the documents; each shard scores its own chunks
+        rows = [np.asarray(docs_of(source, 0, n), dtype=object), np.arange(n)]
+        parts = runner.map(score_texts, params, rows, tokenizer, chunk_size)
         if callback is not None:
-            callback(stop, n)
+            callback(n, n)
+    else:
+        parts = []
+        for start, stop in chunk_bounds(n, chunk_size):
+            docs = docs_of(source, start, stop)
+            parts.append(_score_docs(params, tokenizer, docs, start, runner.jit))
+            if callback is not None:
+                callback(stop, n)
     cols = np.concatenate(parts, axis=0)
     return ScoreSummary(
         mean=float(np.mean(cols[:, 0])),

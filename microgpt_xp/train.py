@@ -209,7 +209,9 @@ def train(
     batch_indices(len(docs), batch_size, 0, seed)  # raises early if the corpus is too small
     run = run_record(seed, batch_size, optimizer.lr, dtype, opts.reduction, docs, held_out)
     home_device = device if home == backend else None
-    with claim(checkpoint, exist_ok=True) if checkpoint is not None else _no_claim():
+    # the claim checks again, under its lock, that no other run made the file meanwhile
+    exist_ok = opts.resume or opts.overwrite
+    with claim(checkpoint, exist_ok=exist_ok) if checkpoint is not None else _no_claim():
         resumed = (
             resume(checkpoint, run, steps, config, tokenizer, home, home_device, params)
             if opts.resume and checkpoint is not None and Path(checkpoint).exists()

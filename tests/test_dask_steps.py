@@ -187,3 +187,26 @@ def test_the_model_graph_keeps_the_chunks_type() -> None:
             got = lazy.compute()
             assert isinstance(got, FakeGPU), name
             np.testing.assert_allclose(got.get(), want, rtol=1e-12, atol=1e-15, err_msg=name)
+
+
+def test_scoring_on_dask_tasks_is_one_graph_of_the_local_chunks() -> None:
+    """score_docs on DaskTasks: one task per chunk of documents, all in one graph, each
+    chunk padded as one process pads it, so the losses are the local ones bit for bit."""
+    from microgpt_xp.scoring import score_docs
+
+    params = mx.init_params(CONFIG, dtype="float64")
+    local = score_docs(params, TOKENIZER, DOCS, chunk_size=64)
+    calls = []
+    original = DaskTasks.map
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    DaskTasks.map = counted  # type: ignore[method-assign]
+    try:
+        tasks = score_docs(params, TOKENIZER, DOCS, chunk_size=64, runner=DaskTasks(64))
+    finally:
+        DaskTasks.map = original  # type: ignore[method-assign]
+    assert calls == [1]
+    assert np.array_equal(tasks.losses, local.losses) and tasks.mean == local.mean
