@@ -1,16 +1,14 @@
 """Whole library calls side by side, in the interleaved, filtered rounds of
 :mod:`benchmarks.bench.timing` (ratios per round, then the median): ``python -m
-benchmarks.e2e workers`` (``train(workers=2)`` against one process), ``compiled`` (``train``
-and ``sample`` on JAX against NumPy, compilation included; each round's calls printed, the
-first JAX call compiling), ``dask`` (corpus scoring by ``score_docs``, ``score_corpus`` on
-Dask's threads and on a ``LocalCluster`` of 2 processes x 1 thread, per chunk size;
-``--train``: training steps; ``--memory-docs``: peak RSS, a fresh process each).
+benchmarks.e2e COMMAND``, one function each (its docstring says what it compares):
+``workers``, ``compiled``, ``dask``, ``threads`` and ``sample``.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import itertools
 import json
 import os
@@ -22,9 +20,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import microgpt_xp as mx
+from benchmarks.bench import checkout
 from benchmarks.bench.timing import Figures, blas_threads, interleave, set_threads, summary
-from benchmarks.bench.workloads import CONFIGS
+from benchmarks.bench.workloads import CONFIGS, parse_config
+from microgpt_xp import resources as R
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ROOT.parent / "shared" / "data" / "names.txt"
@@ -55,7 +57,7 @@ def compare(label: str, contenders: dict[str, Callable[[], dict[str, float]]], a
     returns the medians of each figure, and the others' ``key`` over the first's (a time
     ratio: the first's speed-up over each) per round."""
     items = [Figures(name, fn) for name, fn in contenders.items()]
-    rounds = interleave(items, args.rounds, max_rounds=args.rounds, max_other=args.max_other, pids=pids)
+    rounds = interleave(items, args.rounds, max_rounds=args.max_rounds or args.rounds, max_other=args.max_other, pids=pids)
     use, (base, *others) = rounds.use(), list(contenders)
     out: dict[str, Any] = {"rounds": rounds.measured, "other_share": rounds.other_share, "kept": rounds.kept}
     for name in contenders:
@@ -105,15 +107,76 @@ def compiled(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+#: ``threads``: (config, batch, steps): the spec's model, a 2-layer 64-channel one, medium.
+THREAD_CASES = (("default", 32, 300), ("default", 64, 200), ("default", 1024, 20), ("L2,C64,H4,T36", 8, 100),
+                ("L2,C64,H4,T36", 32, 50), ("L2,C64,H4,T36", 64, 30), ("medium", 32, 10))
+
+
+def full_docs(block_size: int, n: int = 4096) -> list[str]:
+    """``n`` random documents of ``block_size - 1`` letters: every batch is full length."""
+    return ["".join(r) for r in np.random.default_rng(0).choice(list("abcdefghijklmnopqrstuvwxyz"), (n, block_size - 1))]
+
+
+def on_threads(fn: Callable[..., dict[str, float]], n: int | None, cfg: mx.GPTConfig, batch: int,
+               workload: str = "train", busy: bool = False) -> dict[str, float]:
+    """``fn()`` in ``use_threads(n, ...)`` (``None``: the policy's; recorded); ``busy``: beside a
+    CPU-bound process of ours, reaped after (the harness counts its CPU time as ours)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    time.sleep(0.3 if busy else 0.0)  # spinning before the work starts
+    try:
+        with R.use_threads(n, config=cfg, batch_size=batch, workload=workload) as n:
+            return {**fn(**{"threads": n} if workload == "train" else {}), "threads": n}
+    finally:
+        if hog:
+            hog.kill()
+            hog.wait()
+
+
+def threads(args: argparse.Namespace) -> dict[str, Any]:
+    """Training steps on BLAS threads by the policy (the base), as today (every core) and
+    on one, quiet and (``busy``) beside a CPU-bound process."""
+    out = {}
+    for spec, batch, steps in THREAD_CASES:
+        label, cfg = parse_config(spec)
+        run = functools.partial(train_figures, docs=full_docs(cfg.block_size), batch_size=batch, config=cfg,
+                                backend=args.backend)
+        ways = {"policy": None, "today": R.usable_cpus(), "1 thread": 1}
+        contenders = {w: functools.partial(on_threads, functools.partial(run, steps), n, cfg, batch) for w, n in ways.items()}
+        contenders |= {f"busy {w}": functools.partial(on_threads, functools.partial(run, max(8, steps // 4)), ways[w], cfg,
+                                                      batch, busy=True) for w in ("policy", "today")}
+        out[f"{label} B={batch}"] = compare(f"train {label} B={batch}", contenders, args, key="step")
+    return out
+
+
+def sample(args: argparse.Namespace) -> dict[str, Any]:
+    """Names/s of ``sample`` from ``--checkpoint`` by batch size and threads (``all`` cores,
+    as today, or the ``policy``'s), in this checkout and in ``--ab DIR``'s; the first is the
+    base. Same names from all?"""
+    if (path := args.checkpoint) is None:
+        raise SystemExit("python -m benchmarks.e2e sample: --checkpoint FILE is required")
+    libs, names = {"": mx} | ({"A ": importlib.import_module(checkout(args.ab))} if args.ab else {}), set()
+
+    def draw(lib: Any, batch: int) -> dict[str, float]:
+        ck, t0 = importlib.import_module(f"{lib.__name__}.checkpoint").load(path), time.perf_counter()
+        names.add(hash(tuple(lib.sample(ck.params, ck.tokenizer, args.samples, seed=1, batch_size=batch))))
+        return {"s": (s := time.perf_counter() - t0), "names_per_s": args.samples / s}
+
+    cfg = importlib.import_module("microgpt_xp.checkpoint").load(path).config
+    out = compare(f"sample {args.samples:,} names from {path}", {f"{tag}B={b} threads={t}": functools.partial(
+        on_threads, functools.partial(draw, lib, b), None if t == "policy" else R.usable_cpus() if t == "all" else int(t), cfg,
+        min(b, args.samples), "decode") for tag, lib in libs.items() for b in map(int, args.batch_sizes.split(","))
+        for t in args.threads.split(",")}, args)
+    print("  same names from all:", len(names) == 1, flush=True)
+    return out | {"same_names": len(names) == 1}
+
+
 def rss_mb(reset: bool = False) -> float:
     """This process's peak RSS (``VmHWM``) in MB; ``reset=True`` first resets the peak to
     the current RSS and returns that."""
     if reset:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    with open("/proc/self/status") as f:
-        key = "VmRSS:" if reset else "VmHWM:"
-        return next(int(line.split()[1]) / 1024 for line in f if line.startswith(key))
+        Path("/proc/self/clear_refs").write_text("5")
+    key = "VmRSS:" if reset else "VmHWM:"
+    return next(int(ln.split()[1]) / 1024 for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith(key))
 
 
 def _scorers(args: argparse.Namespace, client: Any) -> dict[str, Callable[[int], float]]:
@@ -170,8 +233,7 @@ def dask(args: argparse.Namespace) -> dict[str, Any]:
             def run(way: str, c: int = c, means: dict[str, float] = means) -> dict[str, float]:
                 t0 = time.perf_counter()
                 means[way] = ways[way](c)
-                s = time.perf_counter() - t0
-                return {"s": s, "docs_per_s": args.n_docs / s}
+                return {"s": (s := time.perf_counter() - t0), "docs_per_s": args.n_docs / s}
 
             out["scoring"][c] = compare(f"scoring, chunks of {c:,}", {w: functools.partial(run, w) for w in ways},
                                         args, pids=pids)
@@ -190,13 +252,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, run the chosen measurement, write ``--json``."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__.split("\n\n")[0])
     add = p.add_argument
-    add("command", choices=["workers", "compiled", "dask"])
-    add("--rounds", type=int, default=None, help="rounds (workers 5, else 3)")
+    add("command", choices=["workers", "compiled", "dask", "threads", "sample"])
+    add("--rounds", type=int, default=None, help="rounds kept (workers 5, else 3)")
+    add("--max-rounds", type=int, default=None, help="rounds run at most (default: --rounds)")
     add("--max-other", type=float, default=0.15, help="drop rounds where others used more CPU")
     add("--json", default=None)
     add("--steps", type=int, default=None, help="training steps (workers 40, compiled 1000)")
     add("--parts", default="train,sample", help="compiled: train and/or sample")
-    add("--samples", type=int, default=2000, help="compiled: names to sample")
+    add("--samples", type=int, default=2000, help="compiled, sample: names to sample")
+    add("--checkpoint", default=None, help="sample: the model")
+    add("--ab", default=None, metavar="DIR", help="sample: also the microgpt_xp package of DIR")
+    add("--batch-sizes", default="2000,500", help="sample: batch sizes")
+    add("--threads", default="all,policy", help="sample: thread counts, 'all' or 'policy'")
+    add("--backend", default="numpy", help="threads: the backend trained (torch: its threads too)")
     add("--jit", action=argparse.BooleanOptionalAction, default=None, help="compiled: JAX's sample")
     add("--train", action="store_true", help="dask: training steps too")
     add("--n-docs", type=int, default=100_000, help="dask: documents scored")
@@ -211,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.steps = args.steps or (40 if args.command == "workers" else 1000)
     if args.blas_threads is not None:
         set_threads(args.blas_threads)
-    out = {"workers": workers, "compiled": compiled, "dask": dask}[args.command](args)
+    out = {"workers": workers, "compiled": compiled, "dask": dask, "threads": threads, "sample": sample}[args.command](args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")

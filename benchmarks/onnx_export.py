@@ -12,8 +12,10 @@ figure is the median over rounds of NumPy's time over onnxruntime's, with the qu
 of the per-round ratios and the number of rounds dropped as the noise. onnxruntime runs
 as the example sets it up (``load_session``): ``--threads`` intra-op threads, all graph
 optimizations, threads that sleep between calls, and with ``--flush-denormals``
-denormals flushed to zero (faster exponentials of masked scores; onnxruntime then
-flushes them on this thread for NumPy too). NumPy's BLAS gets ``--threads`` threads.
+denormals flushed to zero (faster exponentials of the decode graph's unwritten cache
+slots; onnxruntime then flushes them on this thread for NumPy too). NumPy's BLAS gets
+``--threads`` threads. Each line ends with the graph's number of nodes, and the run with
+the machine's load average.
 
     python -m benchmarks.onnx_export [--rounds 15] [--threads N] [--flush-denormals]
 """
@@ -63,6 +65,13 @@ def compare(numpy_fn: Callable[[], Any], ort_fn: Callable[[], Any], args: Any) -
     )
 
 
+def nodes(path: Path) -> int:
+    """The number of top-level nodes of an ONNX file."""
+    import onnx
+
+    return len(onnx.load(path).graph.node)
+
+
 def forward_case(example: Any, folder: Path, config: mx.GPTConfig, b: int, args: Any) -> str:
     """``mx.forward`` on NumPy against the exported forward graph, full rows ``(b, T)``."""
     params = mx.init_params(config, dtype="float32")
@@ -75,7 +84,7 @@ def forward_case(example: Any, folder: Path, config: mx.GPTConfig, b: int, args:
     want = mx.forward(params, tokens, lengths)
     err = np.max(np.abs(sess.run(None, feed)[0] - want)) / np.max(np.abs(want))
     line = compare(lambda: mx.forward(params, tokens, lengths), lambda: sess.run(None, feed), args)
-    return f"{line}; error {err:.1e} of the largest logit"
+    return f"{line}; error {err:.1e} of the largest logit; {nodes(path)} nodes"
 
 
 def sample_case(example: Any, folder: Path, args: Any) -> str:
@@ -90,7 +99,7 @@ def sample_case(example: Any, folder: Path, args: Any) -> str:
         lambda: example.sample_names(sess, n, seed=1),
         args,
     )
-    return f"{line}; same names: {same}"
+    return f"{line}; same names: {same}; {nodes(path)} nodes"
 
 
 def main() -> None:
@@ -127,6 +136,7 @@ def main() -> None:
         ]  # fmt: skip
         for label, run in cases:
             print(f"{label}: {run()}", flush=True)
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
 if __name__ == "__main__":

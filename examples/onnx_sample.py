@@ -50,12 +50,13 @@ def load_session(
     sleep between calls (spinning, they would take the CPUs from the NumPy work between
     two steps).
 
-    ``flush_denormals=True`` makes the exponentials of masked attention scores (``-inf``)
-    several times faster: onnxruntime's ``exp`` of an input below about -87 (a result
-    below float32's normal range) is about 12 times slower than of other inputs unless
-    denormals are flushed to zero. But onnxruntime then sets flush-to-zero on the calling
-    thread for the rest of the process, so NumPy's results below 1.2e-38 (float32) or
-    2.2e-308 (float64) become zero too."""
+    ``flush_denormals=True`` makes the decode graph's exponentials of the scores of cache
+    slots not written yet (``-inf``) several times faster: onnxruntime's ``exp`` of an
+    input below about -87 (a result below float32's normal range) is about 12 times
+    slower than of other inputs unless denormals are flushed to zero. (The forward
+    graph's attention takes no such exponential.) But onnxruntime then sets flush-to-zero
+    on the calling thread for the rest of the process, so NumPy's results below 1.2e-38
+    (float32) or 2.2e-308 (float64) become zero too."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -76,36 +77,52 @@ def vocabulary(session: Any) -> list[str]:
 def draw(logits: np.ndarray, u: np.ndarray, temperature: float) -> np.ndarray:
     """One id per row of ``logits (B, V)`` by inverse CDF with uniforms ``u (B,)``, in the
     logits' dtype: the number of running sums ``c[0..V-2]`` of ``exp(z - max z)`` that are
-    ``<= u * c[V-1]``, ``z = logits / temperature``. Returns ``(B,)`` int64."""
+    ``<= u * c[V-1]``, ``z = logits / temperature``. Returns ``(B,)`` int64.
+
+    The work runs on a ``(V, B)`` copy of the logits, so that the max, the running sums
+    and the count are vectorized passes over the whole batch, one per id (each running sum
+    adds the ids in order either way: the same values)."""
     dtype = logits.dtype.type
+    z_t = np.ascontiguousarray(logits.T)
     if 1.0 / temperature * LOGIT_BOUND <= float(np.finfo(dtype).max):
-        z = logits * dtype(1.0 / temperature)
-        weights = np.exp(z - z.max(axis=1, keepdims=True))
+        z_t = z_t * dtype(1.0 / temperature)
+        weights = np.exp(z_t - z_t.max(axis=0))
     else:  # the limit of a temperature going to 0
-        weights = (logits == logits.max(axis=1, keepdims=True)).astype(dtype)
-    c = np.cumsum(weights, axis=1)
-    return np.sum(c[:, :-1] <= (u * c[:, -1])[:, None], axis=1, dtype=np.int64)
+        weights = (z_t == z_t.max(axis=0)).astype(dtype)
+    c = np.cumsum(weights, axis=0)
+    return np.sum(c[:-1] <= u * c[-1], axis=0, dtype=np.int64)
+
+
+def cache_inputs(session: Any) -> list[Any]:
+    """The decode graph's cache inputs (``keys_0``, ..., ``values_0``, ...: one ``(S, C,
+    batch)`` buffer per layer and kind), or ``ValueError`` for another graph."""
+    caches = [i for i in session.get_inputs() if i.name.startswith(("keys_", "values_"))]
+    if not caches:
+        raise ValueError("not a decode graph (export it with graph='decode')")
+    return caches
 
 
 def decode_rows(session: Any, bos: int, uniforms: np.ndarray, temperature: float) -> np.ndarray:
     """Generate ``b`` sequences from BOS with ``uniforms (b, block_size)``; returns ``(b,
     block_size)`` int64 ids, each row BOS from its first BOS on."""
-    keys = next(i for i in session.get_inputs() if i.name == "keys")
-    n_layer, block_size, n_embd, _ = keys.shape
-    dtype = np.float64 if keys.type == "tensor(double)" else np.float32
+    caches = cache_inputs(session)
+    block_size, n_embd, _ = caches[0].shape
+    dtype = np.float64 if caches[0].type == "tensor(double)" else np.float32
     b = uniforms.shape[0]
     u = uniforms.astype(dtype)
     feed = {
         "token_ids": np.full(b, bos, dtype=np.int64),
-        "keys": np.zeros((n_layer, block_size, n_embd, b), dtype=dtype),
-        "values": np.zeros((n_layer, block_size, n_embd, b), dtype=dtype),
         "pos": np.array(0, dtype=np.int64),
+        **{i.name: np.zeros((block_size, n_embd, b), dtype=dtype) for i in caches},
     }
+    outputs = [o.name for o in session.get_outputs()]
     out = np.full((b, block_size), bos, dtype=np.int64)
     done = np.zeros(b, dtype=bool)
     for pos in range(block_size):
-        logits, feed["keys"], feed["values"], feed["pos"] = session.run(None, feed)
-        token = draw(logits, u[:, pos], temperature)
+        results = dict(zip(outputs, session.run(None, feed), strict=True))
+        # each output new_X is the next step's input X (the caches and pos)
+        feed.update({k[len("new_") :]: v for k, v in results.items() if k.startswith("new_")})
+        token = draw(results["logits"], u[:, pos], temperature)
         done |= token == bos
         out[:, pos] = np.where(done, bos, token)
         feed["token_ids"] = token
@@ -129,12 +146,13 @@ def sample_names(
         raise ValueError(f"temperature must be a positive number, got {temperature!r}")
     chars = vocabulary(session)
     bos = len(chars)
-    block_size = next(i for i in session.get_inputs() if i.name == "keys").shape[1]
+    text = np.array([*chars, ""], dtype=object)  # id -> its text, BOS -> ""
+    block_size = cache_inputs(session)[0].shape[0]
     uniforms = np.random.default_rng(seed).random((num_samples, block_size))
     names = []
     for start in range(0, num_samples, batch_size):
         ids = decode_rows(session, bos, uniforms[start : start + batch_size], temperature)
-        names += ["".join(chars[i] for i in row if i != bos) for row in ids]
+        names += ["".join(row) for row in text[ids].tolist()]
     return names
 
 

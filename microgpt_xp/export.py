@@ -189,7 +189,7 @@ def _decode_graph(params: Params, ndx: Any) -> Graph:
         **{f"new_values_{i}": new.values[i] for i in layers},
         "new_pos": new.pos,
     }
-    shapes = {name: shape for name in outputs}
+    shapes: dict[str, tuple[int | str, ...]] = {name: shape for name in outputs}
     shapes.update({"logits": ("batch", cfg.vocab_size), "new_pos": ()})
     return {"token_ids": token_ids, **keys, **values, "pos": pos}, outputs, shapes
 

@@ -70,8 +70,10 @@ def rmsnorm_forward(x: Array, size: int) -> tuple[Array, Any]:
     array's shape may not tell it). The mean is ``sum * (1/C)`` and the scale uses ``**
     -0.5`` as the original does.
     """
-    ms = P.sum_last(x * x) * (1.0 / size)
-    s = (ms + RMSNORM_EPS) ** -0.5
+    # the scale is computed on (…,) and broadcast once: ONNX runtimes run an operation
+    # between a scalar and an array whose last axis is 1 element by element
+    ms = P.sum_last(x * x)[..., 0] * (1.0 / size)
+    s = ((ms + RMSNORM_EPS) ** -0.5)[..., None]
     return x * s, (x, s, size)
 
 

@@ -84,17 +84,16 @@ def test_graphs_fix_no_batch_and_no_time() -> None:
     assert shapes["lengths"] == ["batch"]
     assert shapes["logits"][2:] == [DEFAULT.vocab_size]
     assert not any(isinstance(d, int) for d in shapes["logits"][:2])
-    _, decode_model, _ = exported(DEFAULT, "float32", "decode")
+    _, decode_model, _ = exported(LAYERS, "float32", "decode")
     shapes = {v.name: dims(v) for v in [*decode_model.graph.input, *decode_model.graph.output]}
-    cache = [DEFAULT.n_layer, DEFAULT.block_size, DEFAULT.n_embd, "batch"]
+    cache = [LAYERS.block_size, LAYERS.n_embd, "batch"]
+    layers = range(LAYERS.n_layer)
     assert shapes == {
         "token_ids": ["batch"],
-        "keys": cache,
-        "values": cache,
+        **{f"{kind}_{i}": cache for kind in ("keys", "values") for i in layers},
         "pos": [],
-        "logits": ["batch", DEFAULT.vocab_size],
-        "new_keys": cache,
-        "new_values": cache,
+        "logits": ["batch", LAYERS.vocab_size],
+        **{f"new_{kind}_{i}": cache for kind in ("keys", "values") for i in layers},
         "new_pos": [],
     }
 
@@ -118,22 +117,23 @@ def test_decode_graph_equals_decode_step(config: mx.GPTConfig, dtype: str) -> No
     rng = np.random.default_rng(3)
     b = 5
     cache = mx.KVCache()
-    shape = (config.n_layer, config.block_size, config.n_embd, b)
+    layers = range(config.n_layer)
+    zeros = np.zeros((config.block_size, config.n_embd, b), dtype=dtype)
     feed = {
-        "keys": np.zeros(shape, dtype=dtype),
-        "values": np.zeros(shape, dtype=dtype),
+        **{f"{kind}_{i}": zeros for kind in ("keys", "values") for i in layers},
         "pos": np.array(0, dtype=np.int64),
     }
+    outputs = [o.name for o in session.get_outputs()]
     for pos in range(config.block_size):
         ids = rng.integers(0, config.vocab_size, size=b)
         want, cache = mx.decode_step(params, ids, cache)
-        logits, feed["keys"], feed["values"], feed["pos"] = session.run(
-            None, {**feed, "token_ids": ids}
-        )
-        assert_close(logits, want, dtype)
-        assert_close(feed["keys"], np.stack(cache.keys), dtype)
-        assert_close(feed["values"], np.stack(cache.values), dtype)
-        assert feed["pos"].shape == () and int(feed["pos"]) == pos + 1
+        got = dict(zip(outputs, session.run(None, {**feed, "token_ids": ids}), strict=True))
+        assert_close(got["logits"], want, dtype)
+        for i in layers:
+            assert_close(got[f"new_keys_{i}"], cache.keys[i], dtype)
+            assert_close(got[f"new_values_{i}"], cache.values[i], dtype)
+        assert got["new_pos"].shape == () and int(got["new_pos"]) == pos + 1
+        feed = {name[len("new_") :]: value for name, value in got.items() if name != "logits"}
 
 
 def test_export_writes_a_standalone_file(tmp_path: Path) -> None:
@@ -198,6 +198,12 @@ def test_onnx_sample_gives_the_names_of_mx_sample(tmp_path: Path) -> None:
         assert names == mx.sample(
             result.params, result.tokenizer, 300, temperature=temperature, seed=seed
         )
+
+
+def test_onnx_sample_refuses_a_forward_graph() -> None:
+    _, _, session = exported(DEFAULT, "float32", "forward")
+    with pytest.raises(ValueError, match="not a decode graph"):
+        load_example().decode_rows(session, DEFAULT.vocab_size - 1, np.zeros((1, 16)), 0.5)
 
 
 def test_onnx_sample_main(capsys: pytest.CaptureFixture[str]) -> None:

@@ -183,17 +183,11 @@ def run_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
     machine = _machine(args, backends)
     if args.ab:
         args.ab_package = checkout(args.ab)
-    cases = [
-        W.Case(w, cname, cfg, batch, dtype, backend, device=args.device, peer_device=args.peer_device)
-        for cname, cfg in configs
-        for w in workloads
-        for batch in (
-            (args.decode_batch_size or [DEFAULT_DECODE_BATCH.get(cname, 256)]) if w == "decode"
-            else (args.batch_size or [DEFAULT_BATCH.get(cname, 32)])
-        )
-        for dtype in dtypes
-        for backend in backends
-    ]
+    cases = [W.Case(w, cname, cfg, batch, dtype, backend, device=args.device, peer_device=args.peer_device)
+             for cname, cfg in configs for w in workloads
+             for batch in ((args.decode_batch_size or [DEFAULT_DECODE_BATCH.get(cname, 256)]) if w == "decode"
+                           else (args.batch_size or [DEFAULT_BATCH.get(cname, 32)]))
+             for dtype in dtypes for backend in backends]
     out: dict[str, list[Any]] = {"results": [], "comparisons": [], "skipped": [], "breakdown": []}
     for case in cases:
         _compare(case, args, settings["peers"], settings, out)
@@ -202,14 +196,8 @@ def run_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
         bd = breakdown(case, steps=3 if q else 7, warmup=1 if q else 2, max_other=args.max_other)
         out["breakdown"].append({"config": case.config_name, "batch": case.batch, "seq_len": case.seq_len,
                                  "dtype": case.dtype, "backend": case.backend, **bd})
-    return {
-        "schema": SCHEMA,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": args.argv,
-        "machine": machine,
-        "settings": settings,
-        **out,
-    }
+    return {"schema": SCHEMA, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": args.argv, "machine": machine, "settings": settings, **out}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -229,7 +217,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(render(result))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return int(args.check_targets and any(c["meets_target"] is False for c in result["comparisons"]))

@@ -7,57 +7,20 @@ then summarized. Also: threads, the allocator, page faults, the matmul yardstick
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
 import resource
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from microgpt_xp._alloc import tune_malloc as tune_malloc
-
-
-class CpuSample(NamedTuple):
-    """Cumulative jiffies: machine ``busy`` and ``total``, and ``own`` (this process, its
-    reaped children and the given worker processes)."""
-
-    busy: int
-    total: int
-    own: int
-
-
-def _jiffies(pid: int | str, children: bool = False) -> int:
-    """User + system jiffies of process ``pid`` (all threads; plus reaped children)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            v = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return sum(int(x) for x in v[11 : 15 if children else 13])  # utime stime [cutime cstime]
-
-
-def cpu_sample(pids: Iterable[int] = ()) -> CpuSample | None:
-    """Read ``/proc/stat`` and our processes' counters; ``None`` without ``/proc``."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    busy = v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)  # steal counts
-    own = _jiffies("self", children=True) + sum(_jiffies(p) for p in pids)
-    return CpuSample(busy, busy + v[3] + v[4], own)
-
-
-def other_cpu_share(before: CpuSample | None, after: CpuSample | None) -> float | None:
-    """Share (0..1) of the machine's CPU capacity that other processes used between two
-    samples (busy jiffies minus our own, over all CPUs' jiffies); ``None`` without data."""
-    if before is None or after is None:
-        return None
-    total = max(after.total - before.total, 1)
-    return max(0.0, ((after.busy - before.busy) - (after.own - before.own)) / total)
+from microgpt_xp.resources import cpu_sample, other_cpu_share
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -168,18 +131,14 @@ def blas_threads() -> int | None:
 def set_threads(n: int | None) -> dict[str, Any]:
     """Set NumPy's BLAS threads to ``n`` (``None``: leave them) and torch's, where it is
     installed, to the same number. Returns ``blas_threads``, ``torch``, ``torch_threads``."""
-    if n is not None:
-        from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_limits
 
+    if n is not None:
         threadpool_limits(limits=n, user_api="blas")
-    blas = blas_threads()
-    try:
-        import torch
-    except ImportError:
-        return {"blas_threads": blas, "torch": None, "torch_threads": None}
-    if n or blas:
+    blas, torch = blas_threads(), importlib.import_module("torch") if importlib.util.find_spec("torch") else None
+    if torch is not None and (n or blas):
         torch.set_num_threads(int(n or blas))  # type: ignore[arg-type]
-    return {"blas_threads": blas, "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    return {"blas_threads": blas, "torch": torch and torch.__version__, "torch_threads": torch and torch.get_num_threads()}
 
 
 def minor_faults() -> int:

@@ -6,9 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +21,6 @@ from microgpt_xp import GPTConfig
 TINY = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=5)
 SMALL = ["--config", "L1,C8,H2,T4", "--batch-size", "3", "--decode-batch-size", "2", "--gap", "0"]
 SMALL += ["--repeats", "1", "--max-rounds", "1", "--warmup", "1", "--min-time", "0.001", "--no-tune-malloc"]
-BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
-
-
-def test_cpu_shares() -> None:
-    before = T.CpuSample(busy=1000, total=5000, own=100)
-    # 200 jiffies of capacity, 60 busy of which 50 ours: 10 by others = 5 %
-    assert T.other_cpu_share(before, T.CpuSample(1060, 5200, 150)) == pytest.approx(0.05)
-    assert T.other_cpu_share(before, T.CpuSample(1050, 5200, 150)) == 0.0
-    assert T.other_cpu_share(None, before) is None
-    if Path("/proc/stat").exists():
-        alone, with_self = T.cpu_sample(), T.cpu_sample([os.getpid()])
-        assert alone and with_self and with_self.own >= 2 * alone.own  # a worker's pid is ours
-        subprocess.run([sys.executable, "-c", BUSY], check=True)
-        after = T.cpu_sample()  # so is a child's CPU time, once the child is waited for
-        assert after and after.own - alone.own >= 0.25 * os.sysconf("SC_CLK_TCK")
 
 
 def test_interleave_alternates_and_drops_busy_rounds(monkeypatch: pytest.MonkeyPatch) -> None:

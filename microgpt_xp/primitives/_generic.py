@@ -252,7 +252,7 @@ def causal_attention(qkv: Array, n_head: int, head_dim: int) -> tuple[Array, Any
     Position ``t`` attends to positions ``0..t``."""
     c = n_head * head_dim
     q, k, v = (split_heads(qkv[..., i * c : (i + 1) * c], n_head, head_dim) for i in range(3))
-    pos = positions(qkv[..., 0])
+    pos = positions(qkv[:1, :, 0])  # (1, T): the positions need no more of qkv
     y, cache = attention(q, k, v, causal_bias(pos, qkv.dtype), head_dim)
     return merge_heads(y, n_head), (n_head, head_dim, cache)
 
