@@ -31,7 +31,8 @@ def _real_mask(lengths: Array, pos: Array, dtype: Any) -> Array:
 
 
 # -- forward and backward over whole sequences ---------------------------------------------
-def _qkv_weight(params: Params, layer: int) -> Array:
+def qkv_weight(params: Params, layer: int) -> Array:
+    """``(3C, C)``: layer ``layer``'s query, key and value weights one above the other."""
     xp = params.xp
     return xp.concat(
         [params.attn_wq[layer, ...], params.attn_wk[layer, ...], params.attn_wv[layer, ...]], axis=0
@@ -48,7 +49,7 @@ def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
     caches: list[Any] = [c_emb, c_norm0]
     for layer in range(cfg.n_layer):
         h, c1 = L.rmsnorm_forward(x, c)
-        qkv, c2 = L.linear_forward(h, _qkv_weight(params, layer))
+        qkv, c2 = L.linear_forward(h, qkv_weight(params, layer))
         a, c3 = P.causal_attention(qkv, cfg.n_head, cfg.head_dim)
         o, c4 = L.linear_forward(a, params.attn_wo[layer, ...])
         x = x + o
@@ -414,7 +415,7 @@ def decode_hidden(params: Params, token_ids: Array, cache: KVCache) -> tuple[Arr
     x = L.rmsnorm_columns(xp.take(wte_t, token_ids, axis=1) + wpe_t, c)
     keys, values = [], []
     for layer in range(cfg.n_layer):
-        qkv = _qkv_weight(params, layer) @ L.rmsnorm_columns(x, c)
+        qkv = qkv_weight(params, layer) @ L.rmsnorm_columns(x, c)
         k = xp.where(here[:, None, None], qkv[None, c : 2 * c, :], cache.keys[layer])
         v = xp.where(here[:, None, None], qkv[None, 2 * c :, :], cache.values[layer])
         keys.append(k)

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 from . import _xp, runners
+from . import layers as L
 from . import primitives as P
 from ._xp import array_namespace
 from .data import Tokenizer
-from .model import KVCache, decode_hidden
+from .model import KVCache, decode_hidden, qkv_weight
 from .params import Params, flatten
 
 if TYPE_CHECKING:
@@ -33,10 +34,10 @@ if TYPE_CHECKING:
 LOGIT_BOUND = 1e4
 
 #: Samples generated at once when no batch size is given: big enough that a position's
-#: Python overhead is paid over many rows, small enough that a batch stays in the CPU's
-#: caches and a few MB, whatever the number of samples (docs/cli.md, "The default batch
-#: size").
-DEFAULT_BATCH_SIZE = 2_000
+#: Python overhead is paid over many rows, small enough that a batch's cache stays in the
+#: CPU's caches (``python -m benchmarks.e2e sample``: 1,000 was the fastest of 250 to
+#: 4,000 for a 2-layer 64-channel model; 500 and 2,000 were 1-5 % slower).
+DEFAULT_BATCH_SIZE = 1_000
 
 
 class SampleOptions(TypedDict, total=False):
@@ -293,6 +294,17 @@ def decode_batch(
     done = token != token
     cache = KVCache.zeros(params, b)
     k = None if top_k is None or top_k >= params.config.vocab_size else top_k
+    if compile_fn is None and writable_cache(cache):
+        return _decode_in_place(
+            params,
+            cache,
+            (token, u, done),
+            (bos, bos_id, inv_t),
+            prompt,
+            early_stop,
+            greedy=greedy,
+            top_k=k,
+        )
     step = _position_fn(greedy, k)
     step = step if compile_fn is None else _xp.compiled(step, backend)
     rows = []
@@ -334,9 +346,26 @@ def _position(
     a row's first BOS on). ``u (B,)`` uniforms, ``bos`` and ``inv_t`` 0-d arrays. With
     ``greedy``, the largest logit is drawn (``u`` draws among ties). ``top_k`` keeps the
     ``k`` largest logits of each row (and ties with the ``k``-th)."""
-    xp = params.xp
     # the ids are the model's own draws (checked once, at the start, by bos)
     x_t, cache = decode_hidden(params, token, cache)
+    token, done, row = _draw(params, x_t, u, done, bos, inv_t, greedy=greedy, top_k=top_k)
+    return token, cache, done, row
+
+
+def _draw(
+    params: Params,
+    x_t: Any,
+    u: Any,
+    done: Any,
+    bos: Any,
+    inv_t: Any,
+    *,
+    greedy: bool,
+    top_k: int | None,
+) -> tuple[Any, Any, Any]:
+    """The draw of :func:`_position` from the last hidden state ``x_t (C, B)``: ``(token,
+    done, row)``."""
+    xp = params.xp
     # logits / temperature = (lm_head / temperature) @ x_t, laid out (V, B), so that the
     # softmax and the draw reduce over the leading axis; the draw is scale-free, so it
     # takes softmax's exponentials unnormalised
@@ -348,7 +377,105 @@ def _position(
         weights = xp.where(z >= kth, weights, xp.zeros_like(weights))
     token = choose_columns(weights, u)
     done = done | (token == bos)
-    return token, cache, done, xp.where(done, bos, token)
+    return token, done, xp.where(done, bos, token)
+
+
+def _decode_in_place(
+    params: Params,
+    cache: KVCache,
+    state: tuple[Any, Any, Any],
+    bos: tuple[int, Any, Any],
+    prompt: Sequence[int],
+    early_stop: bool,
+    **choice: Any,
+) -> np.ndarray:
+    """:func:`decode_batch` on an eager namespace whose arrays can be written: each
+    position writes its cache slot in place and attends over the slots so far
+    (:func:`~microgpt_xp.model.decode_hidden_into`); with ``early_stop``, once a quarter
+    of the rows still in the batch have drawn BOS they leave it (their later ids are
+    BOS). ``state`` is ``(token, u, done)``, ``bos`` the BOS id as an int and a 0-d array
+    and the inverse temperature; ``choice`` the draw's ``greedy`` and ``top_k``. A row's
+    sums do not depend on the other rows, so the ids are those of the loop of
+    :func:`decode_batch`. Returns ``(b, block_size)`` int64 host ids."""
+    xp = params.xp
+    token, u, done = state
+    bos_int, bos_id, inv_t = bos
+    b, t = u.shape
+    out = np.full((b, t), bos_int, dtype=np.int64)
+    rows = np.arange(b)  # the rows of `out` still in the batch
+    for pos in range(t):
+        x_t = decode_hidden_into(params, token, cache, pos)
+        token, done, row = _draw(params, x_t, u[:, pos], done, bos_id, inv_t, **choice)
+        if pos < len(prompt):  # the prompt's token, not the draw
+            token = row = P.full((rows.shape[0],), prompt[pos], token)
+            done = token != token
+        out[rows, pos] = _xp.to_numpy(row)
+        if not early_stop or pos < len(prompt) or pos + 1 == t:
+            continue
+        running = ~_xp.to_numpy(done)
+        if not running.any():
+            break
+        if 4 * int(running.sum()) <= 3 * rows.shape[0]:
+            keep = np.flatnonzero(running)
+            rows = rows[keep]
+            idx = _xp.asarray(keep, params.backend, device=params.device)
+            token, u, done = (xp.take(a, idx, axis=0) for a in (token, u, done))
+            cache = KVCache(
+                tuple(_keep_columns(xp, a, idx, pos + 1) for a in cache.keys),
+                tuple(_keep_columns(xp, a, idx, pos + 1) for a in cache.values),
+                cache.pos,
+            )
+    return out
+
+
+def _keep_columns(xp: Any, buf: Any, idx: Any, filled: int) -> Any:
+    """A new ``(P, C, len(idx))`` buffer holding columns ``idx`` of ``buf (P, C, B)`` in
+    its first ``filled`` slots (the later ones are written before they are read)."""
+    new = xp.empty_like(buf[:, :, : idx.shape[0]])
+    new[:filled, ...] = xp.take(buf[:filled, ...], idx, axis=2)
+    return new
+
+
+def decode_hidden_into(params: Params, token_ids: Any, cache: KVCache, pos: int) -> Any:
+    """:func:`~microgpt_xp.model.decode_hidden` for an eager namespace whose arrays can be
+    written, the sampler's own fast path (the model itself never writes an array; see
+    :func:`writable_cache`), at the Python int position ``pos``: writes the position's key
+    and value into slot ``pos`` of the cache's buffers *in place* and attends over slots
+    ``0..pos`` only (views), so a position costs O(pos) instead of O(block_size) and
+    allocates no cache. Returns ``x_t (C, B)``; ``cache.pos`` is neither read nor
+    advanced. The sums are ``decode_hidden``'s (its hidden slots add exact zeros after
+    the visible ones), so the ids sampled from it are the same."""
+    cfg = params.config
+    xp = params.xp
+    c = cfg.n_embd
+    wpe_t = xp.matrix_transpose(params.wpe[pos : pos + 1, :])  # (C, 1)
+    x = L.rmsnorm_columns(xp.take(xp.matrix_transpose(params.wte), token_ids, axis=1) + wpe_t, c)
+    for layer in range(cfg.n_layer):
+        qkv = qkv_weight(params, layer) @ L.rmsnorm_columns(x, c)
+        keys, values = cache.keys[layer], cache.values[layer]
+        keys[pos, ...] = qkv[c : 2 * c, :]
+        values[pos, ...] = qkv[2 * c :, :]
+        y = L.decode_attention(
+            qkv[:c, :],
+            keys[: pos + 1, ...],
+            values[: pos + 1, ...],
+            None,
+            n_head=cfg.n_head,
+            head_dim=cfg.head_dim,
+            slots=pos + 1,
+        )
+        x = x + params.attn_wo[layer, ...] @ y
+        h = params.mlp_fc1[layer, ...] @ L.rmsnorm_columns(x, c)
+        x = x + params.mlp_fc2[layer, ...] @ xp.maximum(h, P.full((), 0.0, h))  # ReLU
+    return x
+
+
+def writable_cache(cache: KVCache) -> bool:
+    """Whether :func:`decode_hidden_into` can run on ``cache``: eager arrays that can be
+    written in place (NumPy, PyTorch, CuPy, array-api-strict; not JAX's, not Dask's)."""
+    from array_api_compat import is_lazy_array, is_writeable_array
+
+    return bool(is_writeable_array(cache.keys[0]) and not is_lazy_array(cache.keys[0]))
 
 
 # -- the draws ------------------------------------------------------------------------------

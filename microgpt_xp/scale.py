@@ -40,6 +40,7 @@ from .corpus import Corpus, ShuffledRepeat, Source, chunk_docs, encode, is_corpu
 from .data import DataError, Tokenizer
 from .model import score
 from .params import Params
+from .resources import score_chunk
 from .runners import chunk_bounds, host_params, run_on
 from .runners.dask import (
     Weights,
@@ -51,7 +52,7 @@ from .runners.dask import (
     weights_node,
 )
 from .sample import check_temperature, decode_batch, row_uniforms
-from .scoring import ScoreSummary, _score_docs, score_docs
+from .scoring import ScoreSummary, score_docs, score_texts
 
 __all__ = [
     "Corpus",
@@ -110,10 +111,16 @@ def _score_block(
     backend: str,
     device: Any,
 ) -> np.ndarray:
-    """One chunk's task: :func:`_score_docs` of its documents on ``backend``/``device``."""
+    """One chunk's task: its documents scored on ``backend``/``device``, in pieces of
+    :func:`~microgpt_xp.resources.score_chunk` documents (the fastest, and a task's memory
+    then does not grow with its chunk)."""
     imports_settled()
-    start, _, docs = chunk_docs(spec, corpus)
-    return np.asarray(run_on(_score_docs, backend, device, host, tokenizer, docs, start))
+    start, stop, docs = chunk_docs(spec, corpus)
+    piece = score_chunk(host.config, dtype=_xp.dtype_name(host.wte))
+    texts, positions = np.asarray(docs, dtype=object), np.arange(start, stop)
+    return np.asarray(
+        run_on(score_texts, backend, device, host, texts, positions, tokenizer, piece)
+    )
 
 
 def _encode_block(

@@ -3,6 +3,7 @@ that ``eval`` and the held-out loss of training report."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from .corpus import Source, check_source, docs_of, encode
 from .data import Tokenizer
 from .model import score
 from .params import Params
+from .resources import score_chunk
 from .runners import Local, Runner, chunk_bounds
 
 
@@ -44,11 +46,15 @@ def score_texts(
     params: Params, docs: np.ndarray, positions: np.ndarray, tokenizer: Tokenizer, chunk_size: int
 ) -> np.ndarray:
     """A runner's shard of :func:`score_docs`: the documents ``docs`` (an object array;
-    ``positions`` theirs in the corpus) scored ``chunk_size`` at a time, as
-    :func:`score_docs` scores them in one process."""
+    ``positions`` theirs in the corpus, consecutive) scored in the chunks :func:`score_docs`
+    makes in one process — cut where the corpus position is a multiple of ``chunk_size``
+    — so that each document is padded, and scored, exactly as there."""
+    first = int(positions[0]) if len(positions) else 0
+    cuts = [0, *range(-first % chunk_size or chunk_size, len(docs), chunk_size), len(docs)]
     parts = [
-        _score_docs(params, tokenizer, list(docs[a:b]), int(positions[a]))
-        for a, b in chunk_bounds(len(docs), chunk_size)
+        _score_docs(params, tokenizer, list(docs[a:b]), first + a)
+        for a, b in itertools.pairwise(cuts)
+        if b > a
     ]
     return np.concatenate(parts, axis=0)
 
@@ -69,12 +75,14 @@ def score_docs(
     tokenizer: Tokenizer,
     source: Source,
     *,
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     callback: Any = None,
     jit: bool | None = None,
     runner: Runner | None = None,
 ) -> ScoreSummary:
-    """Score every document of a corpus, ``chunk_size`` documents at a time, on the
+    """Score every document of a corpus, ``chunk_size`` documents at a time (default:
+    :func:`~microgpt_xp.resources.score_chunk`, the fastest size whose activations stay
+    within a budget), on the
     params' own backend and device (the eager twin of
     :func:`microgpt_xp.scale.score_corpus`, which builds one lazy Dask graph).
 
@@ -98,6 +106,8 @@ def score_docs(
         raise ValueError(
             f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
         )
+    if chunk_size is None:
+        chunk_size = score_chunk(params.config, dtype=_xp.dtype_name(params.wte))
     _xp.check_positive_int(chunk_size, "chunk size")
     n = check_source(source)
     if runner.shards:  # the runner spreads the documents; each shard scores its own chunks

@@ -9,11 +9,10 @@ runner, and never a backend's name, how a step runs.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -36,6 +35,7 @@ from .data import (
 from .model import Reduction, _check_reduction, _loss_and_grads, _train_step
 from .optim import Adam, AdamConfig, AdamState, adam_config, adam_update
 from .params import Params, flatten, init_params, materialize, unflatten
+from .resources import use_threads
 from .resume import ResumeError, corpus_digest, resume, run_record
 from .scale import score_docs
 
@@ -87,7 +87,9 @@ class TrainOptions(TypedDict, total=False):
         eval_every: with ``val_docs``, score them every this many steps (default: a
             tenth of the run, at least 1) and after the last step.
         on_eval: called as ``on_eval(step, val_loss)`` after each held-out scoring.
-        threads: BLAS threads of this process during the run (default: as they are).
+        threads: BLAS (and PyTorch) threads of this process during the run (default: the
+            choice of :func:`microgpt_xp.resources.blas_threads` for the model, the batch
+            and the machine's load).
         jit: ``runner=Local(jit=...)`` in a word: ``None`` compiles the step where the
             namespace has a compiler (JAX; every batch is then padded to the corpus's
             longest document, so the run compiles once), ``False`` runs eagerly, ``True``
@@ -225,7 +227,7 @@ def train(
         result = TrainResult(params, adam, tokenizer, step=adam.t, start_step=adam.t)
         loop = _Loop(runner, opts, adam, tokenizer, held_out, checkpoint, run, history)
         try:
-            with blas_threads(opts.threads):
+            with use_threads(opts.threads, config=config, batch_size=batch_size):
                 loop.run(result, tokens, lengths, steps, batch_size, seed, callback)
         finally:
             runner.close()
@@ -274,19 +276,6 @@ class _Options:
         if opts.tokenizer is not None and not isinstance(opts.tokenizer, Tokenizer):
             raise TypeError(f"tokenizer must be a Tokenizer, got {type(opts.tokenizer).__name__}")
         return opts
-
-
-@contextlib.contextmanager
-def blas_threads(threads: int | None) -> Iterator[None]:
-    """BLAS held to ``threads`` threads in this process inside the block (``None``: as
-    they are)."""
-    if threads is None:
-        yield
-        return
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=threads, user_api="blas"):
-        yield
 
 
 class _no_claim:

@@ -1160,7 +1160,8 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
         ("sample", ["(default: 20)", "(default: 0.5)", "(default: 0)", "(default: numpy)",
                     f"--batch-size N samples generated at once: memory grows with it, the "
                     f"names do not depend on it (default: {sample_module.DEFAULT_BATCH_SIZE})"]),
-        ("eval", ["--chunk-size N", "(default: 1024)", "(default: numpy)"]),
+        ("eval", ["--chunk-size N", "whose activations fit the memory budget", "(default: 500)",
+                  "(default: numpy)"]),
         ("export", ["--out FILE"]),
     ],
 )  # fmt: skip

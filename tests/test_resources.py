@@ -67,7 +67,7 @@ def test_busy_cpus_reads_the_other_processes() -> None:
     assert 0.0 <= busy <= (os.cpu_count() or 1)
     if Path("/proc/stat").exists():
         alone, with_self = R.cpu_sample(), R.cpu_sample([os.getpid()])
-        assert alone and with_self and with_self.own >= 2 * alone.own  # a given pid is ours
+        assert alone and with_self and with_self.own > alone.own  # a given pid is ours too
         subprocess.run([sys.executable, "-c", BUSY], check=True)
         after = R.cpu_sample()  # so is a child's CPU time, once the child is waited for
         assert after and after.own - alone.own >= 0.25 * os.sysconf("SC_CLK_TCK")

@@ -146,7 +146,7 @@ def add_threads_option(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         help="BLAS threads of this process (default: chosen for the model's size, see "
-        "docs/performance.md#threads)",
+        "docs/performance.md, Threads)",
     )
 
 

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.out, args.checkpoint)
     check_device(args.backend, args.device)
     from ..checkpoint import load
-    from ..train import blas_threads
+    from ..resources import use_threads
 
     ck = load(args.checkpoint, backend=args.backend, device=args.device)
     tokenizer = checkpoint_tokenizer(ck, args.checkpoint)
@@ -142,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
         "seed": None if args.microgpt_exact else args.seed,
         "microgpt_exact": args.microgpt_exact,
     }
-    with blas_threads(args.threads), Progress(args.num_samples, desc="sample", unit="name") as bar:
+    batch = min(args.batch_size, args.num_samples)
+    threads = use_threads(args.threads, config=ck.config, batch_size=batch, workload="decode")
+    with threads, Progress(args.num_samples, desc="sample", unit="name") as bar:
         counted = _counted(batches, bar)
         if args.out is not None:
             from .._files import atomic_open
