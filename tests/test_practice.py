@@ -207,3 +207,12 @@ def test_python_dash_m_microgpt_xp_runs_the_cli() -> None:
         [sys.executable, "-m", "microgpt_xp", "--version"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and done.stdout.startswith("microgpt-xp ")
+
+
+def test_dask_sampling_with_zero_chunks_is_a_value_error() -> None:
+    pytest.importorskip("dask")
+    tokenizer = mx.Tokenizer.from_docs(DOCS)
+    params = mx.init_params(mx.GPTConfig(tokenizer.vocab_size), seed=0).to("dask")
+    with pytest.raises(ValueError, match="chunks must be a positive int, got 0"):
+        mx.sample(params, tokenizer, 4, chunks=0)
+    assert mx.sample(params, tokenizer, 4, chunks=2) == mx.sample(params.to("numpy"), tokenizer, 4)
