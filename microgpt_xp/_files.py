@@ -192,12 +192,8 @@ def _new_temp(path: Path) -> tuple[int, Path]:
         _lock(fd, blocking=True)
         # a cleaner may have taken the lock and removed the file before we locked it:
         # the file is ours only if its name still leads to it
-        st = os.fstat(fd)
-        try:
-            ours = os.path.samestat(st, os.stat(tmp))
-        except FileNotFoundError:
-            ours = False
-        if ours:
+        if _still_named(fd, tmp):
+            st = os.fstat(fd)
             _HELD.add((st.st_dev, st.st_ino))
             return fd, tmp
         os.close(fd)
@@ -251,6 +247,15 @@ def _lock(fd: int, *, blocking: bool) -> bool | None:
             return None
         raise
     return True
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether ``path`` still leads to the open file ``fd`` (not removed or replaced since
+    it was opened)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _release(fd: int) -> None:
@@ -338,11 +343,8 @@ def claim(path: str | Path, *, exist_ok: bool = False) -> Claim:
             os.close(fd)
             raise busy
         # the holder may have released (and removed) the file before we locked it
+        current = _still_named(fd, lock_path)
         st = os.fstat(fd)
-        try:
-            current = os.path.samestat(st, os.stat(lock_path))
-        except FileNotFoundError:
-            current = False
         if current:
             break
         os.close(fd)
