@@ -104,7 +104,11 @@ def cache_inputs(session: Any) -> list[Any]:
 
 def decode_rows(session: Any, bos: int, uniforms: np.ndarray, temperature: float) -> np.ndarray:
     """Generate ``b`` sequences from BOS with ``uniforms (b, block_size)``; returns ``(b,
-    block_size)`` int64 ids, each row BOS from its first BOS on."""
+    block_size)`` int64 ids, each row BOS from its first BOS on.
+
+    Rows that have ended leave the batch (their columns of the caches are dropped) once
+    they are a quarter of it or more: each step then runs on the rows still going, and
+    the copy that drops them is made rarely. A row's values do not depend on the others."""
     caches = cache_inputs(session)
     block_size, n_embd, _ = caches[0].shape
     dtype = np.float64 if caches[0].type == "tensor(double)" else np.float32
@@ -117,17 +121,23 @@ def decode_rows(session: Any, bos: int, uniforms: np.ndarray, temperature: float
     }
     outputs = [o.name for o in session.get_outputs()]
     out = np.full((b, block_size), bos, dtype=np.int64)
-    done = np.zeros(b, dtype=bool)
+    rows = np.arange(b)  # the rows of ``out`` still in the batch, in batch order
+    going = np.ones(b, dtype=bool)  # which of them have not ended
     for pos in range(block_size):
         results = dict(zip(outputs, session.run(None, feed), strict=True))
         # each output new_X is the next step's input X (the caches and pos)
         feed.update({k[len("new_") :]: v for k, v in results.items() if k.startswith("new_")})
-        token = draw(results["logits"], u[:, pos], temperature)
-        done |= token == bos
-        out[:, pos] = np.where(done, bos, token)
+        token = draw(results["logits"], u[rows, pos], temperature)
+        going &= token != bos
+        out[rows[going], pos] = token[going]
         feed["token_ids"] = token
-        if done.all():
+        if not going.any():
             break
+        if 4 * np.count_nonzero(going) <= 3 * rows.size:
+            rows, token = rows[going], token[going]
+            for i in caches:
+                feed[i.name] = np.ascontiguousarray(feed[i.name][..., going])
+            feed["token_ids"], going = token, np.ones(rows.size, dtype=bool)
     return out
 
 
