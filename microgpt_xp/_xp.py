@@ -258,6 +258,14 @@ def check_positive_int(value: Any, what: str) -> int:
     return value
 
 
+def check_nonnegative_int(value: Any, what: str) -> int:
+    """Return ``value`` if it is an ``int`` (not a ``bool``) of at least 0 (a seed, a
+    count that may be zero), else raise ``ValueError`` naming it as ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative int, got {value!r}")
+    return value
+
+
 def check_jit(jit: Any) -> bool | None:
     """Return ``jit`` if it is ``None``, ``True`` or ``False``, else raise ``TypeError``."""
     if jit is not None and not isinstance(jit, bool):

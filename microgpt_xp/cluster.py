@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ._backends import install_extra
-from ._xp import check_positive_int
+from ._xp import check_nonnegative_int, check_positive_int
 
 #: The address that means "start a LocalCluster on this machine".
 LOCAL = "local"
@@ -89,8 +89,7 @@ def connect(
     distributed = _distributed()
     if not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
-    if isinstance(min_workers, bool) or not isinstance(min_workers, int) or min_workers < 0:
-        raise ValueError(f"min_workers must be a non-negative int, got {min_workers!r}")
+    check_nonnegative_int(min_workers, "min_workers")
     local = address is None or address == LOCAL
     if local:
         for name, value in (("n_workers", n_workers), ("threads_per_worker", threads_per_worker)):

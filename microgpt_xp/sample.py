@@ -104,8 +104,7 @@ def iter_sample_tokens(
         raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
     inv_t = 1.0 / check_temperature(options.get("temperature", 0.5))
     seed = options.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    _xp.check_nonnegative_int(seed, "seed")
     top_k = options.get("top_k")
     if top_k is not None:
         _xp.check_positive_int(top_k, "top_k")

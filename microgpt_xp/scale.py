@@ -377,8 +377,7 @@ def generate(
     temperature = check_temperature(temperature)
     if not 0 <= bos < cfg.vocab_size:
         raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    _xp.check_nonnegative_int(seed, "seed")
     check_chunk_size(chunk_size)
     check_chunk_backend(chunk_backend)
     bounds = chunk_bounds(num_samples, chunk_size)

@@ -265,8 +265,7 @@ class _Options:
         _xp.check_positive_int(steps, "steps")
         _xp.check_positive_int(batch_size, "batch size")
         _check_reduction(opts.reduction)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        _xp.check_nonnegative_int(seed, "seed")
         for name in ("eval_every", "chunk_size", "workers", "threads"):
             value = getattr(opts, name)
             if value is not None:
