@@ -112,6 +112,20 @@ def test_two_new_runs_on_one_checkpoint_exactly_one_proceeds(tmp_path: Path) -> 
     assert mx.load(path).step == 30
 
 
+def test_a_replay_does_not_write_a_checkpoint_another_run_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from microgpt_xp._files import claim
+    from microgpt_xp.cli import main
+
+    path = tmp_path / "run.npz"
+    argv = ["replay", "--steps", "2", "--num-samples", "0", "--checkpoint", str(path)]
+    with claim(path):  # another run, still writing it
+        assert main([*argv, "--overwrite"]) == 1
+    assert "claimed by another run" in capsys.readouterr().err and not path.exists()
+    assert main(argv) == 0 and mx.load(path).step == 2  # free again: the replay saves
+
+
 def test_an_unwritable_checkpoint_is_found_before_any_step(tmp_path: Path) -> None:
     steps: list[int] = []
     (tmp_path / "file").write_text("x")

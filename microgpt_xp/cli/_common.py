@@ -205,8 +205,6 @@ def check_scheduler(args: argparse.Namespace) -> None:
     if not _xp.entry(args.backend).chunked:  # a cluster runs Dask tasks
         raise UsageError("--scheduler needs --backend dask")
     if importlib.util.find_spec("distributed") is None:
-        from .. import _xp
-
         raise ImportError(f"--scheduler needs dask.distributed: {_xp.entry('dask').install}")
 
 
@@ -222,6 +220,21 @@ def check_output(out: str | None, checkpoint: str | None = None, what: str = "--
             f"{what} {out!r} is --checkpoint {checkpoint!r}: it would replace the model"
         )
     check_writable(out, make_parents=False)
+
+
+def check_corpus_kept(args: argparse.Namespace, *options: str) -> None:
+    """Refuse a ``--checkpoint`` that is the file of one of ``options`` (``"data"``,
+    ``"val_data"``; the same file, however it is spelled): the run would replace its
+    corpus."""
+    from .._files import same_file
+
+    for option in options:
+        given = getattr(args, option)
+        if args.checkpoint is not None and given is not None and same_file(args.checkpoint, given):
+            raise UsageError(
+                f"--checkpoint {args.checkpoint!r} is --{option.replace('_', '-')} {given!r}: "
+                "the run would replace its corpus"
+            )
 
 
 def check_device(backend: str, device: str | None) -> None:

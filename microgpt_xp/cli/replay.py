@@ -23,6 +23,7 @@ from ._common import (
     add_backend_options,
     add_command,
     add_json_option,
+    check_corpus_kept,
     check_device,
     in_option_words,
     nonnegative_int,
@@ -109,19 +110,17 @@ def parse_train_argv(argv: Sequence[str]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     """Replay the original run, printing what the original prints."""
+    import contextlib
     from pathlib import Path
 
-    from .._files import check_writable
+    from .._files import claim
 
     if args.overwrite and args.checkpoint is None:
         raise UsageError("--overwrite needs --checkpoint PATH")
     check_plot(args.plot)
-    if args.checkpoint is not None:
-        if Path(args.checkpoint).exists() and not args.overwrite:
-            raise FileExistsError(
-                f"checkpoint {args.checkpoint!r} exists: replace it with --overwrite"
-            )
-        check_writable(args.checkpoint)
+    check_corpus_kept(args, "data")
+    if args.checkpoint is not None and Path(args.checkpoint).exists() and not args.overwrite:
+        raise FileExistsError(f"checkpoint {args.checkpoint!r} exists: replace it with --overwrite")
     check_device(args.backend, args.device)
     docs = read_docs(args.data)
     if args.data is None:
@@ -143,7 +142,19 @@ def run(args: argparse.Namespace) -> int:
         f"the original's block size {size}" if args.block_size is None else f"--block-size {size}"
     )
     note_cut(docs, size, what)
+    # held from the writability check to the save: no other run writes the checkpoint
+    # meanwhile, and of two new replays on one path only one starts
+    owned = (
+        claim(args.checkpoint, exist_ok=args.overwrite)
+        if args.checkpoint is not None
+        else contextlib.nullcontext()
+    )
+    with owned:
+        return _replay(args, docs, shape)
 
+
+def _replay(args: argparse.Namespace, docs: list[str], shape: dict[str, Any]) -> int:
+    """The replay itself, its checkpoint, plot and summary."""
     from ..exact import run_exact
 
     start = time.perf_counter()

@@ -30,6 +30,7 @@ from ._common import (
     add_scheduler_option,
     add_threads_option,
     add_workers_option,
+    check_corpus_kept,
     check_device,
     check_jit,
     check_scheduler,
@@ -213,15 +214,7 @@ def run(args: argparse.Namespace) -> int:
     check_jit(args)
     check_scheduler(args)
     check_plot(args.plot)
-    from .._files import same_file
-
-    for option in ("data", "val_data"):
-        given = getattr(args, option)
-        if args.checkpoint is not None and given is not None and same_file(args.checkpoint, given):
-            raise UsageError(
-                f"--checkpoint {args.checkpoint!r} is --{option.replace('_', '-')} {given!r}: "
-                "the run would replace its corpus"
-            )
+    check_corpus_kept(args, "data", "val_data")
     check_device(args.backend, args.device)
     with dask_client(args.scheduler):
         return _train(args)
