@@ -1,17 +1,17 @@
 """``microgpt-xp export``: a checkpoint's weights as JSON in the original's state-dict
-layout with its tokenizer (:func:`microgpt_xp.exact.export_state_dict`), or the model as an
-ONNX graph (:func:`microgpt_xp.export_onnx`)."""
+layout with its tokenizer (:func:`microgpt_xp.exact.export_state_dict`), or the model as
+an ONNX graph (:func:`microgpt_xp.export_onnx`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from ._common import Subcommands, UsageError, add_checkpoint_option, add_command, check_output
+from ._common import Subcommands, UsageError, add, add_command, check_files
 
 
 def add_parser(sub: Subcommands) -> None:
-    """Add the ``export`` subcommand to ``sub`` (the result of ``add_subparsers``)."""
+    """Add the ``export`` subcommand to ``sub``."""
     x = add_command(
         sub,
         "export",
@@ -25,7 +25,7 @@ def add_parser(sub: Subcommands) -> None:
         "logits (batch, time, vocab) out; --graph decode: one KV-cache step); needs the\n"
         "[onnx] extra. Either file is written atomically.",
     )
-    add_checkpoint_option(x)
+    add(x, "checkpoint")
     x.add_argument(
         "--out", metavar="FILE", required=True, help="file to write ('-': stdout, JSON only)"
     )
@@ -33,8 +33,8 @@ def add_parser(sub: Subcommands) -> None:
     x.add_argument(
         "--graph",
         choices=("forward", "decode"),
-        default="forward",
-        help="with --format onnx: the whole-sequence forward or one decoding step",
+        help="with --format onnx: the whole-sequence forward or one decoding step "
+        "(default: forward)",
     )
     x.set_defaults(handler=run)
 
@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     """Write the weights (or the graph) to ``--out``."""
     if args.format == "onnx" and args.out == "-":
         raise UsageError("--format onnx writes a file: give --out FILE")
-    check_output(args.out, args.checkpoint)
+    if args.format != "onnx" and args.graph is not None:
+        raise UsageError("--graph applies only with --format onnx")
+    check_files(args, args.out)
     from .._files import atomic_write
     from ..checkpoint import load
 
@@ -51,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "onnx":
         from ..export import export_onnx
 
-        export_onnx(ck.params, args.out, graph=args.graph, tokenizer=ck.tokenizer)
-        print(f"wrote the {args.graph} graph of {ck.config.num_params} weights to {args.out}")
+        graph = args.graph or "forward"
+        export_onnx(ck.params, args.out, graph=graph, tokenizer=ck.tokenizer)
+        print(f"wrote the {graph} graph of {ck.config.num_params} weights to {args.out}")
         return 0
     from ..exact import export_state_dict
     from ..params import TOKENIZER_KEY

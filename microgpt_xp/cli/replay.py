@@ -1,51 +1,44 @@
-"""``microgpt-xp replay`` (also spelled ``train --microgpt-exact``): the original microgpt
+"""``microgpt-xp replay`` (also ``train --microgpt-exact``): the original microgpt
 script's run (:func:`microgpt_xp.run_exact`), and ``sample --microgpt-exact``, which
 continues the random state it saved (:func:`microgpt_xp.sample_exact`).
 
-The replay has a parser of its own, with only the options that apply to it; ``train
+The replay has a parser of its own with only the options that apply to it; ``train
 --microgpt-exact ...`` is parsed by it, so an option of batched training given there is
 argparse's one-line "unrecognized arguments" error."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from ._common import (
-    DEFAULT_NUM_SAMPLES,
-    DEFAULT_TEMPERATURE,
     PROG,
     Parser,
     Subcommands,
     UsageError,
-    add_backend_options,
+    add,
     add_command,
-    add_json_option,
-    check_corpus_kept,
-    check_device,
-    in_option_words,
-    nonnegative_int,
+    add_shape_options,
+    check_common,
+    check_files,
+    check_plot,
     note,
-    positive_float,
-    positive_int,
+    note_cut,
+    plot_losses,
     print_json,
     read_docs,
+    shape_of,
 )
-from ._plot import check_plot, plot_losses
-from ._shape import SPEC_SHAPE, add_shape_options, note_cut
 
-if TYPE_CHECKING:
-    from ..checkpoint import Checkpoint
-    from ..data import Tokenizer
-
-#: The flag of ``train`` that hands its command line to this module.
-FLAG = "--microgpt-exact"
+FLAG = "--microgpt-exact"  # the flag of train that hands its command line to this module
 
 
 def add_parser(sub: Subcommands) -> None:
-    """Add the ``replay`` subcommand to ``sub`` (the result of ``add_subparsers``)."""
+    """Add the ``replay`` subcommand to ``sub``."""
     r = add_command(
         sub,
         "replay",
@@ -58,40 +51,15 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def _add_options(r: argparse.ArgumentParser) -> None:
-    add_backend_options(r)
-    r.add_argument(
-        "--data",
-        metavar="FILE",
-        default=None,
-        help="UTF-8 text file, one document a line (default: the embedded corpus)",
-    )
-    r.add_argument("--steps", type=positive_int, default=1000, help="number of steps")
-    r.add_argument(
-        "--num-samples",
-        type=nonnegative_int,
-        default=DEFAULT_NUM_SAMPLES,
-        help="names to sample after training (0: none)",
-    )
-    r.add_argument(
-        "--temperature",
-        type=positive_float,
-        default=DEFAULT_TEMPERATURE,
-        help="sampling temperature",
-    )
+    add(r, "backend", "device", "data", "steps", "num_samples", "temperature")
     r.add_argument(
         "--checkpoint",
         metavar="PATH",
-        default=None,
-        help="save the replay's weights, optimizer and random state here ('sample --microgpt-exact' continues it)",
+        help="save the replay's weights, optimizer and random state here ('sample "
+        "--microgpt-exact' continues it)",
     )
     r.add_argument("--overwrite", action="store_true", help="replace an existing --checkpoint")
-    r.add_argument(
-        "--plot",
-        metavar="FILE",
-        default=None,
-        help="save the loss curve to FILE (needs matplotlib)",
-    )
-    add_json_option(r, "print a JSON summary instead of the original's lines")
+    add(r, "plot", "json", json={"help": "print a JSON summary instead of the original's lines"})
     r.add_argument(
         "--newlines", action="store_true", help="end step lines with a newline instead of '\\r'"
     )
@@ -99,8 +67,7 @@ def _add_options(r: argparse.ArgumentParser) -> None:
 
 
 def parse_train_argv(argv: Sequence[str]) -> argparse.Namespace:
-    """The replay's arguments from a ``train ... --microgpt-exact ...`` command line
-    (``argv`` without ``train``)."""
+    """The replay's arguments from ``train ... --microgpt-exact ...`` (without ``train``)."""
     parser = Parser(prog=f"{PROG} train {FLAG}", description=__doc__)
     _add_options(parser)
     args = parser.parse_args([a for a in argv if a != FLAG])
@@ -109,82 +76,64 @@ def parse_train_argv(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Replay the original run, printing what the original prints."""
-    import contextlib
-    from pathlib import Path
-
+    """Replay the original run, printing what the original prints, then save, plot and
+    summarize."""
     from .._files import claim
+    from ..exact import run_exact
 
     if args.overwrite and args.checkpoint is None:
         raise UsageError("--overwrite needs --checkpoint PATH")
     check_plot(args.plot)
-    check_corpus_kept(args, "data")
+    check_files(args)
     if args.checkpoint is not None and Path(args.checkpoint).exists() and not args.overwrite:
         raise FileExistsError(f"checkpoint {args.checkpoint!r} exists: replace it with --overwrite")
-    check_device(args.backend, args.device)
+    check_common(args)
     docs = read_docs(args.data)
     if args.data is None:
         note(
             f"no --data: using the embedded corpus ({len(docs)} names); the original microgpt "
             "trained on makemore's names.txt"
         )
-    shape: dict[str, Any] = {
-        k: SPEC_SHAPE[k] if getattr(args, k) is None else getattr(args, k) for k in SPEC_SHAPE
-    }
-    from ..config import GPTConfig
-
-    try:
-        GPTConfig(2, **shape)  # the shape alone, before any work
-    except ValueError as exc:
-        raise UsageError(in_option_words(str(exc))) from None
+    shape: dict[str, Any] = shape_of(args)
     size = shape["block_size"]
     what = (
         f"the original's block size {size}" if args.block_size is None else f"--block-size {size}"
     )
     note_cut(docs, size, what)
-    # held from the writability check to the save: no other run writes the checkpoint
-    # meanwhile, and of two new replays on one path only one starts
+    # held from here to the save: of two replays on one path only one starts
     owned = (
         claim(args.checkpoint, exist_ok=args.overwrite)
         if args.checkpoint is not None
         else contextlib.nullcontext()
     )
     with owned:
-        return _replay(args, docs, shape)
-
-
-def _replay(args: argparse.Namespace, docs: list[str], shape: dict[str, Any]) -> int:
-    """The replay itself, its checkpoint, plot and summary."""
-    from ..exact import run_exact
-
-    start = time.perf_counter()
-    # run_exact prints the original's lines itself (print_fn's default) unless --json
-    printing: dict[str, Any] = {"print_fn": None} if args.json else {}
-    replay = run_exact(
-        docs,
-        backend=args.backend,
-        device=args.device,
-        num_steps=args.steps,
-        num_samples=args.num_samples,
-        temperature=args.temperature,
-        newlines=args.newlines,
-        **shape,
-        **printing,
-    )
-    seconds = time.perf_counter() - start
-    assert replay.params is not None and replay.adam is not None
-    if args.checkpoint is not None:
-        from ..checkpoint import save
-
-        version, internal, gauss_next = replay.sample_rng_state
-        save(
-            args.checkpoint,
-            replay.params,
-            adam=replay.adam,
-            step=len(replay.losses),
-            tokenizer=replay.tokenizer,
-            meta={"microgpt_exact": {"sample_rng_state": [version, list(internal), gauss_next]}},
+        start = time.perf_counter()
+        replay = run_exact(
+            docs,
+            backend=args.backend,
+            device=args.device,
+            num_steps=args.steps,
+            num_samples=args.num_samples,
+            temperature=args.temperature,
+            newlines=args.newlines,
+            **shape,
+            **({"print_fn": None} if args.json else {}),  # else it prints the original's lines
         )
+        seconds = time.perf_counter() - start
+        assert replay.params is not None and replay.adam is not None
+        if args.checkpoint is not None:
+            from ..checkpoint import save
+
+            version, internal, gauss_next = replay.sample_rng_state
+            rng = {"sample_rng_state": [version, list(internal), gauss_next]}
+            save(
+                args.checkpoint,
+                replay.params,
+                adam=replay.adam,
+                step=len(replay.losses),
+                tokenizer=replay.tokenizer,
+                meta={"microgpt_exact": rng},
+            )
     if args.plot is not None:
         plot_losses(args.plot, replay.losses, 0, "microgpt-exact (one document a step, float64)")
     if args.json:
@@ -205,7 +154,7 @@ def _replay(args: argparse.Namespace, docs: list[str], shape: dict[str, Any]) ->
     return 0
 
 
-def sample_exact(args: argparse.Namespace, ck: Checkpoint, tokenizer: Tokenizer) -> list[str]:
+def sample_exact(args: argparse.Namespace, ck: Any) -> list[str]:
     """``sample --microgpt-exact``: the original's sampling from the saved random state."""
     import random
 
@@ -227,4 +176,4 @@ def sample_exact(args: argparse.Namespace, ck: Checkpoint, tokenizer: Tokenizer)
         raise CheckpointError(
             f"checkpoint {args.checkpoint!r}: malformed microgpt-exact random state ({exc})"
         ) from exc
-    return sample_exact(ck.params, tokenizer, rng, args.num_samples, args.temperature)
+    return sample_exact(ck.params, ck.tokenizer, rng, args.num_samples, args.temperature)
