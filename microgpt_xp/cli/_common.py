@@ -1,6 +1,6 @@
-"""What the subcommands share: the parser, the options several of them take (declared
-once, in :data:`SHARED`), the checks made before any work, the table of library
-arguments and their options, and the printing of notes, samples and JSON."""
+"""What the subcommands share: every option, declared once (:data:`ARGUMENTS`), the
+table of library arguments and their options, the checks made before any work, and the
+printing of notes, samples and JSON."""
 
 from __future__ import annotations
 
@@ -14,29 +14,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn, TypeAlias
 
 from .._xp import BACKENDS, DTYPES
+from ..sample import DEFAULT_BATCH_SIZE
 
 PROG = "microgpt-xp"
-#: The spec's model shape: the defaults of the shape options.
-SPEC_SHAPE = {"n_layer": 1, "n_embd": 16, "n_head": 4, "block_size": 16}
-
-#: The option that sets each library argument (``param`` of a user error, ``option`` of
-#: a ``ResumeError``): the one place where a library error gets the command line's words.
-OPTIONS = {
-    name: "--" + name.replace("_", "-")
-    for name in (
-        *("seed", "steps", "batch_size", "lr", "dtype", "chunk_size", "workers", "threads"),
-        *("eval_every", "top_k", "temperature", "num_samples", "prompt", "checkpoint"),
-        *("checkpoint_every", "resume", "overwrite", "backend", "device", "jit", "graph"),
-        *("val_fraction", *SPEC_SHAPE),
-    )
-} | {
-    "docs": "--data",
-    "val_docs": "--val-data",
-    "fraction": "--val-fraction",
-    "num_steps": "--steps",
-    "budget_bytes": "--memory-budget",
-    "address": "--scheduler",
-}
+SPEC_SHAPE = {"n_layer": 1, "n_embd": 16, "n_head": 4, "block_size": 16}  # the defaults
 
 
 class UsageError(Exception):
@@ -61,7 +42,6 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
             "(default" in text
             or action.required
             or any(action.default is v for v in (None, False, argparse.SUPPRESS))
-            or not action.option_strings
         ):
             return text
         return f"{text} (default: %(default)s)"
@@ -101,7 +81,7 @@ def positive_float(text: str) -> float:
 
 def thread_count(text: str) -> int | str:
     """``--threads``: ``auto``, or a positive count capped (with a note) at the cores this
-    process may use, so that no count beyond them reaches a native thread pool."""
+    process may use, so that no larger count reaches a native thread pool."""
     if text == "auto":
         return text
     from ..resources import usable_cpus
@@ -112,79 +92,181 @@ def thread_count(text: str) -> int | str:
     return min(value, cpus)
 
 
+def flag(help: str) -> dict[str, Any]:
+    return {"action": "store_true", "help": help}
+
+
+def count(help: str, default: int | None = None, metavar: str = "N") -> dict[str, Any]:
+    return {"type": positive_int, "default": default, "metavar": metavar, "help": help}
+
+
+#: Every option of every subcommand, by its ``dest`` (``dest/variant`` where subcommands
+#: differ): the keywords of ``add_argument``.
+ARGUMENTS: dict[str, dict[str, Any]] = {
+    "checkpoint": {
+        "metavar": "PATH",
+        "required": True,
+        "help": "checkpoint to load (written by 'microgpt-xp train --checkpoint PATH'; it "
+        "holds the model's shape, weights and tokenizer)",
+    },
+    "checkpoint/save": {
+        "metavar": "PATH",
+        "help": "save the run here at the end (and every --checkpoint-every steps): weights, "
+        "optimizer state, model shape, tokenizer and losses, or the replay's random state "
+        "that 'sample --microgpt-exact' continues; an existing file needs --resume or "
+        "--overwrite (default: no checkpoint)",
+    },
+    "data": {
+        "metavar": "FILE",
+        "help": "UTF-8 text file, one document per line (default: the embedded corpus of "
+        "English first names)",
+    },
+    "val_data": {"metavar": "FILE", "help": "held-out documents, one a line"},
+    "val_fraction": {
+        "metavar": "F",
+        "type": positive_float,
+        "help": "hold out this fraction of --data (a split fixed by --seed; a resumed run keeps it)",
+    },
+    "eval_every": count(
+        "score the held-out documents every N steps, and after the last "
+        "(default: a tenth of the run)"
+    ),
+    "backend": {"choices": BACKENDS, "default": "numpy", "help": "array backend"},
+    "device": {
+        "help": "device of the backend, e.g. 'cpu', 'cuda:0', 'device1' (array_api_strict) "
+        "(default: the backend's default device)"
+    },
+    "dtype": {"choices": DTYPES, "default": "float32", "help": "floating dtype of the weights"},
+    "steps": {
+        "type": positive_int,
+        "default": 1000,
+        "help": "number of Adam steps (also the length of the linear learning-rate decay); "
+        "with --resume, more steps than a finished run took extend it",
+    },
+    "batch_size": {"type": positive_int, "default": 32, "help": "documents per step"},
+    "batch_size/sample": count(
+        "samples generated at once: memory grows with it, the names do not depend on it",
+        DEFAULT_BATCH_SIZE,
+    ),
+    "lr": {"type": positive_float, "default": 0.01, "help": "initial learning rate"},
+    "seed": {
+        "type": int,
+        "default": 0,
+        "help": "seed of the initial weights, batch order "
+        "and sampling (sample: of the sampling draws)",
+    },
+    "checkpoint_every": {
+        "type": nonnegative_int,
+        "default": 0,
+        "metavar": "N",
+        "help": "also save the checkpoint every N steps; 0: only at the end",
+    },
+    "resume": flag(
+        "continue the run in --checkpoint if that file exists (with its --data, held-out "
+        "documents, --seed, --batch-size, --lr, --dtype and model shape, which an option "
+        "given must match; its --steps, or more to extend a finished run)"
+    ),
+    "overwrite": flag("replace an existing --checkpoint with a new run"),
+    "chunk_size": count("dask: documents per task (default: one task a batch)"),
+    "chunk_size/eval": count(
+        "documents scored at once; on dask, documents per task (default: the most whose "
+        "activations fit the memory budget, and at most the fastest measured size: 39 for a "
+        "2-layer 64-channel model, 492 for the spec's)"
+    ),
+    "memory_budget": count(
+        "megabytes of activations a chunk may take, when --chunk-size is not given", 500, "MB"
+    ),
+    "workers": count(
+        "N processes (not threads) share each batch by rows: this one and N-1 spawned worker "
+        "processes, ended with the command; the arrays stay on --backend (default: this "
+        "process alone)"
+    ),
+    "threads": {
+        "type": thread_count,
+        "metavar": "N",
+        "help": "BLAS threads of this process, at most its cores; 'auto' also counts the "
+        "cores other processes keep busy (default: chosen for the model's size, see "
+        "docs/performance.md, Threads)",
+    },
+    "jit": {
+        "action": argparse.BooleanOptionalAction,
+        "help": "compile the computation with the backend's compiler (jax: jax.jit); "
+        "--no-jit runs it eagerly; --jit on a backend without a compiler is an error "
+        "(default: compile where the backend has a compiler)",
+    },
+    "scheduler": {
+        "metavar": "ADDRESS",
+        "help": "a running dask.distributed scheduler to compute on (tcp://host:8786, or the "
+        "JSON file of 'dask scheduler --scheduler-file'; 'local' starts a local cluster); "
+        "only with --backend dask (default: Dask's threads in this process)",
+    },
+    "n_layer": count("transformer blocks (default: 1)"),
+    "n_embd": count("channels of the residual stream, a multiple of --n-head (default: 16)"),
+    "n_head": count("attention heads (default: 4)"),
+    "block_size": count(
+        "positions the model reads (replay: 16 unless given): a document of up to N-1 "
+        "characters is read whole; longer ones are cut to their first N characters, and a "
+        "note says how many (default: the spec's 16, or the longest document + 1 where that "
+        "is more)"
+    ),
+    "plot": {
+        "metavar": "FILE",
+        "help": "save the loss curve to FILE (e.g. loss.png; needs matplotlib)",
+    },
+    "num_samples": {
+        "type": nonnegative_int,
+        "default": 20,
+        "help": "names to sample after training (0: none)",
+    },
+    "num_samples/sample": {"type": positive_int, "default": 20, "help": "names to sample"},
+    "temperature": {"type": positive_float, "default": 0.5, "help": "sampling temperature"},
+    "top_k": count(
+        "draw among the K most likely next characters only (default: among all)", None, "K"
+    ),
+    "prompt": {"metavar": "TEXT", "help": "the start every name continues (printed with it)"},
+    "out/sample": {
+        "metavar": "FILE",
+        "help": "write the names to FILE, one per line (a corpus for 'train --data'), through "
+        "a temporary file renamed to FILE at the end, so that FILE is complete or "
+        "untouched; stdout then gets one summary line (default: the names go to stdout)",
+    },
+    "out": {
+        "metavar": "FILE",
+        "required": True,
+        "help": "file to write ('-': stdout, JSON only)",
+    },
+    "format": {"choices": ("json", "onnx"), "default": "json", "help": "what to write"},
+    "graph": {
+        "choices": ("forward", "decode"),
+        "help": "with --format onnx: the whole-sequence forward or one decoding step "
+        "(default: forward)",
+    },
+    "json": flag("print JSON instead of text (train, replay: a summary with the losses)"),
+    "microgpt_exact": flag(
+        "train: replay the original microgpt script (see 'microgpt-xp replay --help'); "
+        "sample: continue the random state that 'microgpt-xp replay --checkpoint' saved"
+    ),
+    "newlines": flag("with --microgpt-exact: end step lines with a newline instead of '\\r'"),
+}
+
+#: The option that sets each library argument (``param`` of a user error, ``option`` of
+#: a ``ResumeError``): the one place where a library error gets the command line's words.
+OPTIONS = {
+    **{k.split("/")[0]: "--" + k.split("/")[0].replace("_", "-") for k in ARGUMENTS},
+    **{"docs": "--data", "val_docs": "--val-data", "fraction": "--val-fraction"},
+    **{"num_steps": "--steps", "budget_bytes": "--memory-budget", "address": "--scheduler"},
+}
+
+
 def add_command(sub: Subcommands, name: str, summary: str, description: str) -> Parser:
     """Add the subcommand ``name`` with ``summary`` and ``description``."""
     return sub.add_parser(name, help=summary, description=description, formatter_class=Formatter)
 
 
-#: The options of several subcommands: (flags, argparse keywords).
-SHARED: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
-    "checkpoint": (("--checkpoint",), dict(metavar="PATH", required=True, help=(
-        "checkpoint to load (written by 'microgpt-xp train --checkpoint PATH'; it holds the "
-        "model's shape, weights and tokenizer)"))),
-    "data": (("--data",), dict(metavar="FILE", help="UTF-8 text file, one document per line "
-                               "(default: the embedded corpus of English first names)")),
-    "backend": (("--backend",), dict(choices=BACKENDS, default="numpy", help="array backend")),
-    "device": (("--device",), dict(help="device of the backend, e.g. 'cpu', 'cuda:0', "
-               "'device1' (array_api_strict) (default: the backend's default device)")),
-    "dtype": (("--dtype",), dict(choices=DTYPES, default="float32",
-                                 help="floating dtype of the weights")),
-    "steps": (("--steps",), dict(type=positive_int, default=1000, help=(
-        "number of Adam steps (also the length of the linear learning-rate decay); with "
-        "--resume, more steps than a finished run took extend it"))),
-    "num_samples": (("--num-samples",), dict(type=nonnegative_int, default=20,
-                    help="names to sample after training (0: none)")),
-    "temperature": (("--temperature",), dict(type=positive_float, default=0.5,
-                    help="sampling temperature")),
-    "seed": (("--seed",), dict(type=int, default=0, help="seed of the sampling draws")),
-    "workers": (("--workers",), dict(metavar="N", type=positive_int, help=(
-        "N processes (not threads) share each batch by rows: this one and N-1 spawned worker "
-        "processes, ended with the command; the arrays stay on --backend (default: this "
-        "process alone)"))),
-    "threads": (("--threads",), dict(metavar="N", type=thread_count, help=(
-        "BLAS threads of this process, at most its cores; 'auto' also counts the cores other "
-        "processes keep busy (default: chosen for the model's size, see docs/performance.md, "
-        "Threads)"))),
-    "jit": (("--jit",), dict(action=argparse.BooleanOptionalAction, help=(
-        "compile the computation with the backend's compiler (jax: jax.jit); --no-jit runs "
-        "it eagerly; --jit on a backend without a compiler is an error (default: compile "
-        "where the backend has a compiler)"))),
-    "scheduler": (("--scheduler",), dict(metavar="ADDRESS", help=(
-        "a running dask.distributed scheduler to compute on (tcp://host:8786, or the JSON "
-        "file of 'dask scheduler --scheduler-file'; 'local' starts a local cluster); only "
-        "with --backend dask (default: Dask's threads in this process)"))),
-    "plot": (("--plot",), dict(metavar="FILE", help=(
-        "save the loss curve to FILE (e.g. loss.png; needs matplotlib)"))),
-    "json": (("--json",), dict(action="store_true", help="print JSON instead of text")),
-}  # fmt: skip
-
-
-def add(p: argparse.ArgumentParser, *names: str, **changes: dict[str, Any]) -> None:
-    """Add the :data:`SHARED` options ``names`` to ``p``; ``changes[name]`` overrides
-    some of one option's keywords."""
-    for name in names:
-        flags, kwargs = SHARED[name]
-        p.add_argument(*flags, **{**kwargs, **changes.get(name, {})})
-
-
-def add_shape_options(p: argparse.ArgumentParser, block_default: str) -> None:
-    """--n-layer, --n-embd, --n-head and --block-size, in a group of their own."""
-    shape = p.add_argument_group(
-        "model shape",
-        "Stored in the checkpoint; sample, eval and export read it from there. With\n"
-        "--resume, the checkpoint's shape is used (an option given must match it).",
-    )
-    helps = {
-        "n_layer": "transformer blocks",
-        "n_embd": "channels of the residual stream, a multiple of --n-head",
-        "n_head": "attention heads",
-        "block_size": "positions the model reads: a document of up to N-1 characters is "
-        "read whole; longer ones are cut to their first N characters, and a note says how "
-        f"many {block_default}",
-    }
-    for name, text in helps.items():
-        default = "" if name == "block_size" else f" (default: {SPEC_SHAPE[name]})"
-        shape.add_argument(OPTIONS[name], metavar="N", type=positive_int, help=text + default)
+def add(p: Any, names: str) -> None:
+    """Add the options ``names`` (keys of :data:`ARGUMENTS`, space-separated) to ``p``."""
+    for name in names.split():
+        p.add_argument(OPTIONS[name.split("/")[0]], **ARGUMENTS[name])
 
 
 def shape_of(args: argparse.Namespace, block_size: int | None = None) -> dict[str, int]:
@@ -214,7 +296,8 @@ def note_cut(docs: Sequence[str], size: int, what: str, scored: bool = False) ->
     )
     if cut:
         note(
-            f"{cut} of {len(docs)} documents are longer than {what} reads whole ({size - 1} characters): {then}"
+            f"{cut} of {len(docs)} documents are longer than {what} reads whole "
+            f"({size - 1} characters): {then}"
         )
 
 

@@ -13,7 +13,6 @@ from ._common import (
     dask_client,
     load_checkpoint,
     note_cut,
-    positive_int,
     print_json,
     read_docs,
     threads_for,
@@ -32,23 +31,8 @@ def add_parser(sub: Subcommands) -> None:
         "A document longer than the checkpoint's block size reads whole is scored on its\n"
         "first block-size characters (a note says how many are).",
     )
-    add(e, "checkpoint", "data", "backend", "device", "threads", "jit")
-    e.add_argument(
-        "--chunk-size",
-        metavar="N",
-        type=positive_int,
-        help="documents scored at once; on dask, documents per task (default: the most "
-        "whose activations fit the memory budget, and at most the fastest measured size: "
-        "39 for a 2-layer 64-channel model, 492 for the spec's)",
-    )
-    e.add_argument(
-        "--memory-budget",
-        metavar="MB",
-        type=positive_int,
-        default=500,
-        help="megabytes of activations a chunk may take, when --chunk-size is not given",
-    )
-    add(e, "scheduler", "json")
+    add(e, "checkpoint data backend device threads jit chunk_size/eval memory_budget scheduler")
+    add(e, "json")
     e.set_defaults(handler=run)
 
 

@@ -25,17 +25,7 @@ def add_parser(sub: Subcommands) -> None:
         "logits (batch, time, vocab) out; --graph decode: one KV-cache step); needs the\n"
         "[onnx] extra. Either file is written atomically.",
     )
-    add(x, "checkpoint")
-    x.add_argument(
-        "--out", metavar="FILE", required=True, help="file to write ('-': stdout, JSON only)"
-    )
-    x.add_argument("--format", choices=("json", "onnx"), default="json", help="what to write")
-    x.add_argument(
-        "--graph",
-        choices=("forward", "decode"),
-        help="with --format onnx: the whole-sequence forward or one decoding step "
-        "(default: forward)",
-    )
+    add(x, "checkpoint out format graph")
     x.set_defaults(handler=run)
 
 

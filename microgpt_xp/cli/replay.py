@@ -22,7 +22,6 @@ from ._common import (
     UsageError,
     add,
     add_command,
-    add_shape_options,
     check_common,
     check_files,
     check_plot,
@@ -51,19 +50,8 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def _add_options(r: argparse.ArgumentParser) -> None:
-    add(r, "backend", "device", "data", "steps", "num_samples", "temperature")
-    r.add_argument(
-        "--checkpoint",
-        metavar="PATH",
-        help="save the replay's weights, optimizer and random state here ('sample "
-        "--microgpt-exact' continues it)",
-    )
-    r.add_argument("--overwrite", action="store_true", help="replace an existing --checkpoint")
-    add(r, "plot", "json", json={"help": "print a JSON summary instead of the original's lines"})
-    r.add_argument(
-        "--newlines", action="store_true", help="end step lines with a newline instead of '\\r'"
-    )
-    add_shape_options(r, "(default: the original's)")
+    add(r, "backend device data steps num_samples temperature checkpoint/save overwrite plot")
+    add(r, "json newlines n_layer n_embd n_head block_size")
 
 
 def parse_train_argv(argv: Sequence[str]) -> argparse.Namespace:
@@ -117,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             newlines=args.newlines,
             **shape,
-            **({"print_fn": None} if args.json else {}),  # else it prints the original's lines
+            **({"print_fn": None} if args.json else {}),  # type: ignore[arg-type]
         )
         seconds = time.perf_counter() - start
         assert replay.params is not None and replay.adam is not None

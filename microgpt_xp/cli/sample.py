@@ -15,7 +15,6 @@ from ._common import (
     check_common,
     check_files,
     load_checkpoint,
-    positive_int,
     print_json,
     print_json_stream,
     print_samples,
@@ -39,45 +38,8 @@ def add_parser(sub: Subcommands) -> None:
         "With --microgpt-exact, continue the random state that 'microgpt-xp replay\n"
         "--checkpoint' saved, and print the names that run printed.",
     )
-    add(
-        s,
-        "checkpoint",
-        "num_samples",
-        "temperature",
-        num_samples={"type": positive_int, "help": "names to sample"},
-    )
-    s.add_argument(
-        "--top-k",
-        metavar="K",
-        type=positive_int,
-        help="draw among the K most likely next characters only (default: among all)",
-    )
-    s.add_argument(
-        "--prompt", metavar="TEXT", help="the start every name continues (printed with it)"
-    )
-    add(s, "seed", "backend", "device")
-    s.add_argument(
-        "--batch-size",
-        metavar="N",
-        type=positive_int,
-        default=DEFAULT_BATCH_SIZE,
-        help="samples generated at once: memory grows with it, the names do not depend on it",
-    )
-    add(s, "workers", "threads", "jit")
-    s.add_argument(
-        "--out",
-        metavar="FILE",
-        help="write the names to FILE, one per line (a corpus for 'train --data'), through "
-        "a temporary file renamed to FILE at the end, so that FILE is complete or "
-        "untouched; stdout then gets one summary line (default: the names go to stdout)",
-    )
-    add(s, "json")
-    s.add_argument(
-        "--microgpt-exact",
-        action="store_true",
-        help="sample as the original does, from the random state saved by "
-        "'microgpt-xp replay --checkpoint'",
-    )
+    add(s, "checkpoint num_samples/sample temperature top_k prompt seed backend device")
+    add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact")
     s.set_defaults(handler=run)
 
 

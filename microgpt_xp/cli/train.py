@@ -19,17 +19,13 @@ from ._common import (
     UsageError,
     add,
     add_command,
-    add_shape_options,
     check_common,
     check_files,
     check_plot,
     dask_client,
-    nonnegative_int,
     note,
     note_cut,
     plot_losses,
-    positive_float,
-    positive_int,
     print_json,
     print_samples,
     read_docs,
@@ -59,70 +55,11 @@ def add_parser(sub: Subcommands) -> None:
         "With --microgpt-exact, replay the original microgpt script instead (the same as\n"
         "'microgpt-xp replay', whose options it takes).",
     )
-    add(t, "backend", "device", "dtype", "steps")
-    t.add_argument("--batch-size", type=positive_int, default=32, help="documents per step")
-    t.add_argument("--lr", type=positive_float, default=0.01, help="initial learning rate")
-    add(t, "data")
-    held = t.add_mutually_exclusive_group()
-    held.add_argument("--val-data", metavar="FILE", help="held-out documents, one a line")
-    held.add_argument(
-        "--val-fraction",
-        metavar="F",
-        type=positive_float,
-        help="hold out this fraction of --data (a split fixed by --seed; a resumed run keeps it)",
-    )
-    t.add_argument(
-        "--eval-every",
-        metavar="N",
-        type=positive_int,
-        help="score the held-out documents every N steps, and after the last (default: a "
-        "tenth of the run)",
-    )
-    add(t, "seed", seed={"help": "seed of the initial weights, batch order and sampling"})
-    t.add_argument(
-        "--checkpoint",
-        metavar="PATH",
-        help="save the weights, optimizer state, model shape, tokenizer and loss history "
-        "here at the end (and every --checkpoint-every steps); an existing file needs "
-        "--resume or --overwrite (default: no checkpoint)",
-    )
-    t.add_argument(
-        "--checkpoint-every",
-        metavar="N",
-        type=nonnegative_int,
-        default=0,
-        help="also save the checkpoint every N steps; 0: only at the end",
-    )
-    t.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --checkpoint if that file exists (with its --data, "
-        "held-out documents, --seed, --batch-size, --lr, --dtype and model shape; its "
-        "--steps, or more to extend a finished run)",
-    )
-    t.add_argument(
-        "--overwrite", action="store_true", help="replace an existing --checkpoint with a new run"
-    )
-    t.add_argument(
-        "--chunk-size",
-        metavar="N",
-        type=positive_int,
-        help="dask: documents per task (default: one task a batch)",
-    )
-    add(t, "workers", "threads", "jit", "scheduler")
-    add_shape_options(t, "(default: the spec's 16, or the longest document + 1 where that is more)")
-    add(t, "plot", "num_samples", "temperature")
-    add(t, "json", json={"help": "print a JSON summary (the per-step and held-out losses too)"})
-    t.add_argument(
-        "--microgpt-exact",
-        action="store_true",
-        help="replay the original microgpt script (see 'microgpt-xp replay --help')",
-    )
-    t.add_argument(
-        "--newlines",
-        action="store_true",
-        help="with --microgpt-exact: end step lines with a newline instead of '\\r'",
-    )
+    add(t, "backend device dtype steps batch_size lr data")
+    add(t.add_mutually_exclusive_group(), "val_data val_fraction")
+    add(t, "eval_every seed checkpoint/save checkpoint_every resume overwrite chunk_size workers")
+    add(t, "threads jit scheduler n_layer n_embd n_head block_size plot num_samples temperature")
+    add(t, "json microgpt_exact newlines")
     t.set_defaults(handler=run)
 
 
