@@ -269,6 +269,11 @@ def add(p: Any, names: str) -> None:
         p.add_argument(OPTIONS[name.split("/")[0]], **ARGUMENTS[name])
 
 
+def keywords(args: argparse.Namespace, names: str) -> dict[str, Any]:
+    """The options ``names`` (space-separated) as the library keywords of the same name."""
+    return {name: getattr(args, name) for name in names.split()}
+
+
 def shape_of(args: argparse.Namespace, block_size: int | None = None) -> dict[str, int]:
     """The shape the options give (the spec's where not given, ``block_size`` first),
     refused in the options' words when ``--n-embd`` is not a multiple of ``--n-head``."""

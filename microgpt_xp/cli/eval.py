@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import (
-    Subcommands,
-    add,
-    add_command,
-    check_common,
-    dask_client,
-    load_checkpoint,
-    note_cut,
-    print_json,
-    read_docs,
-    threads_for,
-)
+from . import _common as common
 from ._progress import Progress
 
 
-def add_parser(sub: Subcommands) -> None:
+def add_parser(sub: common.Subcommands) -> None:
     """Add the ``eval`` subcommand to ``sub``."""
-    e = add_command(
+    e = common.add_command(
         sub,
         "eval",
         "mean loss of a checkpoint over a corpus",
@@ -31,14 +20,16 @@ def add_parser(sub: Subcommands) -> None:
         "A document longer than the checkpoint's block size reads whole is scored on its\n"
         "first block-size characters (a note says how many are).",
     )
-    add(e, "checkpoint data backend device threads jit chunk_size/eval memory_budget scheduler")
-    add(e, "json")
+    common.add(
+        e, "checkpoint data backend device threads jit chunk_size/eval memory_budget scheduler"
+    )
+    common.add(e, "json")
     e.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Score the corpus (on the ``--scheduler`` cluster if given) and print the mean."""
-    check_common(args)
+    common.check_common(args)
     from .. import _xp
     from ..resources import score_chunk
     from ..runners import resolve
@@ -46,18 +37,18 @@ def run(args: argparse.Namespace) -> int:
 
     # --backend dask: one task per chunk (DaskTasks), the weights on the chunks' backend
     runner, home = resolve(None, args.backend, jit=args.jit)
-    with dask_client(args.scheduler):  # connect first: an unreachable scheduler fails now
-        ck = load_checkpoint(args, home, args.device if home == args.backend else None)
+    with common.dask_client(args.scheduler):  # connect first: an unreachable scheduler fails now
+        ck = common.load_checkpoint(args, home, args.device if home == args.backend else None)
         budget = args.memory_budget * 10**6
         dtype = _xp.dtype_name(ck.params.wte)
         chunk = args.chunk_size or score_chunk(ck.config, budget_bytes=budget, dtype=dtype)
         if runner.shards:
             runner, _ = resolve(None, args.backend, chunk_size=chunk)
-        docs = read_docs(args.data)
+        docs = common.read_docs(args.data)
         size = ck.config.block_size
-        note_cut(docs, size, f"the checkpoint's block size {size}", scored=True)
+        common.note_cut(docs, size, f"the checkpoint's block size {size}", scored=True)
         with (
-            threads_for(args, ck.config, chunk, "score"),
+            common.threads_for(args, ck.config, chunk, "score"),
             Progress(len(docs), desc="eval", unit="doc") as bar,
         ):
             scores = score_docs(
@@ -69,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 runner=runner,
             )
     if args.json:
-        print_json(
+        common.print_json(
             {
                 "mean_loss": scores.mean,
                 "num_docs": len(docs),

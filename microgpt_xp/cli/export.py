@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import Subcommands, UsageError, add, add_command, check_files
+from . import _common as common
 
 
-def add_parser(sub: Subcommands) -> None:
+def add_parser(sub: common.Subcommands) -> None:
     """Add the ``export`` subcommand to ``sub``."""
-    x = add_command(
+    x = common.add_command(
         sub,
         "export",
         "write a checkpoint's weights as JSON, or the model as an ONNX graph",
@@ -25,17 +25,17 @@ def add_parser(sub: Subcommands) -> None:
         "logits (batch, time, vocab) out; --graph decode: one KV-cache step); needs the\n"
         "[onnx] extra. Either file is written atomically.",
     )
-    add(x, "checkpoint out format graph")
+    common.add(x, "checkpoint out format graph")
     x.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the weights (or the graph) to ``--out``."""
     if args.format == "onnx" and args.out == "-":
-        raise UsageError("--format onnx writes a file: give --out FILE")
+        raise common.UsageError("--format onnx writes a file: give --out FILE")
     if args.format != "onnx" and args.graph is not None:
-        raise UsageError("--graph applies only with --format onnx")
-    check_files(args, args.out)
+        raise common.UsageError("--graph applies only with --format onnx")
+    common.check_files(args, args.out)
     from .._files import atomic_write
     from ..checkpoint import load
 

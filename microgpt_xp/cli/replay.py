@@ -15,30 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._common import (
-    PROG,
-    Parser,
-    Subcommands,
-    UsageError,
-    add,
-    add_command,
-    check_common,
-    check_files,
-    check_plot,
-    note,
-    note_cut,
-    plot_losses,
-    print_json,
-    read_docs,
-    shape_of,
-)
+from . import _common as common
 
 FLAG = "--microgpt-exact"  # the flag of train that hands its command line to this module
 
 
-def add_parser(sub: Subcommands) -> None:
+def add_parser(sub: common.Subcommands) -> None:
     """Add the ``replay`` subcommand to ``sub``."""
-    r = add_command(
+    r = common.add_command(
         sub,
         "replay",
         "replay the original microgpt script (also: train --microgpt-exact)",
@@ -50,13 +34,15 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def _add_options(r: argparse.ArgumentParser) -> None:
-    add(r, "backend device data steps num_samples temperature checkpoint/save overwrite plot")
-    add(r, "json newlines n_layer n_embd n_head block_size")
+    common.add(
+        r, "backend device data steps num_samples temperature checkpoint/save overwrite plot"
+    )
+    common.add(r, "json newlines n_layer n_embd n_head block_size")
 
 
 def parse_train_argv(argv: Sequence[str]) -> argparse.Namespace:
     """The replay's arguments from ``train ... --microgpt-exact ...`` (without ``train``)."""
-    parser = Parser(prog=f"{PROG} train {FLAG}", description=__doc__)
+    parser = common.Parser(prog=f"{common.PROG} train {FLAG}", description=__doc__)
     _add_options(parser)
     args = parser.parse_args([a for a in argv if a != FLAG])
     args.argv = ["train", *argv]
@@ -70,24 +56,24 @@ def run(args: argparse.Namespace) -> int:
     from ..exact import run_exact
 
     if args.overwrite and args.checkpoint is None:
-        raise UsageError("--overwrite needs --checkpoint PATH")
-    check_plot(args.plot)
-    check_files(args)
+        raise common.UsageError("--overwrite needs --checkpoint PATH")
+    common.check_plot(args.plot)
+    common.check_files(args)
     if args.checkpoint is not None and Path(args.checkpoint).exists() and not args.overwrite:
         raise FileExistsError(f"checkpoint {args.checkpoint!r} exists: replace it with --overwrite")
-    check_common(args)
-    docs = read_docs(args.data)
+    common.check_common(args)
+    docs = common.read_docs(args.data)
     if args.data is None:
-        note(
+        common.note(
             f"no --data: using the embedded corpus ({len(docs)} names); the original microgpt "
             "trained on makemore's names.txt"
         )
-    shape: dict[str, Any] = shape_of(args)
+    shape: dict[str, Any] = common.shape_of(args)
     size = shape["block_size"]
     what = (
         f"the original's block size {size}" if args.block_size is None else f"--block-size {size}"
     )
-    note_cut(docs, size, what)
+    common.note_cut(docs, size, what)
     # held from here to the save: of two replays on one path only one starts
     owned = (
         claim(args.checkpoint, exist_ok=args.overwrite)
@@ -98,12 +84,8 @@ def run(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         replay = run_exact(
             docs,
-            backend=args.backend,
-            device=args.device,
             num_steps=args.steps,
-            num_samples=args.num_samples,
-            temperature=args.temperature,
-            newlines=args.newlines,
+            **common.keywords(args, "backend device num_samples temperature newlines"),
             **shape,
             **({"print_fn": None} if args.json else {}),  # type: ignore[arg-type]
         )
@@ -123,9 +105,11 @@ def run(args: argparse.Namespace) -> int:
                 meta={"microgpt_exact": rng},
             )
     if args.plot is not None:
-        plot_losses(args.plot, replay.losses, 0, "microgpt-exact (one document a step, float64)")
+        common.plot_losses(
+            args.plot, replay.losses, 0, "microgpt-exact (one document a step, float64)"
+        )
     if args.json:
-        print_json(
+        common.print_json(
             {
                 "mode": "microgpt-exact",
                 "final_loss": replay.losses[-1] if replay.losses else None,

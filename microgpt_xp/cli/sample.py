@@ -7,25 +7,13 @@ import argparse
 from collections.abc import Iterable
 
 from ..sample import DEFAULT_BATCH_SIZE
-from ._common import (
-    Subcommands,
-    UsageError,
-    add,
-    add_command,
-    check_common,
-    check_files,
-    load_checkpoint,
-    print_json,
-    print_json_stream,
-    print_samples,
-    threads_for,
-)
+from . import _common as common
 from ._progress import Progress
 
 
-def add_parser(sub: Subcommands) -> None:
+def add_parser(sub: common.Subcommands) -> None:
     """Add the ``sample`` subcommand to ``sub``."""
-    s = add_command(
+    s = common.add_command(
         sub,
         "sample",
         "sample names from a checkpoint",
@@ -38,16 +26,16 @@ def add_parser(sub: Subcommands) -> None:
         "With --microgpt-exact, continue the random state that 'microgpt-xp replay\n"
         "--checkpoint' saved, and print the names that run printed.",
     )
-    add(s, "checkpoint num_samples/sample temperature top_k prompt seed backend device")
-    add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact")
+    common.add(s, "checkpoint num_samples/sample temperature top_k prompt seed backend device")
+    common.add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact")
     s.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the checkpoint onto ``--backend``/``--device`` and stream its samples."""
-    check_common(args)
-    check_files(args, args.out)
-    ck = load_checkpoint(args, args.backend, args.device)
+    common.check_common(args)
+    common.check_files(args, args.out)
+    ck = common.load_checkpoint(args, args.backend, args.device)
     if args.microgpt_exact:
         from .replay import sample_exact
 
@@ -58,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             None,
             None,
         ]:
-            raise UsageError(
+            raise common.UsageError(
                 "--seed, --batch-size, --workers, --top-k and --prompt cannot be used with "
                 "--microgpt-exact (it continues the saved random state, one name at a time)"
             )
@@ -70,13 +58,7 @@ def run(args: argparse.Namespace) -> int:
             ck.params,
             ck.tokenizer,
             args.num_samples,
-            batch_size=args.batch_size,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            prompt=args.prompt,
-            seed=args.seed,
-            workers=args.workers,
-            jit=args.jit,
+            **common.keywords(args, "batch_size temperature top_k prompt seed workers jit"),
         )
     head = {
         "checkpoint": args.checkpoint,
@@ -89,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     }
     batch = min(args.batch_size, args.num_samples)
     with (
-        threads_for(args, ck.config, batch, "decode"),
+        common.threads_for(args, ck.config, batch, "decode"),
         Progress(args.num_samples, desc="sample", unit="name") as bar,
     ):
         counted = bar.counted(batches)
@@ -102,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
                     f.writelines(f"{name}\n" for name in names)
                     count += len(names)
             if args.json:
-                print_json({**head, "out": args.out, "num_samples": count})
+                common.print_json({**head, "out": args.out, "num_samples": count})
             else:
                 print(f"wrote {count} names to {args.out}")
         elif args.json:
-            print_json_stream(head, "samples", counted)
+            common.print_json_stream(head, "samples", counted)
         else:
             for names in counted:
-                print_samples(names, start=bar.n - len(names) + 1)
+                common.print_samples(names, start=bar.n - len(names) + 1)
     return 0

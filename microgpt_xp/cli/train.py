@@ -11,32 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._common import (
-    OPTIONS,
-    PROG,
-    SPEC_SHAPE,
-    Subcommands,
-    UsageError,
-    add,
-    add_command,
-    check_common,
-    check_files,
-    check_plot,
-    dask_client,
-    note,
-    note_cut,
-    plot_losses,
-    print_json,
-    print_samples,
-    read_docs,
-    shape_of,
-)
+from . import _common as common
 from ._progress import Progress
 
 
-def add_parser(sub: Subcommands) -> None:
+def add_parser(sub: common.Subcommands) -> None:
     """Add the ``train`` subcommand to ``sub``."""
-    t = add_command(
+    t = common.add_command(
         sub,
         "train",
         "train on a data file or the embedded default corpus, then sample names",
@@ -55,11 +36,15 @@ def add_parser(sub: Subcommands) -> None:
         "With --microgpt-exact, replay the original microgpt script instead (the same as\n"
         "'microgpt-xp replay', whose options it takes).",
     )
-    add(t, "backend device dtype steps batch_size lr data")
-    add(t.add_mutually_exclusive_group(), "val_data val_fraction")
-    add(t, "eval_every seed checkpoint/save checkpoint_every resume overwrite chunk_size workers")
-    add(t, "threads jit scheduler n_layer n_embd n_head block_size plot num_samples temperature")
-    add(t, "json microgpt_exact newlines")
+    common.add(t, "backend device dtype steps batch_size lr data")
+    common.add(t.add_mutually_exclusive_group(), "val_data val_fraction")
+    common.add(
+        t, "eval_every seed checkpoint/save checkpoint_every resume overwrite chunk_size workers"
+    )
+    common.add(
+        t, "threads jit scheduler n_layer n_embd n_head block_size plot num_samples temperature"
+    )
+    common.add(t, "json microgpt_exact newlines")
     t.set_defaults(handler=run)
 
 
@@ -70,27 +55,29 @@ def run(args: argparse.Namespace) -> int:
 
         return replay.run(replay.parse_train_argv(args.argv[1:]))
     if args.newlines:
-        raise UsageError("--newlines applies only with --microgpt-exact")
+        raise common.UsageError("--newlines applies only with --microgpt-exact")
     if args.resume and args.overwrite:
-        raise UsageError(
+        raise common.UsageError(
             "--resume continues the run in --checkpoint and --overwrite replaces it: give one"
         )
     if (args.resume or args.overwrite or args.checkpoint_every) and args.checkpoint is None:
-        raise UsageError("--resume, --overwrite and --checkpoint-every need --checkpoint PATH")
-    check_common(args)
+        raise common.UsageError(
+            "--resume, --overwrite and --checkpoint-every need --checkpoint PATH"
+        )
+    common.check_common(args)
     from .._xp import entry
 
     if args.chunk_size is not None and not entry(args.backend).chunked:
         raise ValueError("--chunk-size is the rows of a Dask task: it needs --backend dask")
-    check_plot(args.plot)
-    check_files(args)
+    common.check_plot(args.plot)
+    common.check_files(args)
     exists = args.checkpoint is not None and Path(args.checkpoint).exists()
     if exists and not (args.resume or args.overwrite):
         raise FileExistsError(
             f"checkpoint {args.checkpoint!r} exists: continue its run with --resume or "
             "replace it with --overwrite"
         )
-    with dask_client(args.scheduler):
+    with common.dask_client(args.scheduler):
         return _train(args, exists and args.resume)
 
 
@@ -98,9 +85,9 @@ def _corpora(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
     """The training documents and the held-out ones (``None``: none)."""
     from ..data import split_docs
 
-    docs = read_docs(args.data)
+    docs = common.read_docs(args.data)
     if args.val_data is not None:
-        return docs, read_docs(args.val_data)
+        return docs, common.read_docs(args.val_data)
     if args.val_fraction is not None:
         return split_docs(docs, args.val_fraction, args.seed)
     return docs, None
@@ -122,15 +109,19 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
 
         config = _resumed_config(args, load(args.checkpoint), tokenizer)
     else:
-        config = GPTConfig(tokenizer.vocab_size, **shape_of(args, default_block_size(every_doc)))
+        config = GPTConfig(
+            tokenizer.vocab_size, **common.shape_of(args, default_block_size(every_doc))
+        )
     if len(docs) < args.batch_size:
         raise ValueError(
             f"the corpus has {len(docs)} documents, fewer than the batch size "
             f"{args.batch_size}: use --batch-size {len(docs)} (or less), or more documents"
         )
-    shape = {name: getattr(config, name) for name in SPEC_SHAPE}
+    shape = {name: getattr(config, name) for name in common.SPEC_SHAPE}
     shape_text = (
-        "" if shape == SPEC_SHAPE else f" ({', '.join(f'{k} {v}' for k, v in shape.items())})"
+        ""
+        if shape == common.SPEC_SHAPE
+        else f" ({', '.join(f'{k} {v}' for k, v in shape.items())})"
     )
     held = "" if val_docs is None else f" (+{len(val_docs)} held out)"
     header = (
@@ -145,9 +136,9 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         that an error is the only line), then show the progress from ``step`` on."""
         size = config.block_size
         what = f"the checkpoint's block size {size}" if resuming else f"--block-size {size}"
-        note_cut(every_doc, size, what)
+        common.note_cut(every_doc, size, what)
         if args.resume and not resuming:
-            note(f"--resume: {args.checkpoint!r} did not exist; the run started at step 0")
+            common.note(f"--resume: {args.checkpoint!r} did not exist; the run started at step 0")
         if not args.json:
             print(header, flush=True)
         state["bar"] = Progress(args.steps, desc="train", unit="step", initial=step)
@@ -162,31 +153,19 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         state["bar"].update(step, val=f"{val_loss:.4f}")
 
     started, start = time.time_ns(), time.perf_counter()
-    threads = None if args.threads == "auto" else args.threads
     try:
         result = training.train(
             docs,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            seed=args.seed,
             config=config,
-            backend=args.backend,
-            device=args.device,
-            dtype=args.dtype,
-            checkpoint=args.checkpoint,
             val_docs=val_docs,
             callback=progress,
-            tokenizer=tokenizer,
-            lr=args.lr,
-            chunk_size=args.chunk_size,
-            workers=args.workers,
-            threads=threads,
-            jit=args.jit,
-            eval_every=args.eval_every,
             on_eval=evaluated,
-            checkpoint_every=args.checkpoint_every,
-            resume=args.resume,
-            overwrite=args.overwrite,
+            tokenizer=tokenizer,
+            threads=None if args.threads == "auto" else args.threads,
+            **common.keywords(args, "steps batch_size seed backend device dtype checkpoint lr jit"),
+            **common.keywords(
+                args, "chunk_size workers eval_every checkpoint_every resume overwrite"
+            ),
         )
     except training.ResumeError as exc:
         raise ValueError(resume_words(exc, args)) from None
@@ -202,7 +181,7 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
     seconds = time.perf_counter() - start
     if state["bar"] is None:  # no step to take: the run in the checkpoint was finished
         begin(result.step).close()
-        note(
+        common.note(
             f"the run in {args.checkpoint!r} has taken all its {result.step} steps; a "
             "larger --steps extends it"
         )
@@ -222,11 +201,11 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
     final_val = result.val_losses[-1][1] if result.val_losses else None
     if args.plot is not None and result.losses:
         title = f"microgpt-xp ({args.backend} {args.dtype}, batch {args.batch_size})"
-        plot_losses(args.plot, result.losses, result.start_step, title, result.val_losses)
+        common.plot_losses(args.plot, result.losses, result.start_step, title, result.val_losses)
     elif args.plot is not None:
-        note(f"no steps were run, so no loss curve was written to {args.plot!r}")
+        common.note(f"no steps were run, so no loss curve was written to {args.plot!r}")
     if args.json:
-        print_json(
+        common.print_json(
             {
                 "final_loss": final_loss,
                 "final_val_loss": final_val,
@@ -258,17 +237,17 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         print(f"checkpoint: {args.checkpoint} (step {result.step})")
     if args.plot is not None and result.losses:
         print(f"loss curve: {args.plot}")
-    print_samples(names)
+    common.print_samples(names)
     return 0
 
 
 def _resumed_config(args: argparse.Namespace, ck: Any, tokenizer: Any) -> Any:
     """The shape of the run that --resume continues; a shape option given, or the
     corpus's characters, must match it."""
-    for key in SPEC_SHAPE:
+    for key in common.SPEC_SHAPE:
         given, saved = getattr(args, key), getattr(ck.config, key)
         if given is not None and given != saved:
-            option = OPTIONS[key]
+            option = common.OPTIONS[key]
             raise ValueError(
                 f"cannot resume {args.checkpoint!r} with {option} {given}: its run has "
                 f"{option} {saved}"
@@ -283,7 +262,7 @@ def _resumed_config(args: argparse.Namespace, ck: Any, tokenizer: Any) -> Any:
 
 def resume_words(exc: Any, args: argparse.Namespace) -> str:
     """A ``ResumeError`` in the command line's words: the option, given and saved."""
-    name, option = args.checkpoint, OPTIONS.get(exc.option, exc.option)
+    name, option = args.checkpoint, common.OPTIONS.get(exc.option, exc.option)
     if exc.option in ("docs", "val_docs"):
         given = args.data or "(the embedded corpus)"
         held = "" if exc.option == "docs" else " held-out"
@@ -312,7 +291,7 @@ def _stopped(args: argparse.Namespace, why: str, step: int | None, started_ns: i
             if args.checkpoint_every
             else " (--checkpoint-every N saves it every N steps)"
         )
-        again = shlex.join([PROG, *args.argv])
+        again = shlex.join([common.PROG, *args.argv])
         return f"{where}; no checkpoint of this run was saved yet{every}; start again with: {again}"
     try:  # the file this run wrote: which step it holds
         from ..checkpoint import load
@@ -336,4 +315,4 @@ def resume_command(argv: Sequence[str]) -> str:
     kept = [a for a in argv if not is_flag(a, "--overwrite")]
     if not any(is_flag(a, "--resume") for a in kept):
         kept.append("--resume")
-    return shlex.join([PROG, *kept])
+    return shlex.join([common.PROG, *kept])
