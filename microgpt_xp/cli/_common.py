@@ -92,159 +92,139 @@ def thread_count(text: str) -> int | str:
     return min(value, cpus)
 
 
+def opt(help: str, default: Any = None, type: Any = None, **more: Any) -> dict[str, Any]:
+    """The keywords of ``add_argument`` for an option (``N`` stands for a count)."""
+    if type in (positive_int, nonnegative_int) and "metavar" not in more:
+        more["metavar"] = "N"
+    return {"help": help, "default": default, **({"type": type} if type else {}), **more}
+
+
 def flag(help: str) -> dict[str, Any]:
     return {"action": "store_true", "help": help}
-
-
-def count(help: str, default: int | None = None, metavar: str = "N") -> dict[str, Any]:
-    return {"type": positive_int, "default": default, "metavar": metavar, "help": help}
 
 
 #: Every option of every subcommand, by its ``dest`` (``dest/variant`` where subcommands
 #: differ): the keywords of ``add_argument``.
 ARGUMENTS: dict[str, dict[str, Any]] = {
-    "checkpoint": {
-        "metavar": "PATH",
-        "required": True,
-        "help": "checkpoint to load (written by 'microgpt-xp train --checkpoint PATH'; it "
-        "holds the model's shape, weights and tokenizer)",
-    },
-    "checkpoint/save": {
-        "metavar": "PATH",
-        "help": "save the run here at the end (and every --checkpoint-every steps): weights, "
-        "optimizer state, model shape, tokenizer and losses, or the replay's random state "
-        "that 'sample --microgpt-exact' continues; an existing file needs --resume or "
-        "--overwrite (default: no checkpoint)",
-    },
-    "data": {
-        "metavar": "FILE",
-        "help": "UTF-8 text file, one document per line (default: the embedded corpus of "
-        "English first names)",
-    },
-    "val_data": {"metavar": "FILE", "help": "held-out documents, one a line"},
-    "val_fraction": {
-        "metavar": "F",
-        "type": positive_float,
-        "help": "hold out this fraction of --data (a split fixed by --seed; a resumed run keeps it)",
-    },
-    "eval_every": count(
-        "score the held-out documents every N steps, and after the last "
-        "(default: a tenth of the run)"
+    "checkpoint": opt(
+        "checkpoint to load (written by 'microgpt-xp train --checkpoint PATH'; it holds the "
+        "model's shape, weights and tokenizer)",
+        metavar="PATH",
+        required=True,
     ),
-    "backend": {"choices": BACKENDS, "default": "numpy", "help": "array backend"},
-    "device": {
-        "help": "device of the backend, e.g. 'cpu', 'cuda:0', 'device1' (array_api_strict) "
-        "(default: the backend's default device)"
-    },
-    "dtype": {"choices": DTYPES, "default": "float32", "help": "floating dtype of the weights"},
-    "steps": {
-        "type": positive_int,
-        "default": 1000,
-        "help": "number of Adam steps (also the length of the linear learning-rate decay); "
-        "with --resume, more steps than a finished run took extend it",
-    },
-    "batch_size": {"type": positive_int, "default": 32, "help": "documents per step"},
-    "batch_size/sample": count(
+    "checkpoint/save": opt(
+        "save the run here at the end and every --checkpoint-every steps (a replay: with the "
+        "random state that 'sample --microgpt-exact' continues); an existing file needs "
+        "--resume or --overwrite (default: no checkpoint)",
+        metavar="PATH",
+    ),
+    "data": opt(
+        "UTF-8 text file, one document per line (default: the embedded corpus of names)",
+        metavar="FILE",
+    ),
+    "val_data": opt("held-out documents, one a line", metavar="FILE"),
+    "val_fraction": opt(
+        "hold out this fraction of --data (a split fixed by --seed; a resumed run keeps it)",
+        type=positive_float,
+        metavar="F",
+    ),
+    "eval_every": opt(
+        "score the held-out documents every N steps and after the last (default: a tenth of "
+        "the run)",
+        type=positive_int,
+    ),
+    "backend": opt("array backend", "numpy", choices=BACKENDS),
+    "device": opt("device of the backend, e.g. 'cpu', 'cuda:0' (default: the backend's)"),
+    "dtype": opt("floating dtype of the weights", "float32", choices=DTYPES),
+    "steps": opt(
+        "Adam steps, the length of the learning-rate decay (with --resume, more than a "
+        "finished run took extend it)",
+        1000,
+        positive_int,
+        metavar="STEPS",
+    ),
+    "batch_size": opt("documents per step", 32, positive_int, metavar="BATCH_SIZE"),
+    "batch_size/sample": opt(
         "samples generated at once: memory grows with it, the names do not depend on it",
         DEFAULT_BATCH_SIZE,
+        positive_int,
     ),
-    "lr": {"type": positive_float, "default": 0.01, "help": "initial learning rate"},
-    "seed": {
-        "type": int,
-        "default": 0,
-        "help": "seed of the initial weights, batch order "
-        "and sampling (sample: of the sampling draws)",
-    },
-    "checkpoint_every": {
-        "type": nonnegative_int,
-        "default": 0,
-        "metavar": "N",
-        "help": "also save the checkpoint every N steps; 0: only at the end",
-    },
+    "lr": opt("initial learning rate", 0.01, positive_float),
+    "seed": opt("seed of the weights, batch order and sampling (sample: of its draws)", 0, int),
+    "checkpoint_every": opt("also save every N steps; 0: only at the end", 0, nonnegative_int),
     "resume": flag(
-        "continue the run in --checkpoint if that file exists (with its --data, held-out "
-        "documents, --seed, --batch-size, --lr, --dtype and model shape, which an option "
-        "given must match; its --steps, or more to extend a finished run)"
+        "continue the run in --checkpoint if that file exists, with its corpus, --seed, "
+        "--batch-size, --lr, --dtype and shape (an option given must match); its --steps, or "
+        "more to extend a finished run"
     ),
     "overwrite": flag("replace an existing --checkpoint with a new run"),
-    "chunk_size": count("dask: documents per task (default: one task a batch)"),
-    "chunk_size/eval": count(
+    "chunk_size": opt("dask: documents per task (default: one task a batch)", type=positive_int),
+    "chunk_size/eval": opt(
         "documents scored at once; on dask, documents per task (default: the most whose "
-        "activations fit the memory budget, and at most the fastest measured size: 39 for a "
-        "2-layer 64-channel model, 492 for the spec's)"
+        "activations fit the memory budget, at most the fastest measured size)",
+        type=positive_int,
     ),
-    "memory_budget": count(
-        "megabytes of activations a chunk may take, when --chunk-size is not given", 500, "MB"
+    "memory_budget": opt(
+        "megabytes of activations a chunk may take, without --chunk-size",
+        500,
+        positive_int,
+        metavar="MB",
     ),
-    "workers": count(
-        "N processes (not threads) share each batch by rows: this one and N-1 spawned worker "
-        "processes, ended with the command; the arrays stay on --backend (default: this "
-        "process alone)"
+    "workers": opt(
+        "N processes (not threads) share each batch by rows: this one and N-1 workers it "
+        "spawns (default: this process alone)",
+        type=positive_int,
     ),
-    "threads": {
-        "type": thread_count,
-        "metavar": "N",
-        "help": "BLAS threads of this process, at most its cores; 'auto' also counts the "
-        "cores other processes keep busy (default: chosen for the model's size, see "
-        "docs/performance.md, Threads)",
-    },
-    "jit": {
-        "action": argparse.BooleanOptionalAction,
-        "help": "compile the computation with the backend's compiler (jax: jax.jit); "
-        "--no-jit runs it eagerly; --jit on a backend without a compiler is an error "
+    "threads": opt(
+        "BLAS threads of this process, at most its cores; 'auto' leaves out the cores other "
+        "processes keep busy (default: chosen for the model's size)",
+        type=thread_count,
+        metavar="N",
+    ),
+    "jit": opt(
+        "compile with the backend's compiler (jax: jax.jit), or run eagerly with --no-jit "
         "(default: compile where the backend has a compiler)",
-    },
-    "scheduler": {
-        "metavar": "ADDRESS",
-        "help": "a running dask.distributed scheduler to compute on (tcp://host:8786, or the "
-        "JSON file of 'dask scheduler --scheduler-file'; 'local' starts a local cluster); "
-        "only with --backend dask (default: Dask's threads in this process)",
-    },
-    "n_layer": count("transformer blocks (default: 1)"),
-    "n_embd": count("channels of the residual stream, a multiple of --n-head (default: 16)"),
-    "n_head": count("attention heads (default: 4)"),
-    "block_size": count(
-        "positions the model reads (replay: 16 unless given): a document of up to N-1 "
-        "characters is read whole; longer ones are cut to their first N characters, and a "
-        "note says how many (default: the spec's 16, or the longest document + 1 where that "
-        "is more)"
+        action=argparse.BooleanOptionalAction,
     ),
-    "plot": {
-        "metavar": "FILE",
-        "help": "save the loss curve to FILE (e.g. loss.png; needs matplotlib)",
-    },
-    "num_samples": {
-        "type": nonnegative_int,
-        "default": 20,
-        "help": "names to sample after training (0: none)",
-    },
-    "num_samples/sample": {"type": positive_int, "default": 20, "help": "names to sample"},
-    "temperature": {"type": positive_float, "default": 0.5, "help": "sampling temperature"},
-    "top_k": count(
-        "draw among the K most likely next characters only (default: among all)", None, "K"
+    "scheduler": opt(
+        "a dask.distributed scheduler to compute on (tcp://host:8786, a scheduler file, or "
+        "'local' for a local cluster); needs --backend dask (default: Dask's threads here)",
+        metavar="ADDRESS",
     ),
-    "prompt": {"metavar": "TEXT", "help": "the start every name continues (printed with it)"},
-    "out/sample": {
-        "metavar": "FILE",
-        "help": "write the names to FILE, one per line (a corpus for 'train --data'), through "
-        "a temporary file renamed to FILE at the end, so that FILE is complete or "
-        "untouched; stdout then gets one summary line (default: the names go to stdout)",
-    },
-    "out": {
-        "metavar": "FILE",
-        "required": True,
-        "help": "file to write ('-': stdout, JSON only)",
-    },
-    "format": {"choices": ("json", "onnx"), "default": "json", "help": "what to write"},
-    "graph": {
-        "choices": ("forward", "decode"),
-        "help": "with --format onnx: the whole-sequence forward or one decoding step "
-        "(default: forward)",
-    },
+    "n_layer": opt("transformer blocks (default: 1)", type=positive_int),
+    "n_embd": opt("residual channels, a multiple of --n-head (default: 16)", type=positive_int),
+    "n_head": opt("attention heads (default: 4)", type=positive_int),
+    "block_size": opt(
+        "positions the model reads: longer documents are cut, with a note saying how many "
+        "(replay: 16 unless given) (default: the spec's 16, or the longest document + 1 "
+        "where that is more)",
+        type=positive_int,
+    ),
+    "plot": opt("save the loss curve to FILE (e.g. loss.png; needs matplotlib)", metavar="FILE"),
+    "num_samples": opt("names to sample after training (0: none)", 20, nonnegative_int),
+    "num_samples/sample": opt("names to sample", 20, positive_int, metavar="NUM_SAMPLES"),
+    "temperature": opt("sampling temperature", 0.5, positive_float),
+    "top_k": opt(
+        "draw among the K most likely next characters (default: among all)",
+        type=positive_int,
+        metavar="K",
+    ),
+    "prompt": opt("the start every name continues (printed with it)", metavar="TEXT"),
+    "out/sample": opt(
+        "write the names to FILE, one a line, complete or not at all (a temporary file "
+        "renamed at the end); stdout then gets one summary line (default: stdout)",
+        metavar="FILE",
+    ),
+    "out": opt("file to write ('-': stdout, JSON only)", metavar="FILE", required=True),
+    "format": opt("what to write", "json", choices=("json", "onnx")),
+    "graph": opt(
+        "with --format onnx: the whole-sequence forward or one decoding step (default: forward)",
+        choices=("forward", "decode"),
+    ),
     "json": flag("print JSON instead of text (train, replay: a summary with the losses)"),
     "microgpt_exact": flag(
-        "train: replay the original microgpt script (see 'microgpt-xp replay --help'); "
-        "sample: continue the random state that 'microgpt-xp replay --checkpoint' saved"
+        "train: replay the original script (see 'microgpt-xp replay --help'); sample: continue "
+        "the random state that 'microgpt-xp replay --checkpoint' saved"
     ),
     "newlines": flag("with --microgpt-exact: end step lines with a newline instead of '\\r'"),
 }
