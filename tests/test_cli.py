@@ -1359,3 +1359,16 @@ def test_export_onnx_writes_a_graph_onnxruntime_runs(
     (logits,) = session.run(None, {"tokens": tokens, "lengths": np.array([4], dtype=np.int64)})
     want = np.asarray(forward(saved.params, tokens))
     assert np.max(np.abs(logits - want)) <= 2e-5 * np.max(np.abs(want))
+
+
+def test_resuming_with_another_split_names_val_fraction(
+    capsys: Cap, tmp_path: Path, data: Path
+) -> None:
+    ckpt = tmp_path / "run.npz"
+    argv = ["train", "--data", data, "--steps", 2, "--batch-size", 4, "--checkpoint", ckpt]
+    assert run(capsys, *argv, "--val-fraction", 0.25, "--num-samples", 0)[0] == 0
+    rc, out, err = run(capsys, *argv, "--val-fraction", 0.5, "--resume", "--steps", 4)
+    assert rc == 1 and out == ""
+    assert_one_error_line(
+        err, f"with --data {data} --val-fraction 0.5", "another", "corpus or split"
+    )

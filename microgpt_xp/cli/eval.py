@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from . import _common as common
+from . import _common as cli
 from ._progress import Progress
 
 
-def add_parser(sub: common.Subcommands) -> None:
+def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``eval`` subcommand to ``sub``."""
-    e = common.add_command(
+    e = cli.add_command(
         sub,
         "eval",
         "mean loss of a checkpoint over a corpus",
@@ -20,16 +20,14 @@ def add_parser(sub: common.Subcommands) -> None:
         "A document longer than the checkpoint's block size reads whole is scored on its\n"
         "first block-size characters (a note says how many are).",
     )
-    common.add(
-        e, "checkpoint data backend device threads jit chunk_size/eval memory_budget scheduler"
-    )
-    common.add(e, "json")
+    cli.add(e, "checkpoint data backend device threads jit chunk_size/eval memory_budget scheduler")
+    cli.add(e, "json")
     e.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Score the corpus (on the ``--scheduler`` cluster if given) and print the mean."""
-    common.check_common(args)
+    cli.check_common(args)
     from .. import _xp
     from ..resources import score_chunk
     from ..runners import resolve
@@ -37,18 +35,18 @@ def run(args: argparse.Namespace) -> int:
 
     # --backend dask: one task per chunk (DaskTasks), the weights on the chunks' backend
     runner, home = resolve(None, args.backend, jit=args.jit)
-    with common.dask_client(args.scheduler):  # connect first: an unreachable scheduler fails now
-        ck = common.load_checkpoint(args, home, args.device if home == args.backend else None)
+    with cli.dask_client(args.scheduler):  # connect first: an unreachable scheduler fails now
+        ck = cli.load_checkpoint(args, home, args.device if home == args.backend else None)
         budget = args.memory_budget * 10**6
         dtype = _xp.dtype_name(ck.params.wte)
         chunk = args.chunk_size or score_chunk(ck.config, budget_bytes=budget, dtype=dtype)
         if runner.shards:
             runner, _ = resolve(None, args.backend, chunk_size=chunk)
-        docs = common.read_docs(args.data)
+        docs = cli.read_docs(args.data)
         size = ck.config.block_size
-        common.note_cut(docs, size, f"the checkpoint's block size {size}", scored=True)
+        cli.note_cut(docs, size, f"the checkpoint's block size {size}", scored=True)
         with (
-            common.threads_for(args, ck.config, chunk, "score"),
+            cli.threads_for(args, ck.config, chunk, "score"),
             Progress(len(docs), desc="eval", unit="doc") as bar,
         ):
             scores = score_docs(
@@ -60,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
                 runner=runner,
             )
     if args.json:
-        common.print_json(
+        cli.print_json(
             {
                 "mean_loss": scores.mean,
                 "num_docs": len(docs),

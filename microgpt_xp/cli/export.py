@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import _common as common
+from . import _common as cli
 
 
-def add_parser(sub: common.Subcommands) -> None:
+def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``export`` subcommand to ``sub``."""
-    x = common.add_command(
+    x = cli.add_command(
         sub,
         "export",
         "write a checkpoint's weights as JSON, or the model as an ONNX graph",
@@ -25,17 +25,17 @@ def add_parser(sub: common.Subcommands) -> None:
         "logits (batch, time, vocab) out; --graph decode: one KV-cache step); needs the\n"
         "[onnx] extra. Either file is written atomically.",
     )
-    common.add(x, "checkpoint out format graph")
+    cli.add(x, "checkpoint out format graph")
     x.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the weights (or the graph) to ``--out``."""
     if args.format == "onnx" and args.out == "-":
-        raise common.UsageError("--format onnx writes a file: give --out FILE")
+        raise cli.UsageError("--format onnx writes a file: give --out FILE")
     if args.format != "onnx" and args.graph is not None:
-        raise common.UsageError("--graph applies only with --format onnx")
-    common.check_files(args, args.out)
+        raise cli.UsageError("--graph applies only with --format onnx")
+    cli.check_files(args, args.out)
     from .._files import atomic_write
     from ..checkpoint import load
 

@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _common as common
+from . import _common as cli
 
 FLAG = "--microgpt-exact"  # the flag of train that hands its command line to this module
 
 
-def add_parser(sub: common.Subcommands) -> None:
+def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``replay`` subcommand to ``sub``."""
-    r = common.add_command(
+    r = cli.add_command(
         sub,
         "replay",
         "replay the original microgpt script (also: train --microgpt-exact)",
@@ -34,15 +34,13 @@ def add_parser(sub: common.Subcommands) -> None:
 
 
 def _add_options(r: argparse.ArgumentParser) -> None:
-    common.add(
-        r, "backend device data steps num_samples temperature checkpoint/save overwrite plot"
-    )
-    common.add(r, "json newlines n_layer n_embd n_head block_size")
+    cli.add(r, "backend device data steps num_samples temperature checkpoint/save overwrite plot")
+    cli.add(r, "json newlines n_layer n_embd n_head block_size")
 
 
 def parse_train_argv(argv: Sequence[str]) -> argparse.Namespace:
     """The replay's arguments from ``train ... --microgpt-exact ...`` (without ``train``)."""
-    parser = common.Parser(prog=f"{common.PROG} train {FLAG}", description=__doc__)
+    parser = cli.Parser(prog=f"{cli.PROG} train {FLAG}", description=__doc__)
     _add_options(parser)
     args = parser.parse_args([a for a in argv if a != FLAG])
     args.argv = ["train", *argv]
@@ -56,24 +54,24 @@ def run(args: argparse.Namespace) -> int:
     from ..exact import run_exact
 
     if args.overwrite and args.checkpoint is None:
-        raise common.UsageError("--overwrite needs --checkpoint PATH")
-    common.check_plot(args.plot)
-    common.check_files(args)
+        raise cli.UsageError("--overwrite needs --checkpoint PATH")
+    cli.check_plot(args.plot)
+    cli.check_files(args)
     if args.checkpoint is not None and Path(args.checkpoint).exists() and not args.overwrite:
         raise FileExistsError(f"checkpoint {args.checkpoint!r} exists: replace it with --overwrite")
-    common.check_common(args)
-    docs = common.read_docs(args.data)
+    cli.check_common(args)
+    docs = cli.read_docs(args.data)
     if args.data is None:
-        common.note(
+        cli.note(
             f"no --data: using the embedded corpus ({len(docs)} names); the original microgpt "
             "trained on makemore's names.txt"
         )
-    shape: dict[str, Any] = common.shape_of(args)
+    shape: dict[str, Any] = cli.shape_of(args)
     size = shape["block_size"]
     what = (
         f"the original's block size {size}" if args.block_size is None else f"--block-size {size}"
     )
-    common.note_cut(docs, size, what)
+    cli.note_cut(docs, size, what)
     # held from here to the save: of two replays on one path only one starts
     owned = (
         claim(args.checkpoint, exist_ok=args.overwrite)
@@ -85,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         replay = run_exact(
             docs,
             num_steps=args.steps,
-            **common.keywords(args, "backend device num_samples temperature newlines"),
+            **cli.keywords(args, "backend device num_samples temperature newlines"),
             **shape,
             **({"print_fn": None} if args.json else {}),  # type: ignore[arg-type]
         )
@@ -105,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
                 meta={"microgpt_exact": rng},
             )
     if args.plot is not None:
-        common.plot_losses(
+        cli.plot_losses(
             args.plot, replay.losses, 0, "microgpt-exact (one document a step, float64)"
         )
     if args.json:
-        common.print_json(
+        cli.print_json(
             {
                 "mode": "microgpt-exact",
                 "final_loss": replay.losses[-1] if replay.losses else None,

@@ -7,13 +7,13 @@ import argparse
 from collections.abc import Iterable
 
 from ..sample import DEFAULT_BATCH_SIZE
-from . import _common as common
+from . import _common as cli
 from ._progress import Progress
 
 
-def add_parser(sub: common.Subcommands) -> None:
+def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``sample`` subcommand to ``sub``."""
-    s = common.add_command(
+    s = cli.add_command(
         sub,
         "sample",
         "sample names from a checkpoint",
@@ -26,16 +26,16 @@ def add_parser(sub: common.Subcommands) -> None:
         "With --microgpt-exact, continue the random state that 'microgpt-xp replay\n"
         "--checkpoint' saved, and print the names that run printed.",
     )
-    common.add(s, "checkpoint num_samples/sample temperature top_k prompt seed backend device")
-    common.add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact")
+    cli.add(s, "checkpoint num_samples/sample temperature top_k prompt seed backend device")
+    cli.add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact")
     s.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the checkpoint onto ``--backend``/``--device`` and stream its samples."""
-    common.check_common(args)
-    common.check_files(args, args.out)
-    ck = common.load_checkpoint(args, args.backend, args.device)
+    cli.check_common(args)
+    cli.check_files(args, args.out)
+    ck = cli.load_checkpoint(args, args.backend, args.device)
     if args.microgpt_exact:
         from .replay import sample_exact
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             None,
             None,
         ]:
-            raise common.UsageError(
+            raise cli.UsageError(
                 "--seed, --batch-size, --workers, --top-k and --prompt cannot be used with "
                 "--microgpt-exact (it continues the saved random state, one name at a time)"
             )
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             ck.params,
             ck.tokenizer,
             args.num_samples,
-            **common.keywords(args, "batch_size temperature top_k prompt seed workers jit"),
+            **cli.keywords(args, "batch_size temperature top_k prompt seed workers jit"),
         )
     head = {
         "checkpoint": args.checkpoint,
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     }
     batch = min(args.batch_size, args.num_samples)
     with (
-        common.threads_for(args, ck.config, batch, "decode"),
+        cli.threads_for(args, ck.config, batch, "decode"),
         Progress(args.num_samples, desc="sample", unit="name") as bar,
     ):
         counted = bar.counted(batches)
@@ -84,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
                     f.writelines(f"{name}\n" for name in names)
                     count += len(names)
             if args.json:
-                common.print_json({**head, "out": args.out, "num_samples": count})
+                cli.print_json({**head, "out": args.out, "num_samples": count})
             else:
                 print(f"wrote {count} names to {args.out}")
         elif args.json:
-            common.print_json_stream(head, "samples", counted)
+            cli.print_json_stream(head, "samples", counted)
         else:
             for names in counted:
-                common.print_samples(names, start=bar.n - len(names) + 1)
+                cli.print_samples(names, start=bar.n - len(names) + 1)
     return 0

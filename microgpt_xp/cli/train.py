@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _common as common
+from . import _common as cli
 from ._progress import Progress
 
 
-def add_parser(sub: common.Subcommands) -> None:
+def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``train`` subcommand to ``sub``."""
-    t = common.add_command(
+    t = cli.add_command(
         sub,
         "train",
         "train on a data file or the embedded default corpus, then sample names",
@@ -36,15 +36,15 @@ def add_parser(sub: common.Subcommands) -> None:
         "With --microgpt-exact, replay the original microgpt script instead (the same as\n"
         "'microgpt-xp replay', whose options it takes).",
     )
-    common.add(t, "backend device dtype steps batch_size lr data")
-    common.add(t.add_mutually_exclusive_group(), "val_data val_fraction")
-    common.add(
+    cli.add(t, "backend device dtype steps batch_size lr data")
+    cli.add(t.add_mutually_exclusive_group(), "val_data val_fraction")
+    cli.add(
         t, "eval_every seed checkpoint/save checkpoint_every resume overwrite chunk_size workers"
     )
-    common.add(
+    cli.add(
         t, "threads jit scheduler n_layer n_embd n_head block_size plot num_samples temperature"
     )
-    common.add(t, "json microgpt_exact newlines")
+    cli.add(t, "json microgpt_exact newlines")
     t.set_defaults(handler=run)
 
 
@@ -55,29 +55,27 @@ def run(args: argparse.Namespace) -> int:
 
         return replay.run(replay.parse_train_argv(args.argv[1:]))
     if args.newlines:
-        raise common.UsageError("--newlines applies only with --microgpt-exact")
+        raise cli.UsageError("--newlines applies only with --microgpt-exact")
     if args.resume and args.overwrite:
-        raise common.UsageError(
+        raise cli.UsageError(
             "--resume continues the run in --checkpoint and --overwrite replaces it: give one"
         )
     if (args.resume or args.overwrite or args.checkpoint_every) and args.checkpoint is None:
-        raise common.UsageError(
-            "--resume, --overwrite and --checkpoint-every need --checkpoint PATH"
-        )
-    common.check_common(args)
+        raise cli.UsageError("--resume, --overwrite and --checkpoint-every need --checkpoint PATH")
+    cli.check_common(args)
     from .._xp import entry
 
     if args.chunk_size is not None and not entry(args.backend).chunked:
         raise ValueError("--chunk-size is the rows of a Dask task: it needs --backend dask")
-    common.check_plot(args.plot)
-    common.check_files(args)
+    cli.check_plot(args.plot)
+    cli.check_files(args)
     exists = args.checkpoint is not None and Path(args.checkpoint).exists()
     if exists and not (args.resume or args.overwrite):
         raise FileExistsError(
             f"checkpoint {args.checkpoint!r} exists: continue its run with --resume or "
             "replace it with --overwrite"
         )
-    with common.dask_client(args.scheduler):
+    with cli.dask_client(args.scheduler):
         return _train(args, exists and args.resume)
 
 
@@ -85,9 +83,9 @@ def _corpora(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
     """The training documents and the held-out ones (``None``: none)."""
     from ..data import split_docs
 
-    docs = common.read_docs(args.data)
+    docs = cli.read_docs(args.data)
     if args.val_data is not None:
-        return docs, common.read_docs(args.val_data)
+        return docs, cli.read_docs(args.val_data)
     if args.val_fraction is not None:
         return split_docs(docs, args.val_fraction, args.seed)
     return docs, None
@@ -110,18 +108,16 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         config = _resumed_config(args, load(args.checkpoint), tokenizer)
     else:
         config = GPTConfig(
-            tokenizer.vocab_size, **common.shape_of(args, default_block_size(every_doc))
+            tokenizer.vocab_size, **cli.shape_of(args, default_block_size(every_doc))
         )
     if len(docs) < args.batch_size:
         raise ValueError(
             f"the corpus has {len(docs)} documents, fewer than the batch size "
             f"{args.batch_size}: use --batch-size {len(docs)} (or less), or more documents"
         )
-    shape = {name: getattr(config, name) for name in common.SPEC_SHAPE}
+    shape = {name: getattr(config, name) for name in cli.SPEC_SHAPE}
     shape_text = (
-        ""
-        if shape == common.SPEC_SHAPE
-        else f" ({', '.join(f'{k} {v}' for k, v in shape.items())})"
+        "" if shape == cli.SPEC_SHAPE else f" ({', '.join(f'{k} {v}' for k, v in shape.items())})"
     )
     held = "" if val_docs is None else f" (+{len(val_docs)} held out)"
     header = (
@@ -136,9 +132,9 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         that an error is the only line), then show the progress from ``step`` on."""
         size = config.block_size
         what = f"the checkpoint's block size {size}" if resuming else f"--block-size {size}"
-        common.note_cut(every_doc, size, what)
+        cli.note_cut(every_doc, size, what)
         if args.resume and not resuming:
-            common.note(f"--resume: {args.checkpoint!r} did not exist; the run started at step 0")
+            cli.note(f"--resume: {args.checkpoint!r} did not exist; the run started at step 0")
         if not args.json:
             print(header, flush=True)
         state["bar"] = Progress(args.steps, desc="train", unit="step", initial=step)
@@ -162,10 +158,8 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
             on_eval=evaluated,
             tokenizer=tokenizer,
             threads=None if args.threads == "auto" else args.threads,
-            **common.keywords(args, "steps batch_size seed backend device dtype checkpoint lr jit"),
-            **common.keywords(
-                args, "chunk_size workers eval_every checkpoint_every resume overwrite"
-            ),
+            **cli.keywords(args, "steps batch_size seed backend device dtype checkpoint lr jit"),
+            **cli.keywords(args, "chunk_size workers eval_every checkpoint_every resume overwrite"),
         )
     except training.ResumeError as exc:
         raise ValueError(resume_words(exc, args)) from None
@@ -181,7 +175,7 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
     seconds = time.perf_counter() - start
     if state["bar"] is None:  # no step to take: the run in the checkpoint was finished
         begin(result.step).close()
-        common.note(
+        cli.note(
             f"the run in {args.checkpoint!r} has taken all its {result.step} steps; a "
             "larger --steps extends it"
         )
@@ -191,21 +185,18 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
             result.params,
             result.tokenizer,
             args.num_samples,
-            temperature=args.temperature,
-            seed=args.seed,
             chunks=args.chunk_size,
-            workers=args.workers,
-            jit=args.jit,
+            **cli.keywords(args, "temperature seed workers jit"),
         )
     final_loss = result.losses[-1] if result.losses else None
     final_val = result.val_losses[-1][1] if result.val_losses else None
     if args.plot is not None and result.losses:
         title = f"microgpt-xp ({args.backend} {args.dtype}, batch {args.batch_size})"
-        common.plot_losses(args.plot, result.losses, result.start_step, title, result.val_losses)
+        cli.plot_losses(args.plot, result.losses, result.start_step, title, result.val_losses)
     elif args.plot is not None:
-        common.note(f"no steps were run, so no loss curve was written to {args.plot!r}")
+        cli.note(f"no steps were run, so no loss curve was written to {args.plot!r}")
     if args.json:
-        common.print_json(
+        cli.print_json(
             {
                 "final_loss": final_loss,
                 "final_val_loss": final_val,
@@ -215,9 +206,7 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
                 "losses": result.losses,
                 "val_losses": [list(pair) for pair in result.val_losses],
                 "seconds": seconds,
-                "backend": args.backend,
-                "dtype": args.dtype,
-                "batch_size": args.batch_size,
+                **cli.keywords(args, "backend dtype batch_size"),
                 "num_docs": len(docs),
                 "num_val_docs": 0 if val_docs is None else len(val_docs),
                 "config": config.to_dict(),
@@ -237,17 +226,17 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         print(f"checkpoint: {args.checkpoint} (step {result.step})")
     if args.plot is not None and result.losses:
         print(f"loss curve: {args.plot}")
-    common.print_samples(names)
+    cli.print_samples(names)
     return 0
 
 
 def _resumed_config(args: argparse.Namespace, ck: Any, tokenizer: Any) -> Any:
     """The shape of the run that --resume continues; a shape option given, or the
     corpus's characters, must match it."""
-    for key in common.SPEC_SHAPE:
+    for key in cli.SPEC_SHAPE:
         given, saved = getattr(args, key), getattr(ck.config, key)
         if given is not None and given != saved:
-            option = common.OPTIONS[key]
+            option = cli.OPTIONS[key]
             raise ValueError(
                 f"cannot resume {args.checkpoint!r} with {option} {given}: its run has "
                 f"{option} {saved}"
@@ -262,14 +251,18 @@ def _resumed_config(args: argparse.Namespace, ck: Any, tokenizer: Any) -> Any:
 
 def resume_words(exc: Any, args: argparse.Namespace) -> str:
     """A ``ResumeError`` in the command line's words: the option, given and saved."""
-    name, option = args.checkpoint, common.OPTIONS.get(exc.option, exc.option)
-    if exc.option in ("docs", "val_docs"):
-        given = args.data or "(the embedded corpus)"
+    name, option = args.checkpoint, cli.OPTIONS.get(exc.option, exc.option)
+    if exc.option in ("docs", "val_docs"):  # the corpus, or its split by --val-fraction
+        given = f"--data {args.data or '(the embedded corpus)'}"
+        if args.val_fraction is not None:
+            given += f" --val-fraction {args.val_fraction}"
+        elif args.val_data is not None and exc.option == "val_docs":
+            given = f"--val-data {args.val_data}"
         held = "" if exc.option == "docs" else " held-out"
-        option = "--data" if exc.option == "docs" else "--val-data/--val-fraction"
+        split = "" if args.val_fraction is None else " or split"
         return (
-            f"cannot resume {name!r} with {option} {given}: its run trained on another{held} "
-            f"corpus ({exc.saved}, not {exc.given})"
+            f"cannot resume {name!r} with {given}: its run trained on another{held} corpus"
+            f"{split} ({exc.saved}, not {exc.given})"
         )
     text = f"cannot resume {name!r} with {option} {exc.given}: its run has {option} {exc.saved}"
     if exc.option == "steps":
@@ -291,7 +284,7 @@ def _stopped(args: argparse.Namespace, why: str, step: int | None, started_ns: i
             if args.checkpoint_every
             else " (--checkpoint-every N saves it every N steps)"
         )
-        again = shlex.join([common.PROG, *args.argv])
+        again = shlex.join([cli.PROG, *args.argv])
         return f"{where}; no checkpoint of this run was saved yet{every}; start again with: {again}"
     try:  # the file this run wrote: which step it holds
         from ..checkpoint import load
@@ -315,4 +308,4 @@ def resume_command(argv: Sequence[str]) -> str:
     kept = [a for a in argv if not is_flag(a, "--overwrite")]
     if not any(is_flag(a, "--resume") for a in kept):
         kept.append("--resume")
-    return shlex.join([common.PROG, *kept])
+    return shlex.join([cli.PROG, *kept])
