@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import logging
+import os
 import re
 import shlex
 import shutil
@@ -1372,3 +1373,13 @@ def test_resuming_with_another_split_names_val_fraction(
     assert_one_error_line(
         err, f"with --data {data} --val-fraction 0.5", "another", "corpus or split"
     )
+
+
+def test_a_closed_stdout_at_start_is_an_error(tmp_path: Path, checkpoint: Path) -> None:
+    """``microgpt-xp sample >&-``: the names would be lost, so the command fails."""
+    command = [sys.executable, "-m", "microgpt_xp.cli", "sample", "--checkpoint", str(checkpoint)]
+    closed = subprocess.run(
+        command, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1), timeout=120
+    )
+    assert closed.returncode == 1
+    assert_one_error_line(closed.stderr, "stdout is closed")

@@ -89,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``sys.argv[1:]``); returns the exit status: 2 for usage errors, 1 for other user
     errors, each after one ``microgpt-xp: error:`` line."""
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): what it prints is lost
+        error("stdout is closed: redirect it (e.g. >/dev/null) to run without output")
+        return 1
     try:
         args = build_parser().parse_args(arguments)
         args.argv = arguments  # what a command prints to be run again (train --resume)

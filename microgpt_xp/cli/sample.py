@@ -33,23 +33,18 @@ def add_parser(sub: cli.Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the checkpoint onto ``--backend``/``--device`` and stream its samples."""
+    given = (args.seed, args.batch_size, args.workers, args.top_k, args.prompt)
+    if args.microgpt_exact and given != (0, DEFAULT_BATCH_SIZE, None, None, None):
+        raise cli.UsageError(
+            "--seed, --batch-size, --workers, --top-k and --prompt cannot be used with "
+            "--microgpt-exact (it continues the saved random state, one name at a time)"
+        )
     cli.check_common(args)
     cli.check_files(args, args.out)
     ck = cli.load_checkpoint(args, args.backend, args.device)
     if args.microgpt_exact:
         from .replay import sample_exact
 
-        if [args.seed, args.batch_size, args.workers, args.top_k, args.prompt] != [
-            0,
-            DEFAULT_BATCH_SIZE,
-            None,
-            None,
-            None,
-        ]:
-            raise cli.UsageError(
-                "--seed, --batch-size, --workers, --top-k and --prompt cannot be used with "
-                "--microgpt-exact (it continues the saved random state, one name at a time)"
-            )
         batches: Iterable[list[str]] = [sample_exact(args, ck)]
     else:
         from ..sample import iter_samples
