@@ -113,30 +113,26 @@ def test_train_prints_summary_and_samples_and_saves_a_checkpoint(
     assert names == sample(saved.params, saved.tokenizer, 20, temperature=0.8, seed=7)
 
 
-def test_train_json_matches_the_library(capsys: Cap, data_file: Path) -> None:
-    argv = ["train", "--data", data_file, "--steps", 4, "--batch-size", 3, "--lr", 0.02]
-    rc, out, _ = run(capsys, *argv, "--seed", 5, "--dtype", "float64", "--num-samples", 3, "--json")
+@pytest.mark.parametrize("workers", [None, 2])
+def test_train_json_matches_the_library(capsys: Cap, data_file: Path, workers: int | None) -> None:
+    argv = ["train", "--data", data_file, "--steps", 4, "--batch-size", 4, "--lr", 0.02]
+    argv += ["--seed", 5, "--dtype", "float64", "--num-samples", 3, "--json"]
+    rc, out, _ = run(capsys, *argv, *([] if workers is None else ["--workers", workers]))
     assert rc == 0
     summary = json.loads(out)
     config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, block_size=FIT)
-    expected = train(NAMES, steps=4, batch_size=3, lr=0.02, seed=5, dtype="float64", config=config)
+    common = dict(steps=4, batch_size=4, lr=0.02, seed=5, dtype="float64", config=config)
+    expected = train(NAMES, workers=workers, **common)  # type: ignore[arg-type]
     assert summary["final_loss"] == expected.losses[-1]
     assert summary["config"] == config.to_dict()
     assert summary["steps"] == 4 and summary["seconds"] >= 0
     assert summary["samples"] == sample(expected.params, expected.tokenizer, 3, seed=5)
 
 
-def test_workers_option_reaches_training_and_sampling(
-    capsys: Cap, data_file: Path, checkpoint: Path
-) -> None:
-    argv = ["train", "--data", data_file, "--steps", 3, "--batch-size", 4, "--workers", 2]
-    rc, out, _ = run(capsys, *argv, "--dtype", "float64", "--num-samples", 2, "--json")
-    assert rc == 0
-    config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, block_size=FIT)
-    expected = train(NAMES, steps=3, batch_size=4, dtype="float64", workers=2, config=config)
-    assert json.loads(out)["final_loss"] == expected.losses[-1]
+def test_workers_option_reaches_sampling(capsys: Cap, checkpoint: Path) -> None:
     rc, out, _ = run(capsys, "sample", "--checkpoint", checkpoint, "--workers", 3, "--json")
     saved = load(checkpoint)
+    assert rc == 0
     assert json.loads(out)["samples"] == sample(saved.params, saved.tokenizer, 20, seed=0)
 
 
@@ -153,14 +149,21 @@ def fake_terminal(monkeypatch: MP) -> io.StringIO:
     return stream
 
 
-def test_progress_bar_shows_the_loss_on_a_terminal(
-    capsys: Cap, monkeypatch: MP, data_file: Path
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_progress_bar_on_a_terminal(
+    capsys: Cap, monkeypatch: MP, checkpoint: Path, data_file: Path, command: str
 ) -> None:
     terminal = fake_terminal(monkeypatch)
-    rc = main(["train", "--data", str(data_file), "--steps", "3", "--batch-size", "2"])
-    assert rc == 0
+    argv = {
+        "train": ["train", "--data", data_file, "--steps", 3, "--batch-size", 2],
+        "eval": ["eval", "--checkpoint", checkpoint, "--data", data_file, "--chunk-size", 5],
+    }[command]
+    assert main([str(a) for a in argv]) == 0
     shown = terminal.getvalue()
-    assert "train" in shown and "3/3" in shown and re.search(r"loss=\d+\.\d{4}", shown)
+    if command == "train":  # the step and the loss
+        assert "train" in shown and "3/3" in shown and re.search(r"loss=\d+\.\d{4}", shown)
+    else:  # the documents
+        assert "eval" in shown and f"{len(NAMES)}/{len(NAMES)}" in shown
 
 
 def test_plot_writes_a_png(capsys: Cap, tmp_path: Path, data_file: Path) -> None:
@@ -531,50 +534,29 @@ def test_sample_prints_names_and_streams_json_as_print_json_prints_it(
         assert seed != 2 or json.loads(out)["samples"] == names
 
 
+@pytest.mark.parametrize("chunk_size", [None, 3, 1024])
 def test_eval_prints_the_mean_per_document_loss(
-    capsys: Cap, checkpoint: Path, data_file: Path
+    capsys: Cap, checkpoint: Path, data_file: Path, chunk_size: int | None
 ) -> None:
     saved = load(checkpoint)
     assert saved.tokenizer is not None
     tokens, lengths = encode_docs(saved.tokenizer, NAMES, saved.config.block_size)
     expected = float(np.mean(np.asarray(score(saved.params, tokens, lengths), dtype=np.float64)))
-
-    rc, out, _ = run(capsys, "eval", "--checkpoint", checkpoint, "--data", data_file)
-    assert rc == 0
-    assert out == f"mean loss {expected:.4f} over {len(NAMES)} documents\n"
-    rc, out, _ = run(
-        capsys, "eval", "--checkpoint", checkpoint, "--data", data_file, "--chunk-size", 3, "--json"
-    )
-    assert rc == 0
-    result = json.loads(out)
-    assert result["num_docs"] == len(NAMES)
-    np.testing.assert_allclose(result["mean_loss"], expected, rtol=1e-6)  # float32, other shapes
-
-
-@pytest.mark.parametrize("chunk_size", [3, 1024])
-def test_eval_on_numpy_gives_the_mean_of_score_docs(
-    capsys: Cap, checkpoint: Path, data_file: Path, chunk_size: int
-) -> None:
-    saved = load(checkpoint)
-    assert saved.tokenizer is not None
-    expected = score_docs(saved.params, saved.tokenizer, NAMES, chunk_size=chunk_size)
-    argv = ["eval", "--checkpoint", checkpoint, "--data", data_file, "--json"]
-    rc, out, err = run(capsys, *argv, "--chunk-size", chunk_size)
+    argv = ["eval", "--checkpoint", checkpoint, "--data", data_file]
+    argv += [] if chunk_size is None else ["--chunk-size", chunk_size]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0 and err == ""
+    if chunk_size is None:
+        assert out == f"mean loss {expected:.4f} over {len(NAMES)} documents\n"
+    rc, out, err = run(capsys, *argv, "--json")
     assert rc == 0 and err == ""
     result = json.loads(out)
-    assert result["mean_loss"] == expected.mean
-    assert result["num_docs"] == expected.num_docs == len(NAMES)
+    np.testing.assert_allclose(result["mean_loss"], expected, rtol=1e-6)  # float32, other shapes
+    assert result["num_docs"] == len(NAMES)
     assert result["step"] == 8 and result["data"] == str(data_file)
-
-
-def test_eval_progress_bar_counts_documents_on_a_terminal(
-    capsys: Cap, monkeypatch: MP, checkpoint: Path, data_file: Path
-) -> None:
-    terminal = fake_terminal(monkeypatch)
-    argv = ["eval", "--checkpoint", str(checkpoint), "--data", str(data_file), "--chunk-size", "5"]
-    assert main(argv) == 0
-    shown = terminal.getvalue()
-    assert "eval" in shown and f"{len(NAMES)}/{len(NAMES)}" in shown
+    if chunk_size is not None:  # the mean of score_docs, exactly
+        scores = score_docs(saved.params, saved.tokenizer, NAMES, chunk_size=chunk_size)
+        assert result["mean_loss"] == scores.mean and scores.num_docs == len(NAMES)
 
 
 def test_eval_defaults_to_the_embedded_corpus(capsys: Cap, tmp_path: Path) -> None:
@@ -1251,23 +1233,15 @@ def test_progress_lines_off_a_terminal(capsys: Cap, monkeypatch: MP, data: Path)
     assert lines[-1].startswith("train: step 200/200 | loss ") and "| val " in lines[-1]
 
 
-def test_sample_with_a_prompt_and_top_k(capsys: Cap, tmp_path: Path, data: Path) -> None:
-    ckpt = tmp_path / "run.npz"
-    assert (
-        run(
-            capsys, "train", "--data", data, "--steps", 20, "--batch-size", 4, "--checkpoint", ckpt
-        )[0]
-        == 0
-    )
-    rc, out, err = run(
-        capsys, "sample", "--checkpoint", ckpt, "--prompt", "em", "--top-k", 3, "--json"
-    )
+def test_sample_with_a_prompt_and_top_k(capsys: Cap, checkpoint: Path) -> None:
+    argv = ["sample", "--checkpoint", checkpoint, "--prompt", "em", "--top-k", 3, "--json"]
+    rc, out, err = run(capsys, *argv)
     assert rc == 0 and err == ""
-    saved = load(ckpt)
+    saved = load(checkpoint)
     names = json.loads(out)["samples"]
     assert names == sample(saved.params, saved.tokenizer, 20, prompt="em", top_k=3)
     assert all(name.startswith("em") for name in names)
-    rc, _, err = run(capsys, "sample", "--checkpoint", ckpt, "--prompt", "é")
+    rc, _, err = run(capsys, "sample", "--checkpoint", checkpoint, "--prompt", "é")
     assert rc == 1 and err.count("\n") == 1 and "'é'" in err
 
 
