@@ -354,19 +354,15 @@ def check_plot(path: str | None) -> None:
         from .._backends import install_extra
 
         raise ImportError(f"--plot needs matplotlib: {install_extra('plot')} ({exc})") from exc
-    suffix, formats = (
-        Path(path).suffix.lstrip(".").lower(),
-        FigureCanvasAgg.get_supported_filetypes(),
-    )
+    suffix = Path(path).suffix.lstrip(".").lower()
+    formats = FigureCanvasAgg.get_supported_filetypes()
     if suffix not in formats:
         raise ValueError(
             f"--plot {path!r}: unsupported image format {suffix!r}; use one of "
             f"{', '.join(sorted(formats))}"
         )
-    if not Path(path).parent.is_dir():
-        raise FileNotFoundError(
-            f"--plot {path!r}: folder {str(Path(path).parent)!r} does not exist"
-        )
+    if not (folder := Path(path).parent).is_dir():
+        raise FileNotFoundError(f"--plot {path!r}: folder {str(folder)!r} does not exist")
 
 
 def plot_losses(path: str, losses: Sequence[float], first: int, title: str, val: Any = ()) -> None:
@@ -411,7 +407,7 @@ def dask_client(address: str | None) -> Iterator[None]:
         return
     from .. import cluster
 
-    client_log = logging.getLogger("distributed.client")
+    client_log = logging.getLogger("distributed.client")  # its reconnection attempts
     level = client_log.level
     client_log.setLevel(logging.CRITICAL)
     try:
@@ -428,13 +424,11 @@ def read_docs(path: str | None) -> list[str]:
     return default_docs() if path is None else read_docs(path)
 
 
-def load_checkpoint(
-    args: argparse.Namespace, backend: str | None = None, device: Any = None
-) -> Any:
+def load_checkpoint(args: argparse.Namespace, backend: str, device: Any) -> Any:
     """``--checkpoint``, read once, with its tokenizer (``CheckpointError`` if none)."""
     from ..checkpoint import CheckpointError, load
 
-    ck = load(args.checkpoint, backend=backend or "numpy", device=device)
+    ck = load(args.checkpoint, backend=backend, device=device)
     if ck.tokenizer is None:
         raise CheckpointError(f"checkpoint {args.checkpoint!r} holds no tokenizer")
     return ck

@@ -22,9 +22,7 @@ def add_parser(sub: cli.Subcommands) -> None:
         "number of them takes the memory of one batch. Sample i depends only on --seed,\n"
         "--temperature, --top-k, --prompt and i: the first N names of a longer run are the\n"
         "names of a run of N, whatever the batch size. On a terminal, a progress bar counts\n"
-        "the names of a long run.\n\n"
-        "With --microgpt-exact, continue the random state that 'microgpt-xp replay\n"
-        "--checkpoint' saved, and print the names that run printed.",
+        "the names of a long run.",
     )
     cli.add(s, "checkpoint num_samples/sample temperature top_k prompt seed backend device")
     cli.add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact")

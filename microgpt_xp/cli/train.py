@@ -23,18 +23,12 @@ def add_parser(sub: cli.Subcommands) -> None:
         "train on a data file or the embedded default corpus, then sample names",
         "Train microgpt with batched Adam and print sampled names.\n\n"
         "The model's shape (--n-layer, --n-embd, --n-head, --block-size) is stored in the\n"
-        "checkpoint; sample, eval and export read it from there. By default the block size\n"
-        "is the spec's 16, or the longest document + 1 where that is more, so that no\n"
-        "document is cut.\n\n"
-        "With --val-data or --val-fraction, held-out documents are scored every\n"
-        "--eval-every steps (their mean loss, as 'eval' gives it) beside the training loss.\n"
-        "On a terminal a progress bar shows both; elsewhere a line is written every so often.\n\n"
-        "An existing --checkpoint is continued with --resume (a finished run is extended by\n"
-        "a larger --steps) or replaced with --overwrite; it is never overwritten otherwise,\n"
-        "and two runs never write one checkpoint at once. Ctrl-C (or SIGTERM, SIGHUP)\n"
-        "stops training and prints the command that continues the run.\n\n"
-        "With --microgpt-exact, replay the original microgpt script instead (the same as\n"
-        "'microgpt-xp replay', whose options it takes).",
+        "checkpoint, where sample, eval and export read it. With --val-data or --val-fraction,\n"
+        "the held-out loss is shown beside the training loss: on a terminal in a progress\n"
+        "bar, elsewhere in a line written every so often.\n\n"
+        "An existing --checkpoint is continued with --resume or replaced with --overwrite,\n"
+        "never otherwise, and two runs never write one checkpoint at once. Ctrl-C (or\n"
+        "SIGTERM, SIGHUP) stops training and prints the command that continues the run.",
     )
     cli.add(t, "backend device dtype steps batch_size lr data")
     cli.add(t.add_mutually_exclusive_group(), "val_data val_fraction")
