@@ -57,23 +57,22 @@ class Stopped(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`Stopped` inside the block, so that training says
-    how to resume and a partial output file is removed."""
+    """SIGTERM and SIGHUP raise :class:`Stopped` inside the block (so that training says
+    how to resume and a partial output file is removed); outside the main thread, nothing."""
 
     def stop(signum: int, frame: object) -> None:
         raise Stopped(signum)
 
-    wanted = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
-    try:
-        previous = {s: signal.signal(s, stop) for s in wanted}
-    except ValueError:  # not the main thread: signals stay as they are
-        yield
-        return
+    previous = {}
+    with contextlib.suppress(ValueError):  # not the main thread
+        for name in ("SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                previous[name] = signal.signal(getattr(signal, name), stop)
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
 
 
 def _silence_stdout() -> None:
