@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import array_api_compat
 import numpy as np
 
-from ._errors import ArgumentValueError
 from ._backends import BACKENDS as TABLE
 from ._backends import Backend, generic_backend
+from ._errors import ArgumentValueError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
