@@ -22,6 +22,7 @@ import numpy as np
 
 from ._backends import BACKENDS as TABLE
 from ._backends import Backend, generic_backend
+from ._errors import ArgumentValueError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -262,7 +263,7 @@ def check_nonnegative_int(value: Any, what: str) -> int:
     """Return ``value`` if it is an ``int`` (not a ``bool``) of at least 0 (a seed, a
     count that may be zero), else raise ``ValueError`` naming it as ``what``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{what} must be a non-negative int, got {value!r}")
+        raise ArgumentValueError(what, f"{what} must be a non-negative int, got {value!r}")
     return value
 
 
