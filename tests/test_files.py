@@ -171,7 +171,7 @@ def test_atomic_open_writes_text_and_bytes(tmp_path: Path) -> None:
         g.write(b"\x00\x01")
     assert (tmp_path / "sub" / "b.bin").read_bytes() == b"\x00\x01"
     with pytest.raises(ValueError, match="mode"):
-        atomic_open(tmp_path / "c.txt", "a")  # type: ignore[call-overload]
+        atomic_open(tmp_path / "c.txt", "a")
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
