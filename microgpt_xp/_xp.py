@@ -18,7 +18,7 @@ import numpy as np
 from . import _pytree
 from ._backends import BACKENDS as TABLE
 from ._backends import Backend, generic_backend
-from ._errors import ArgumentValueError
+from ._errors import ArgumentTypeError, ArgumentValueError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,20 +39,19 @@ def check_backend(backend: Any) -> str:
     if isinstance(backend, str):
         if backend in TABLE or backend in _FOREIGN:
             return backend
-        raise ValueError(
+        raise ArgumentValueError(
+            "backend",
             f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}, or pass an "
-            "Array API namespace (a module such as ndonnx)"
+            "Array API namespace (a module such as ndonnx)",
         )
     if not all(hasattr(backend, a) for a in ("asarray", "float32", "float64", "int64")):
-        raise TypeError(
+        raise ArgumentTypeError(
+            "backend",
             f"backend must be a backend name or an Array API namespace, got "
-            f"{type(backend).__name__} {backend!r}"
+            f"{type(backend).__name__} {backend!r}",
         )
-    for name, spec in TABLE.items():
+    for name, spec in {**TABLE, **_FOREIGN}.items():
         if spec.is_namespace(backend):
-            return name
-    for name, spec in _FOREIGN.items():
-        if spec.namespace_object is backend:
             return name
     spec = generic_backend(backend)
     if spec.name in _FOREIGN or spec.name in TABLE:  # another namespace of that name
@@ -62,9 +61,10 @@ def check_backend(backend: Any) -> str:
 
 
 def check_dtype(dtype: str) -> str:
-    """Return ``dtype`` if it is a supported floating dtype name, else raise ``ValueError``."""
+    """``dtype`` if it names a supported floating dtype, else ``ValueError``."""
     if dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        message = f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}"
+        raise ArgumentValueError("dtype", message)
     return dtype
 
 
@@ -171,27 +171,25 @@ def read_int(x: Any) -> int | None:
     return read_scalar(x, int)  # type: ignore[no-any-return]
 
 
-def _entry_of(x: Any) -> Backend | None:
-    """The entry of an array's backend, ``None`` for anything else (a Python number)."""
+def _laziness(x: Any) -> tuple[bool, bool]:
+    """``(lazy, traced)`` of an array; ``(False, False)`` for a number."""
     try:
-        return entry(backend_of(x))
+        spec = entry(backend_of(x))
     except TypeError:
-        return None
+        return False, False
+    traced = spec.is_traced is not None and spec.is_traced(x)
+    return spec.lazy or traced, traced
+
+
+def is_traced(x: Any) -> bool:
+    """True for tracers of a compiler (``jax.jit``)."""
+    return _laziness(x)[1]
 
 
 def is_lazy(x: Any) -> bool:
     """True for arrays of a table backend whose values are not known without a compute
     (Dask) or at all (tracers); False for eager arrays, numbers and unknown namespaces."""
-    spec = _entry_of(x)
-    if spec is None:
-        return False
-    return spec.lazy or (spec.is_traced is not None and spec.is_traced(x))
-
-
-def is_traced(x: Any) -> bool:
-    """True for tracers of a compiler (``jax.jit``)."""
-    spec = _entry_of(x)
-    return spec is not None and spec.is_traced is not None and spec.is_traced(x)
+    return _laziness(x)[0]
 
 
 def lazy_value_check(x: Any, check: Any, message: str) -> Any:
@@ -204,37 +202,35 @@ def lazy_value_check(x: Any, check: Any, message: str) -> Any:
 def persist(arrays: list[Any]) -> list[Any]:
     """``arrays`` with the lazy ones evaluated in one computation per backend and held in
     memory (Dask's ``persist``: a training loop's graph does not grow); others as they are."""
-    out = list(arrays)
-    lazy = {i: backend_of(a) for i, a in enumerate(arrays) if is_lazy(a)}
-    for name in set(lazy.values()):
-        spec = entry(name)
-        if spec.persist is None:
-            continue
-        picked = [i for i, b in lazy.items() if b == name]
-        for i, done in zip(picked, spec.persist([arrays[i] for i in picked]), strict=True):
-            out[i] = done
+    out, groups = list(arrays), dict[str, list[int]]()
+    for i, a in enumerate(arrays):
+        if is_lazy(a):
+            groups.setdefault(backend_of(a), []).append(i)
+    for name, picked in groups.items():
+        if (run := entry(name).persist) is not None:
+            for i, done in zip(picked, run([arrays[i] for i in picked]), strict=True):
+                out[i] = done
     return out
 
 
-def check_positive_int(value: Any, name: str) -> int:
-    """``value`` if it is an ``int`` (not a ``bool``) of at least 1, else
+def check_positive_int(value: Any, name: str, *, least: int = 1) -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) of at least ``least``, else
     :class:`ArgumentValueError` about ``name``, the argument's name (``"batch_size"``)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ArgumentValueError(name, f"{name} must be a positive int, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "positive" if least == 1 else "non-negative"
+        raise ArgumentValueError(name, f"{name} must be a {kind} int, got {value!r}")
     return value
 
 
 def check_nonnegative_int(value: Any, name: str) -> int:
-    """As :func:`check_positive_int`, for an ``int`` of at least 0 (a seed)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ArgumentValueError(name, f"{name} must be a non-negative int, got {value!r}")
-    return value
+    """:func:`check_positive_int` for an ``int`` of at least 0 (a seed)."""
+    return check_positive_int(value, name, least=0)
 
 
 def check_jit(jit: Any) -> bool | None:
-    """Return ``jit`` if it is ``None``, ``True`` or ``False``, else raise ``TypeError``."""
+    """``jit`` if it is ``None``, ``True`` or ``False``, else ``TypeError``."""
     if jit is not None and not isinstance(jit, bool):
-        raise TypeError(f"jit must be None, True or False, got {jit!r}")
+        raise ArgumentTypeError("jit", f"jit must be None, True or False, got {jit!r}")
     return jit
 
 
@@ -291,9 +287,7 @@ def array_namespace(*arrays: Any) -> Any:
             return array_api_compat.array_namespace(*arrays)
     ns = _NAMESPACES.get(kind)
     if ns is None:
-        if kind is np.ndarray:
-            ns = namespace("numpy")
-        else:
-            ns = array_api_compat.array_namespace(arrays[0])
+        numpy = kind is np.ndarray
+        ns = namespace("numpy") if numpy else array_api_compat.array_namespace(arrays[0])
         _NAMESPACES[kind] = ns
     return ns
