@@ -9,12 +9,16 @@ its functions, when it is used. The test matrix lives in noxfile.py and tests/co
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import array_api_compat
 import numpy as np
+
+from . import _pytree
+from ._errors import ArgumentValueError
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,11 @@ class Backend:
         return bool(getattr(array_api_compat, f"is_{self.name}_namespace")(xp))
 
 
+def _mod(name: str) -> Any:
+    """A backend's module, imported when first used."""
+    return importlib.import_module(name)
+
+
 def install_extra(extra: str) -> str:
     """The command that installs one of this project's extras, from PyPI or a checkout."""
     return f"pip install 'microgpt-xp[{extra}]' (from a checkout: pip install '.[{extra}]')"
@@ -109,33 +118,21 @@ def _numpy_namespace() -> str:
 def _cpu_only(name: str) -> Callable[[Any], Any]:
     def parse(device: Any) -> Any:
         if device not in (None, "cpu"):
-            raise ValueError(f"backend {name!r} has only the 'cpu' device, not {device!r}")
+            raise ArgumentValueError(
+                "device", f"backend {name!r} has only the 'cpu' device, not {device!r}"
+            )
         return "cpu"
 
     return parse
 
 
-def _dask_from_host(host: Any, device: Any, chunks: Any) -> Any:
-    import dask.array as da
-
-    return da.from_array(host, chunks=-1 if chunks is None else chunks)
-
-
-def _dask_persist(arrays: list[Any]) -> list[Any]:
-    from dask.base import persist
-
-    return list(persist(*arrays))
-
-
 def _dask_attach_check(x: Any, check: Callable[[Any], bool], message: str) -> Any:
-    import dask.array as da
-
     def checked(block: Any) -> Any:
         if not check(block):
             raise ValueError(message)
         return block
 
-    return da.map_blocks(checked, x, dtype=x.dtype, meta=x._meta)
+    return _mod("dask.array").map_blocks(checked, x, dtype=x.dtype, meta=x._meta)
 
 
 def _cupy_device(device: Any) -> Any:
@@ -144,7 +141,9 @@ def _cupy_device(device: Any) -> Any:
     if isinstance(device, str):
         kind, _, index = device.partition(":")
         if kind not in ("cuda", "gpu") and not kind.isdigit():
-            raise ValueError(f"unknown cupy device {device!r}; use an int or 'cuda:N'")
+            raise ArgumentValueError(
+                "device", f"unknown cupy device {device!r}; use an int or 'cuda:N'"
+            )
         device = int(kind) if kind.isdigit() else int(index or 0)
     if device is None or isinstance(device, int):
         return cupy.cuda.Device(device)
@@ -152,10 +151,8 @@ def _cupy_device(device: Any) -> Any:
 
 
 def _cupy_from_host(host: Any, device: Any, chunks: Any) -> Any:
-    import cupy
-
     with device:
-        return cupy.asarray(host)
+        return _mod("cupy").asarray(host)
 
 
 def _strict_device(device: Any) -> Any:
@@ -166,19 +163,9 @@ def _strict_device(device: Any) -> Any:
     try:
         return array_api_strict.Device(device)
     except ValueError as exc:
-        raise ValueError(f"unknown array_api_strict device {device!r}: {exc}") from exc
-
-
-def _strict_from_host(host: Any, device: Any, chunks: Any) -> Any:
-    import array_api_strict
-
-    return array_api_strict.asarray(host, device=device)
-
-
-def _strict_to_host(x: Any) -> Any:
-    import array_api_strict
-
-    return np.asarray(x.to_device(array_api_strict.Device("CPU_DEVICE")))
+        raise ArgumentValueError(
+            "device", f"unknown array_api_strict device {device!r}: {exc}"
+        ) from exc
 
 
 def _torch_device(device: Any) -> Any:
@@ -187,19 +174,14 @@ def _torch_device(device: Any) -> Any:
     try:
         dev = torch.device("cpu") if device is None else torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"unknown torch device {device!r}: {exc}") from exc
+        raise ArgumentValueError("device", f"unknown torch device {device!r}: {exc}") from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise ArgumentValueError(
+            "device",
             f"torch device {device!r}: this torch has no usable CUDA (a CPU build, or no GPU "
-            "here); use device 'cpu'"
+            "here); use device 'cpu'",
         )
     return dev
-
-
-def _torch_from_host(host: Any, device: Any, chunks: Any) -> Any:
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(host)).to(device)
 
 
 def _jax_device(device: Any) -> Any:
@@ -213,34 +195,14 @@ def _jax_device(device: Any) -> Any:
     try:
         return jax.devices(platform)[int(index or 0)]
     except (RuntimeError, ValueError, IndexError) as exc:
-        raise ValueError(f"unknown jax device {device!r}: {exc}") from exc
+        raise ArgumentValueError("device", f"unknown jax device {device!r}: {exc}") from exc
 
 
 def _jax_setup() -> None:
     import jax
 
-    from . import _pytree
-
     jax.config.update("jax_enable_x64", True)  # float64 needs it; float32 stays float32
     _pytree.register_pending()
-
-
-def _jax_from_host(host: Any, device: Any, chunks: Any) -> Any:
-    import jax
-
-    return jax.device_put(host, device)
-
-
-def _jax_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
-    import jax
-
-    return jax.jit(fn)  # type: ignore[no-any-return]
-
-
-def _jax_is_traced(x: Any) -> bool:
-    import jax
-
-    return isinstance(x, jax.core.Tracer)
 
 
 def generic_backend(xp: Any) -> Backend:
@@ -259,9 +221,10 @@ def generic_backend(xp: Any) -> Backend:
         for d in known:
             if device is d or device == d or str(device) == str(d):
                 return d
-        raise ValueError(
+        raise ArgumentValueError(
+            "device",
             f"namespace {name!r} has no device {device!r} (its devices: "
-            f"{', '.join(map(str, known)) or 'not listed'})"
+            f"{', '.join(map(str, known)) or 'not listed'})",
         )
 
     def from_host(host: Any, device: Any, chunks: Any) -> Any:
@@ -303,10 +266,10 @@ BACKENDS: dict[str, Backend] = {
             "array_api_compat.dask.array",
             install_extra("dask"),
             _cpu_only("dask"),
-            from_host=_dask_from_host,
+            from_host=lambda h, d, c: _mod("dask.array").from_array(h, -1 if c is None else c),
             to_host=lambda x: np.asarray(x.compute()),
             lazy=True,
-            persist=_dask_persist,
+            persist=lambda arrays: list(_mod("dask").persist(*arrays)),
             attach_check=_dask_attach_check,
             chunk_meta=lambda x: x._meta,
         ),
@@ -324,8 +287,8 @@ BACKENDS: dict[str, Backend] = {
             "array_api_strict",
             install_extra("strict"),
             _strict_device,
-            from_host=_strict_from_host,
-            to_host=_strict_to_host,
+            from_host=lambda h, d, c: _mod("array_api_strict").asarray(h, device=d),
+            to_host=lambda x: np.asarray(x.to_device(_mod("array_api_strict").Device())),
         ),
         Backend(
             "torch",
@@ -333,7 +296,7 @@ BACKENDS: dict[str, Backend] = {
             "pip install torch --index-url https://download.pytorch.org/whl/cpu (the CPU "
             "build; a plain 'pip install torch' downloads the CUDA build, gigabytes)",
             _torch_device,
-            from_host=_torch_from_host,
+            from_host=lambda h, d, c: _mod("torch").from_numpy(np.ascontiguousarray(h)).to(d),
             to_host=lambda x: np.asarray(x.detach().cpu().numpy()),
         ),
         Backend(
@@ -341,10 +304,10 @@ BACKENDS: dict[str, Backend] = {
             "jax.numpy",
             install_extra("jax"),
             _jax_device,
-            from_host=_jax_from_host,
+            from_host=lambda h, d, c: _mod("jax").device_put(h, d),
             setup=_jax_setup,
-            compile=_jax_compile,
-            is_traced=_jax_is_traced,
+            compile=lambda fn: _mod("jax").jit(fn),
+            is_traced=lambda x: isinstance(x, _mod("jax").core.Tracer),
         ),
     )
 }
