@@ -8,9 +8,11 @@ else when microgpt_xp next resolves a backend after JAX was imported (any ``back
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+_lock = threading.Lock()
 _pending: list[tuple[type, Callable[[Any], tuple[Sequence[Any], Any]], Callable[..., Any]]] = []
 
 
@@ -30,5 +32,6 @@ def register_pending() -> None:
     if _pending and "jax" in sys.modules:
         from jax.tree_util import register_pytree_node
 
-        while _pending:
-            register_pytree_node(*_pending.pop())
+        with _lock:
+            while _pending:
+                register_pytree_node(*_pending.pop())
