@@ -200,3 +200,17 @@ def test_layers_are_building_blocks_not_forwards() -> None:
             and isinstance(body[0].value, ast.Call)
         )
         assert not only_call, f"layers.{fn.name} only forwards a call"
+
+
+def test_every_backend_of_the_table_has_a_nox_session() -> None:
+    """The test matrix (noxfile.py) lists exactly the backends of the runtime's table."""
+    from microgpt_xp import BACKENDS
+
+    tree = ast.parse((PACKAGE.parent / "noxfile.py").read_text())
+    (matrix,) = (
+        n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "BACKENDS"
+    )
+    assert isinstance(matrix, ast.Dict)
+    assert [ast.literal_eval(k) for k in matrix.keys if k is not None] == list(BACKENDS)
