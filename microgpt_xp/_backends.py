@@ -23,32 +23,23 @@ from ._errors import ArgumentValueError
 
 @dataclass(frozen=True)
 class Backend:
-    """One array library.
+    """One array library: ``name`` (``backend=``, ``--backend``), its ``namespace`` module,
+    how to ``install`` it, and its top-level ``package`` (default: the name).
 
-    Attributes:
-        name: what users pass as ``backend=`` and ``--backend``.
-        namespace: the namespace module's name (or a function that gives it).
-        install: how to install it (shown in errors).
-        parse_device: a user's device spec (``None``, a string, an int, a device) -> the
-            library's device object (``ValueError`` for one it does not have).
-        from_host: ``(numpy_array, device, chunks) -> array``; ``chunks`` only where chunked.
-        to_host: an array -> a NumPy array (computing a lazy one).
-        package: the top-level package whose presence means it is installed (default: name).
-        needs_gpu: its arrays live on a GPU.
-        setup: called once, right after the namespace is first imported.
-        compile: its compiler, ``fn -> compiled fn`` (``jax.jit``), or ``None``.
-        is_traced: whether an array is a tracer of that compiler (values unknown).
-        lazy: its arrays are computed only when asked (Dask).
-        persist: lazy backends: evaluates a list of arrays in one computation.
-        attach_check: chunked backends: ``(x, check, message) -> x`` with ``check(block)``
-            run on every block when computed (``ValueError(message)`` if False).
-        chunk_meta: chunked backends: ``x -> an empty array of its chunks' type``; such a
-            backend as ``backend=`` means one task per chunk of a batch.
-        namespace_object: the namespace itself, for generic entries.
+    ``parse_device`` turns a user's device (``None``, a string, an int, a device object)
+    into the library's device (``ValueError`` if unknown); ``from_host(numpy_array,
+    device, chunks)`` and ``to_host(array)`` move data (``chunks`` only where chunked);
+    ``needs_gpu``: its arrays live on a GPU. ``setup`` runs once after the first import.
+    ``compile`` is its compiler (``jax.jit``) and ``is_traced`` tells its tracers.
+    ``lazy``: values need a compute (Dask), and ``persist`` evaluates a list of arrays in
+    one. Chunked backends: ``attach_check(x, check, message)`` runs ``check(block)`` on
+    every block when computed (``ValueError(message)`` if False), and ``chunk_meta(x)`` is
+    an empty array of the chunks' type (a driver given such a backend runs one task per
+    chunk). ``namespace_object``: a generic entry's namespace.
     """
 
     name: str
-    namespace: str | Callable[[], str]
+    namespace: str
     install: str
     parse_device: Callable[[Any], Any]
     from_host: Callable[[Any, Any, Any], Any] = lambda host, device, chunks: host
@@ -72,12 +63,6 @@ class Backend:
     def chunked(self) -> bool:
         """Whether its arrays are chunks of another backend's arrays (Dask)."""
         return self.chunk_meta is not None
-
-    def namespace_module(self) -> str:
-        """The name of the namespace module."""
-        if self.namespace_object is not None:
-            return str(getattr(self.namespace_object, "__name__", self.name))
-        return self.namespace if isinstance(self.namespace, str) else self.namespace()
 
     def is_array(self, x: Any) -> bool:
         """Whether ``x`` is an array of this backend."""
@@ -260,7 +245,7 @@ def _generic_to_host(x: Any) -> Any:
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
-        Backend("numpy", _numpy_namespace, "pip install numpy", _cpu_only("numpy")),
+        Backend("numpy", _numpy_namespace(), "pip install numpy", _cpu_only("numpy")),
         Backend(
             "dask",
             "array_api_compat.dask.array",

@@ -79,7 +79,7 @@ def entry(backend: Any) -> Backend:
 def _table_namespace(backend: str) -> Any:
     spec = TABLE[backend]
     try:
-        module = importlib.import_module(spec.namespace_module())
+        module = importlib.import_module(spec.namespace)
     except ImportError as exc:
         raise ImportError(f"backend {backend!r} is not installed: {spec.install} ({exc})") from exc
     if spec.setup is not None:
