@@ -143,8 +143,8 @@ def check_threads(threads: Any) -> int | str | None:
     """``threads`` checked: ``None``, ``"auto"``, or a positive int capped at
     :func:`usable_cpus` (with a warning), so that no huge count reaches native code;
     else :class:`ArgumentValueError` about ``threads``."""
-    if threads is None or threads == "auto":
-        return threads  # type: ignore[no-any-return]
+    if threads is None or (isinstance(threads, str) and threads == "auto"):
+        return threads
     count = check_positive_int(threads, "threads")
     cpus = usable_cpus()
     if count > cpus:
