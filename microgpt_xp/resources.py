@@ -149,7 +149,7 @@ def check_threads(threads: Any) -> int | str | None:
     cpus = usable_cpus()
     if count > cpus:
         warnings.warn(
-            f"threads={count}: this process may use {cpus} cores; using {cpus}", stacklevel=3
+            f"threads={count}: this process may use {cpus} cores; using {cpus}", stacklevel=2
         )
         return cpus
     return count
