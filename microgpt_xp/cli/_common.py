@@ -435,12 +435,15 @@ def load_checkpoint(args: argparse.Namespace, backend: str, device: Any) -> Any:
 
 
 def threads_for(args: argparse.Namespace, config: Any, batch: int, workload: str) -> Any:
-    """The block that runs on ``--threads`` (``auto`` and the default: the library's
-    choice for ``config``, ``batch`` rows of ``workload``)."""
-    from ..resources import use_threads
+    """The block that runs on ``--threads``: a count, ``auto`` (the load-aware choice), or
+    by default the count that follows from the model, ``batch`` rows of ``workload`` and
+    this machine's cores (never its load, so a command repeats its numbers)."""
+    from ..resources import default_threads, use_threads
 
-    count = None if args.threads in (None, "auto") else args.threads
-    return use_threads(count, config=config, batch_size=batch, workload=workload)
+    threads = args.threads
+    if threads is None:
+        threads = default_threads(config, batch, workload=workload)
+    return use_threads(threads, config=config, batch_size=batch, workload=workload)
 
 
 # -- output ---------------------------------------------------------------------------------

@@ -151,7 +151,7 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
             callback=progress,
             on_eval=evaluated,
             tokenizer=tokenizer,
-            threads=None if args.threads == "auto" else args.threads,
+            threads=_threads(args, config),
             **cli.keywords(args, "steps batch_size seed backend device dtype checkpoint lr jit"),
             **cli.keywords(args, "chunk_size workers eval_every checkpoint_every resume overwrite"),
         )
@@ -303,3 +303,11 @@ def resume_command(argv: Sequence[str]) -> str:
     if not any(is_flag(a, "--resume") for a in kept):
         kept.append("--resume")
     return shlex.join([cli.PROG, *kept])
+
+
+def _threads(args: argparse.Namespace, config: Any) -> int | str:
+    """``--threads`` as ``train(threads=)`` takes it: the count or ``auto`` as given, by
+    default the count for the model, the batch and this machine's cores."""
+    from ..resources import default_threads
+
+    return args.threads or default_threads(config, args.batch_size)
