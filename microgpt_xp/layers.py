@@ -95,35 +95,23 @@ def rmsnorm_backward(dy: Array, cache: Any) -> Array:
 
 # -- decoding -----------------------------------------------------------------------------
 def decode_attention(
-    q_t: Array,
-    keys: Array,
-    values: Array,
-    visible: Array | None,
-    *,
-    n_head: int,
-    head_dim: int,
-    slots: int,
+    q_t: Array, keys: Array, values: Array, seen: Any, *, n_head: int, head_dim: int
 ) -> Array:
-    """One query per sequence over the cached positions, in decoding's column layout:
-    ``q_t (C, B)``, ``keys, values (P, C, B)`` (``P = slots`` positions first, ``C =
-    n_head * head_dim``) -> ``(C, B)``, the heads' outputs stacked in head order.
-    ``visible (P,)``, where given, marks the positions to attend to (the others, e.g.
-    cache slots not written yet, get weight exactly 0).
-
-    The same attention as the whole-sequence one with one query. With the batch along
-    the last axis, a head's ``D`` channels are ``D`` contiguous planes of ``B`` values, so
-    the scores are one product and a sum over the head-channel axis, the softmax runs
-    over the leading position axis and the output is one product and a sum over
-    positions: every step is a vectorized pass over the whole batch, summing in the
-    original's order (channel by channel, position by position; the hidden positions
-    add exact zeros after the visible ones). ``B`` need not be known.
-    """
+    """One query per sequence over the cache, in decoding's column layout: ``q_t (C, B)``,
+    ``keys, values (P, C, B)`` (``C = n_head * head_dim``) -> ``(C, B)``, the heads'
+    outputs in head order. ``seen`` is what :func:`~microgpt_xp.primitives.cache_write`
+    returns: an int ``n`` (attend to slots ``0..n-1``) or a ``(P,)`` mask (the hidden slots
+    get weight exactly 0 and add exact zeros after the visible ones, so both give the same
+    sums). Scores and outputs are products summed over the head-channel and position axes,
+    in the original's order; ``B`` need not be known."""
     xp = array_namespace(q_t, keys, values)
-    p, d = slots, head_dim
+    if isinstance(seen, int):
+        keys, values = keys[:seen, ...], values[:seen, ...]
+    p, d = keys.shape[0], head_dim
     qs = q_t * float(d) ** -0.5
     scores = xp.sum(xp.reshape(keys * qs, (p, n_head, d, -1)), axis=2)  # (P, H, B)
-    if visible is not None:
-        scores = xp.where(visible[:, None, None], scores, xp.full_like(scores, -xp.inf))
+    if not isinstance(seen, int):
+        scores = xp.where(seen[:, None, None], scores, xp.full_like(scores, -xp.inf))
     att = P.softmax(scores, axis=0)
     y = xp.sum(att[:, :, None, :] * xp.reshape(values, (p, n_head, d, -1)), axis=0)
     return xp.reshape(y, (n_head * d, -1))

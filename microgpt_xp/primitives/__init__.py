@@ -24,11 +24,12 @@ TPUs): only the NumPy overrides use products for sums.
 
 from __future__ import annotations
 
-from ._dispatch import native_module
+from ._dispatch import native_module, writable
 from ._generic import (
     arange,
     attention,
     attention_backward,
+    cache_write,
     causal_attention,
     causal_attention_backward,
     causal_bias,
@@ -58,6 +59,7 @@ __all__ = [
     "arange",
     "attention",
     "attention_backward",
+    "cache_write",
     "causal_attention",
     "causal_attention_backward",
     "causal_bias",
@@ -82,4 +84,5 @@ __all__ = [
     "split_heads",
     "sum_last",
     "weight_grad",
+    "writable",
 ]

@@ -34,6 +34,12 @@ def native_module(x: Any) -> ModuleType | None:
     return None
 
 
+def writable(x: Any) -> bool:
+    """Whether ``x`` can be written in place: an eager array whose library allows it
+    (NumPy, PyTorch, CuPy, array-api-strict; not JAX's, not Dask's)."""
+    return bool(array_api_compat.is_writeable_array(x) and not array_api_compat.is_lazy_array(x))
+
+
 def overridable(arg: int = 0) -> Callable[[F], F]:
     """Make a generic primitive call the override of the namespace of its argument ``arg``
     (:func:`native_module`), where that module defines a function of the same name; the

@@ -19,7 +19,7 @@ from typing import Any
 from array_api_compat import device
 
 from .._xp import array_namespace
-from ._dispatch import overridable
+from ._dispatch import overridable, writable
 
 Array = Any
 
@@ -134,6 +134,25 @@ def scatter_add_rows(ids: Array, values: Array, num_rows: int) -> Array:
     zero. The embeddings' gradient. The standard has no scatter-add: ``one_hot(ids).T @
     values``."""
     return one_hot(ids, num_rows, values.dtype, axis=0) @ values
+
+
+# -- the KV cache ---------------------------------------------------------------------------
+def cache_write(keys: Array, values: Array, k: Array, v: Array, pos: Any) -> tuple[Any, ...]:
+    """Write key ``k`` and value ``v`` ``(C, B)`` of position ``pos`` into slot ``pos`` of a
+    layer's buffers ``(P, C, B)``; returns ``(keys, values, seen)``: the buffers after the
+    write and what the position attends to (see
+    :func:`~microgpt_xp.layers.decode_attention`). Where ``pos`` is a Python int and the
+    buffers can be written (:func:`~._dispatch.writable`) the write is in place and
+    ``seen = pos + 1``, the slots so far; elsewhere (JAX, Dask, a 0-d ``pos``) new buffers
+    by ``where`` and ``seen`` the ``(P,)`` mask of the slots up to ``pos``."""
+    if isinstance(pos, int) and writable(keys):
+        keys[pos, ...] = k
+        values[pos, ...] = v
+        return keys, values, pos + 1
+    xp = array_namespace(keys, k)
+    slots = arange(keys.shape[0], k, dtype=getattr(pos, "dtype", None))
+    here = (slots == pos)[:, None, None]
+    return xp.where(here, k[None, ...], keys), xp.where(here, v[None, ...], values), slots <= pos
 
 
 # -- activations ------------------------------------------------------------------------------

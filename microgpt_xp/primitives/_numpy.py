@@ -87,6 +87,18 @@ def cumulative_sum0(x: Any) -> Any:
     return (ids[:, None] >= ids[None, :]).astype(x.dtype) @ x
 
 
+# -- activations ------------------------------------------------------------------------------
+def relu(x: Any) -> tuple[Any, Any]:
+    """``np.maximum(x, 0)``, its output the cache: one pass where the mask takes three."""
+    y = np.maximum(x, 0)
+    return y, y
+
+
+def relu_backward(dy: Any, y: Any) -> Any:
+    """``dy`` where the output is positive, else 0."""
+    return dy * (y > 0)
+
+
 # -- indexing ---------------------------------------------------------------------------------
 def one_hot(ids: Any, num_classes: int, dtype: Any, *, axis: int = -1) -> Any:
     """Zeros with a 1 written at each id's flat index, instead of comparing every id with
