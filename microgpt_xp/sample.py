@@ -1,9 +1,8 @@
 """Batched generation through the KV cache, with temperature, top-k and a prompt.
 
-One function makes the batches (:func:`iter_sample_tokens`); :func:`sample_tokens`,
-:func:`iter_samples` and :func:`sample` are thin wrappers over it that take the same
-options (:class:`SampleOptions`). How a batch is spread over workers is a runner's
-business (:mod:`microgpt_xp.runners`); a batch's draws never depend on it.
+:func:`iter_sample_tokens` makes the batches, each through ``runner.map`` (whatever the
+runner) and the one loop :func:`decode_batch`; :func:`sample_tokens`, :func:`iter_samples`
+and :func:`sample` wrap it with the same options (:class:`SampleOptions`).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import numpy as np
 
 from . import _xp, runners
 from . import primitives as P
+from ._errors import ArgumentTypeError, ArgumentValueError
 from ._xp import array_namespace
 from .data import Tokenizer
 from .model import KVCache, decode_hidden
@@ -33,10 +33,8 @@ if TYPE_CHECKING:
 #: sampling draws the argmax (see :func:`decode_batch`).
 LOGIT_BOUND = 1e4
 
-#: Samples generated at once when no batch size is given: big enough that a position's
-#: Python overhead is paid over many rows, small enough that a batch's cache stays in the
-#: CPU's caches (``python -m benchmarks.e2e sample``: 1,000 was the fastest of 250 to
-#: 4,000 for a 2-layer 64-channel model; 500 and 2,000 were 1-5 % slower).
+#: Samples generated at once by default: a position's Python overhead is paid over many
+#: rows and a batch's cache stays in the CPU's caches (``python -m benchmarks.e2e sample``).
 DEFAULT_BATCH_SIZE = 1_000
 
 
@@ -70,27 +68,24 @@ class SampleOptions(TypedDict, total=False):
 
 
 def check_temperature(temperature: Any) -> float:
-    """``temperature`` as a float if it is a finite real number ``> 0`` (any real type:
-    ``int``, ``float``, ``numpy.float32``, ...; not ``bool``), else ``ValueError``."""
+    """``temperature`` as a float if it is a finite real number ``> 0`` (not a ``bool``)."""
     if isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
         value = float(temperature)
         if math.isfinite(value) and value > 0:
             return value
-    raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    raise ArgumentValueError(
+        "temperature", f"temperature must be a positive number, got {temperature!r}"
+    )
 
 
 def iter_sample_tokens(
     params: Params, bos: int, num_samples: int, **options: Unpack[SampleOptions]
 ) -> Iterator[np.ndarray]:
-    """Generate ``num_samples`` sequences from BOS (then the prompt, if any), a batch at a
-    time: yields ``(b, block_size)`` int64 host arrays, each row the prompt's ids, then
-    the sampled ids up to and including the first sampled BOS, then more BOS. Memory
-    follows the batch, not ``num_samples``.
-
-    The arguments are checked now, the work is done as the batches are taken (worker
-    processes, if any, end when the iterator is exhausted or closed). See
-    :class:`SampleOptions` for the options; the result for a seed does not depend on
-    the batch size, the runner or ``jit``.
+    """Generate ``num_samples`` sequences from BOS (then the prompt), a batch at a time:
+    yields ``(b, block_size)`` int64 host arrays, each row the prompt's ids, the sampled
+    ids up to the first sampled BOS, then BOS. The arguments are checked now, the work is
+    done as batches are taken (the runner is closed when the iterator ends or is closed).
+    For a seed, the ids do not depend on the batch size, the runner or ``jit``.
     """
     unknown = set(options) - set(SampleOptions.__annotations__)
     if unknown:
@@ -101,7 +96,7 @@ def iter_sample_tokens(
     if _xp.read_scalar(xp.all(xp.isfinite(flatten(params))), bool) is False:
         raise ValueError("params hold weights that are not finite (NaN or inf): nothing to sample")
     if not 0 <= bos < cfg.vocab_size:
-        raise ValueError(f"bos id {bos} is outside [0, {cfg.vocab_size})")
+        raise ArgumentValueError("bos", f"bos id {bos} is outside [0, {cfg.vocab_size})")
     inv_t = 1.0 / check_temperature(options.get("temperature", 0.5))
     seed = options.get("seed", 0)
     _xp.check_nonnegative_int(seed, "seed")
@@ -125,43 +120,33 @@ def iter_sample_tokens(
     )
     if home != params.backend:  # Dask params: the tasks run on their chunks' backend
         params = params.to(home)
-    return _batches(params, runner, bos, num_samples, batch_size, seed, inv_t, prompt, top_k)
+    args = (bos, inv_t, prompt, top_k, runner.jit)
+
+    def batches() -> Iterator[np.ndarray]:
+        try:  # a range, not a list of bounds: O(batch) memory for any number of samples
+            for a in range(0, num_samples, batch_size):
+                uniforms = row_uniforms(seed, a, min(a + batch_size, num_samples), cfg.block_size)
+                yield np.concatenate(runner.map(_decode_rows, params, [uniforms], *args))
+        finally:
+            runner.close()
+
+    return batches()
 
 
 def _check_prompt(prompt: Any, bos: int, vocab_size: int, block_size: int) -> tuple[int, ...]:
     ids = tuple(int(i) for i in (prompt or ()))
     if any(not 0 <= i < vocab_size or i == bos for i in ids):
-        raise ValueError(
-            f"prompt ids must lie in [0, {vocab_size}) and not be BOS ({bos}), got {list(ids)}"
+        raise ArgumentValueError(
+            "prompt",
+            f"prompt ids must lie in [0, {vocab_size}) and not be BOS ({bos}), got {list(ids)}",
         )
     if len(ids) >= block_size:
-        raise ValueError(
+        raise ArgumentValueError(
+            "prompt",
             f"a prompt of {len(ids)} tokens leaves no position to sample in a block of "
-            f"{block_size} (BOS comes first)"
+            f"{block_size} (BOS comes first)",
         )
     return ids
-
-
-def _batches(
-    params: Params,
-    runner: runners.Runner,
-    bos: int,
-    num_samples: int,
-    batch_size: int,
-    seed: int,
-    inv_t: float,
-    prompt: tuple[int, ...],
-    top_k: int | None,
-) -> Iterator[np.ndarray]:
-    width = params.config.block_size
-    try:
-        # a range, not a list of bounds: any number of samples takes O(batch) memory
-        for a in range(0, num_samples, batch_size):
-            uniforms = row_uniforms(seed, a, min(a + batch_size, num_samples), width)
-            args = (bos, inv_t, prompt, top_k, runner.jit)
-            yield np.concatenate(runner.map(_decode_rows, params, [uniforms], *args))
-    finally:
-        runner.close()
 
 
 def sample_tokens(
@@ -174,8 +159,7 @@ def sample_tokens(
 def iter_samples(
     params: Params, tokenizer: Tokenizer, num_samples: int, **options: Unpack[SampleOptions]
 ) -> Iterator[list[str]]:
-    """The documents (names) of :func:`iter_sample_tokens` as text, a list per batch;
-    ``prompt`` is text here, and every sample starts with it.
+    """:func:`iter_sample_tokens` as text, a list of names per batch (``prompt`` is text).
 
     >>> import microgpt_xp as mx
     >>> from microgpt_xp.sample import iter_samples
@@ -188,15 +172,18 @@ def iter_samples(
     True
     """
     if not isinstance(tokenizer, Tokenizer):
-        raise TypeError(f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}")
+        raise ArgumentTypeError(
+            "tokenizer", f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}"
+        )
     if tokenizer.vocab_size != params.config.vocab_size:
-        raise ValueError(
-            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
+        raise ArgumentValueError(
+            "tokenizer",
+            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}",
         )
     prompt = options.get("prompt")
     if prompt is not None:
         if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be text, got {type(prompt).__name__}")
+            raise ArgumentTypeError("prompt", f"prompt must be text, got {type(prompt).__name__}")
         options = {**options, "prompt": tokenizer.encode(prompt)}
     batches = iter_sample_tokens(params, tokenizer.bos, num_samples, **options)
     return (tokenizer.decode_rows(ids) for ids in batches)
@@ -205,29 +192,24 @@ def iter_samples(
 def sample(
     params: Params, tokenizer: Tokenizer, num_samples: int = 20, **options: Unpack[SampleOptions]
 ) -> list[str]:
-    """Generate ``num_samples`` documents (names) with the KV cache: each starts from BOS
-    (and the ``prompt``) and stops at the first sampled BOS or after ``block_size``
-    tokens. A seed gives the same names whatever the batch size, runner or ``jit``. The
-    names batch by batch: :func:`iter_samples`."""
+    """``num_samples`` documents (names) generated with the KV cache, each from BOS (and the
+    ``prompt``) to the first sampled BOS or ``block_size`` tokens (see
+    :func:`iter_sample_tokens`)."""
     return [
         name for names in iter_samples(params, tokenizer, num_samples, **options) for name in names
     ]
 
 
 def choose(probs: Any, u: Any) -> Any:
-    """Inverse-CDF draw of one id per row, as the standard library's ``choices`` does.
-
-    ``probs (B, V)`` (not necessarily normalised), ``u (B,)`` uniforms in ``[0, 1)`` of the
-    same namespace and device. With ``c`` the running sums of a row, returns the number of
-    ``c[0..V-2]`` that are ``<= u * c[V-1]``: ``(B,)`` int64 ids.
-    """
+    """``(B,)`` int64 ids, one inverse-CDF draw per row as ``random.choices`` makes it, of
+    ``probs (B, V)`` (not necessarily normalised) with uniforms ``u (B,)`` in ``[0, 1)``:
+    the number of running sums ``c[0..V-2]`` that are ``<= u * c[V-1]``."""
     xp = array_namespace(probs, u)
     return choose_columns(xp.matrix_transpose(probs), u)
 
 
 def choose_columns(probs_t: Any, u: Any) -> Any:
-    """:func:`choose` for probabilities laid out ``(V, B)``, one column per draw (the
-    running sums and the counts run over the leading axis, a vectorized pass per id)."""
+    """:func:`choose` of probabilities laid out ``(V, B)``, one column per draw."""
     c = P.cumulative_sum0(probs_t)
     hits = c[:-1, :] <= (u * c[-1, :])[None, :]
     xp = array_namespace(hits)
@@ -373,9 +355,7 @@ def _position(
 # -- the draws ------------------------------------------------------------------------------
 def row_uniforms(seed: int, start: int, stop: int, width: int) -> np.ndarray:
     """Rows ``start .. stop - 1`` of ``numpy.random.default_rng(seed).random((N, width))``
-    for any ``N >= stop``, without drawing the rows before them (the PCG64 stream is
-    advanced by ``start * width`` draws). These are the uniforms sampling uses, so a
-    chunk of samples needs O(chunk) memory."""
+    (any ``N >= stop``) without drawing the rows before them: sampling's uniforms."""
     bits = np.random.PCG64(seed)  # what default_rng(seed) wraps
     bits.advance(start * width)
     return np.random.Generator(bits).random((stop - start, width))
