@@ -295,13 +295,11 @@ def decode_batch(
             rows = rows[keep]
             idx = _xp.asarray(keep, backend, device=dev)
             token, u, done = (xp.take(a, idx, axis=0) for a in (token, u, done))
-            cache = KVCache(
-                *(
-                    tuple(_keep_columns(xp, a, idx, pos + 1) for a in bufs)
-                    for bufs in (cache.keys, cache.values)
-                ),
-                cache.pos,
+            keys, values = (
+                tuple(_keep_columns(xp, a, idx, pos + 1) for a in bufs)
+                for bufs in (cache.keys, cache.values)
             )
+            cache = KVCache(keys, values, cache.pos)
     return out
 
 

@@ -18,6 +18,14 @@ from ._dispatch import overridable, writable
 
 Array = Any
 
+__all__ = [
+    "arange", "attention", "attention_backward", "cache_write", "causal_attention",
+    "causal_attention_backward", "causal_bias", "cross_entropy", "cross_entropy_backward",
+    "cumulative_sum0", "embed", "full", "head_cross_entropy", "head_cross_entropy_backward",
+    "linear", "linear_input_grad", "max_last", "merge_heads", "one_hot", "positions", "relu",
+    "relu_backward", "scatter_add_rows", "softmax", "split_heads", "sum_last", "weight_grad",
+]  # fmt: skip
+
 
 # -- creation ---------------------------------------------------------------------------------
 @overridable(1)
