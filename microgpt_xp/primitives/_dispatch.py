@@ -25,9 +25,8 @@ _PACKAGE = __name__.rsplit(".", 1)[0]
 
 
 def native_module(x: Any) -> ModuleType | None:
-    """The module of overrides that inputs like ``x`` take, or ``None`` (the generic code):
-    the first of NumPy, PyTorch, JAX, CuPy and Dask whose array-api-compat ``is_*_array``
-    test ``x`` passes (NumPy arrays include subclasses; JAX arrays include tracers)."""
+    """The module of overrides that inputs like ``x`` take (the first whose array-api-compat
+    ``is_*_array`` test ``x`` passes: NumPy subclasses, JAX tracers included), or ``None``."""
     for test, name in _MODULES:
         if test(x):
             return importlib.import_module(f"{_PACKAGE}.{name}")
