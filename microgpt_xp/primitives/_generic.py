@@ -129,13 +129,11 @@ def scatter_add_rows(ids: Array, values: Array, num_rows: int) -> Array:
 
 # -- the KV cache ---------------------------------------------------------------------------
 def cache_write(keys: Array, values: Array, k: Array, v: Array, pos: Any) -> tuple[Any, ...]:
-    """Write key ``k`` and value ``v`` ``(C, B)`` of position ``pos`` into slot ``pos`` of a
-    layer's buffers ``(P, C, B)``; returns ``(keys, values, seen)``: the buffers after the
-    write and what the position attends to (see
-    :func:`~microgpt_xp.layers.decode_attention`). Where ``pos`` is a Python int and the
-    buffers can be written (:func:`~._dispatch.writable`) the write is in place and
-    ``seen = pos + 1``, the slots so far; elsewhere (JAX, Dask, a 0-d ``pos``) new buffers
-    by ``where`` and ``seen`` the ``(P,)`` mask of the slots up to ``pos``."""
+    """Write ``k``, ``v`` ``(C, B)`` into slot ``pos`` of a layer's buffers ``(P, C, B)``;
+    returns ``(keys, values, seen)`` (``seen`` as :func:`~microgpt_xp.layers.decode_attention`
+    takes it). In place, ``seen = pos + 1``, where ``pos`` is a Python int and the buffers
+    are :func:`~._dispatch.writable`; else new buffers by ``where``, ``seen`` the ``(P,)``
+    mask of slots up to ``pos``."""
     if isinstance(pos, int) and writable(keys):
         keys[pos, ...] = k
         values[pos, ...] = v
