@@ -49,8 +49,6 @@ def _cases(name: str, dtype: str) -> list[tuple[tuple[Any, ...], tuple[Any, ...]
     f = lambda *shape, seed=0, scale=1.0: _floats(shape, dtype, seed, scale)  # noqa: E731
     if name == "sum_last":
         return [((f(5, 7, 16),), None), ((f(4, 16),), None), ((f(16),), None)]
-    if name == "max_last":
-        return [((f(5, 7, 16),), None)]
     if name == "linear":
         return [((f(3, 5, 16), f(48, 16, seed=1)), None), ((f(7, 16), f(27, 16, seed=1)), None)]
     if name == "linear_input_grad":

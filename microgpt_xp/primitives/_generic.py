@@ -22,7 +22,7 @@ __all__ = [
     "arange", "attention", "attention_backward", "cache_write", "causal_attention",
     "causal_attention_backward", "causal_bias", "cross_entropy", "cross_entropy_backward",
     "cumulative_sum0", "embed", "full", "head_cross_entropy", "head_cross_entropy_backward",
-    "linear", "linear_input_grad", "max_last", "merge_heads", "one_hot", "positions", "relu",
+    "linear", "linear_input_grad", "merge_heads", "one_hot", "positions", "relu",
     "relu_backward", "scatter_add_rows", "softmax", "split_heads", "sum_last", "weight_grad",
 ]  # fmt: skip
 
@@ -59,12 +59,6 @@ def positions(x: Array, axis: int = 1) -> Array:
 def sum_last(x: Array) -> Array:
     """``(…, n)`` -> ``(…, 1)``: the sum over the last axis."""
     return array_namespace(x).sum(x, axis=-1, keepdims=True)
-
-
-@overridable()
-def max_last(x: Array) -> Array:
-    """``(…, n)`` -> ``(…, 1)``: the max over the last axis (NaN-propagating)."""
-    return array_namespace(x).max(x, axis=-1, keepdims=True)
 
 
 @overridable()
@@ -265,7 +259,7 @@ def cross_entropy(logits: Array, targets: Array, valid: Array | None) -> tuple[A
     """``losses (…)``, ``log Σ exp(z − max z) − (z[target] − max z)`` of ``logits (…, V)``
     and ``targets (…)`` (0 where ``valid``, if given, is 0), and the backward's cache."""
     xp = array_namespace(logits, targets)
-    shifted = logits - max_last(logits)
+    shifted = logits - xp.max(logits, axis=-1, keepdims=True)
     e = xp.exp(shifted)
     total = sum_last(e)
     p = e * total**-1
