@@ -120,7 +120,7 @@ def iter_sample_tokens(
     )
     if home != params.backend:  # Dask params: the tasks run on their chunks' backend
         params = params.to(home)
-    args = (bos, inv_t, prompt, top_k, runner.jit)
+    args = (bos, inv_t, {"prompt": prompt, "top_k": top_k, "jit": runner.jit})
 
     def batches() -> Iterator[np.ndarray]:
         try:  # a range, not a list of bounds: O(batch) memory for any number of samples
@@ -216,17 +216,9 @@ def choose_columns(probs_t: Any, u: Any) -> Any:
     return xp.sum(xp.astype(hits, xp.int64), axis=0)
 
 
-def _decode_rows(
-    params: Params,
-    uniforms: np.ndarray,
-    bos: int,
-    inv_temperature: float,
-    prompt: Sequence[int],
-    top_k: int | None,
-    jit: bool | None,
-) -> Any:
+def _decode_rows(params: Params, uniforms: np.ndarray, bos: int, inv_t: float, kw: Any) -> Any:
     """:func:`decode_batch` with the rows first (the shape a runner's ``map`` calls)."""
-    return decode_batch(params, bos, uniforms, inv_temperature, prompt=prompt, top_k=top_k, jit=jit)
+    return decode_batch(params, bos, uniforms, inv_t, **kw)
 
 
 def decode_batch(
