@@ -86,7 +86,8 @@ class DaskTasks(Runner):
                     "weights",
                     "weights='scatter' needs a distributed client (microgpt_xp.cluster.connect)",
                 ) from exc
-        return client.scatter(host, broadcast=True, hash=True)
+        return client.scatter(host, broadcast=True, hash=False)  # a hashed key dropped by
+        # the last map may still be in release when the same weights come again
 
     def graph(
         self,
