@@ -1,14 +1,11 @@
-"""The training loop: shuffled batches of documents, the hand-written backward pass, Adam
-with linear decay, held-out loss, per-step callbacks and atomic checkpoints that a run
-resumes from exactly.
-
-Where the arrays live (``backend``, ``device``) and how a batch is spread over workers
-(``runner``: :mod:`microgpt_xp.runners`) are two separate choices; this module asks the
-runner, and never a backend's name, how a step runs.
-"""
+"""The training loop: shuffled batches, the hand-written backward pass on a runner, Adam
+with linear decay, held-out loss, callbacks and atomic checkpoints a run resumes from
+exactly. Where the arrays live (``backend``) and how a batch is spread over workers
+(``runner``) are two choices; this module never asks a backend's name."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -25,14 +22,7 @@ from ._files import claim
 from ._xp import to_batch
 from .checkpoint import save
 from .config import GPTConfig
-from .data import (
-    Tokenizer,
-    batch_indices,
-    check_docs,
-    default_block_size,
-    encode_docs,
-    take_batch,
-)
+from .data import Tokenizer, batch_indices, check_docs, default_block_size, encode_docs, take_batch
 from .model import Reduction, _check_reduction, _loss_and_grads
 from .optim import Adam, AdamConfig, AdamState, adam_config, adam_update
 from .params import Params, flatten, init_params, materialize, unflatten
@@ -41,14 +31,7 @@ from .resume import ResumeError, corpus_digest, run_record
 from .resume import resume as resume_run
 from .scoring import score_docs
 
-__all__ = [
-    "ResumeError",
-    "TrainResult",
-    "TrainingError",
-    "corpus_digest",
-    "to_batch",
-    "train",
-]
+__all__ = ["ResumeError", "TrainResult", "TrainingError", "corpus_digest", "to_batch", "train"]
 
 #: A batch loss above this many times the loss of a uniform guess (``ln V``) means the run
 #: has diverged (a learning rate far too large), even while it is still finite.
@@ -196,7 +179,9 @@ def train(
     batch_indices(len(docs), batch_size, 0, seed)  # raises early if the corpus is too small
     run = run_record(seed, batch_size, optimizer.lr, dtype, reduction, docs, held_out)
     # the claim checks again, under its lock, that no other run made the file meanwhile
-    with claim(checkpoint, exist_ok=resume or overwrite) if checkpoint else _no_claim():
+    with (
+        claim(checkpoint, exist_ok=resume or overwrite) if checkpoint else contextlib.nullcontext()
+    ):
         if resume and checkpoint is not None and Path(checkpoint).exists():
             params, adam, history = resume_run(
                 checkpoint, run, steps, config, tokenizer, backend, device, params
@@ -210,9 +195,21 @@ def train(
             params = runner.place(_start(params, config, seed, backend, device, dtype))
             adam, history = Adam(params, optimizer), {"losses": [], "val_losses": []}
         result = TrainResult(params, adam, tokenizer, step=adam.t, start_step=adam.t)
-        evals = (held_out, eval_every or max(1, steps // 10), on_eval)
-        loop = _Loop(runner, reduction, adam, tokenizer, evals, checkpoint, run, history)
-        loop.checkpoint_every, loop.resumed = checkpoint_every, resume
+        every = eval_every or max(1, steps // 10)
+        loop = _Loop(
+            runner,
+            reduction,
+            adam,
+            tokenizer,
+            checkpoint,
+            checkpoint_every,
+            resume,
+            run,
+            history,
+            held_out,
+            every,
+            on_eval,
+        )
         try:
             with use_threads(threads, config=config, batch_size=batch_size):
                 loop.run(result, tokens, lengths, steps, batch_size, seed, callback)
@@ -223,14 +220,6 @@ def train(
     if _xp.entry(backend).chunked:  # in memory on the caller's side: outlives any cluster
         result.params = result.params.to(backend)
     return result
-
-
-class _no_claim:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _start(
@@ -257,26 +246,24 @@ def finite(params: Params) -> bool:
         return _xp.read_scalar(xp.all(xp.isfinite(flatten(params))), bool) is not False
 
 
+@dataclass
 class _Loop:
     """The steps of a run on its runner, held-out scoring and checkpoints."""
 
-    def __init__(
-        self,
-        runner: runners.Runner,
-        reduction: Reduction,
-        adam: Adam,
-        tokenizer: Tokenizer,
-        evals: tuple[list[str] | None, int, Callable[[int, float], None] | None],
-        checkpoint: str | Path | None,
-        run: dict[str, Any],
-        history: dict[str, list[Any]],
-    ) -> None:
-        self.runner, self.reduction, self.adam, self.tokenizer = runner, reduction, adam, tokenizer
-        self.held_out, self.eval_every, self.on_eval = evals
-        self.checkpoint, self.run_info, self.history = checkpoint, run, history
-        self.checkpoint_every, self.resumed = 0, False
-        self.saved = False  # whether this run has written a checkpoint yet
-        self._update: Callable[..., Any] | None = None
+    runner: runners.Runner
+    reduction: Reduction
+    adam: Adam
+    tokenizer: Tokenizer
+    checkpoint: str | Path | None
+    checkpoint_every: int
+    resumed: bool
+    run_info: dict[str, Any]
+    history: dict[str, list[Any]]
+    held_out: list[str] | None
+    eval_every: int
+    on_eval: Callable[[int, float], None] | None
+    saved: bool = False  # whether this run has written a checkpoint yet
+    _update: Callable[..., Any] | None = None
 
     def step(
         self, params: Params, state: AdamState, tokens: np.ndarray, lengths: np.ndarray
