@@ -1,14 +1,8 @@
-"""How a batch's rows are spread over workers: one interface, three implementations.
-
-A :class:`Runner` splits the rows of a host batch into shards, runs one function on each
-shard — here (:class:`Local`), over worker processes (:class:`Processes`) or as Dask tasks
-(:class:`DaskTasks`, on threads or a ``dask.distributed`` cluster) — and gives the results
-back in row order, or combined by a fixed-shape tree of additions (:func:`tree_sum`) so
-that the sums happen in the same order whoever finishes first. Training, scoring and
-generation all use it; *where the arrays live* (the ``backend``) is a separate choice: a
-shard's task moves the weights and its rows to the run's backend and device.
-
-This package knows nothing of the model: the functions it runs are the drivers'.
+"""How a batch's rows are spread over workers: one interface (:class:`Runner`), three
+implementations: here (:class:`Local`), worker processes (:class:`Processes`), Dask tasks
+(:class:`DaskTasks`). Every driver calls ``runner.map``; results come back in row order
+or added by a fixed-shape tree (:func:`tree_sum`), whoever finishes first. The functions
+run are the drivers'; this package knows nothing of the model.
 """
 
 from typing import Any
