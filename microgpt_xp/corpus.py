@@ -14,8 +14,8 @@ from .data import DataError, Tokenizer, encode_docs
 
 @runtime_checkable
 class Corpus(Protocol):
-    """A corpus that hands out documents by position, so that a chunk's task can produce
-    its own documents. It must be cheap to pickle (it travels to every worker once)."""
+    """A corpus that hands out documents by position, so that a task can make its own
+    documents. It must be cheap to pickle (it travels with every task)."""
 
     def __len__(self) -> int:
         """Number of documents."""
@@ -33,9 +33,7 @@ class ShuffledRepeat:
     :func:`microgpt_xp.data.batch_indices`): document ``i`` is
     ``base[perm_{i // n}[i % n]]`` with ``n = len(base)``.
 
-    Only ``base`` is held; :meth:`docs` builds a slice on demand, so a corpus of a
-    million documents costs the memory of ``base``.
-    """
+    Only ``base`` is held; :meth:`docs` builds a slice on demand."""
 
     base: tuple[str, ...]
     num_docs: int
