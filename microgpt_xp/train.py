@@ -318,19 +318,18 @@ class _Loop:
                     raise TrainingError(
                         f"the loss is {value} at step {step + 1}{why}; training stopped{self._kept()}"
                     )
-                params = new_params
+                params, done = new_params, step + 1
                 adam.advance(new_state)
                 result.losses.append(value)
                 self.history["losses"].append(value)
-                result.params, result.step = params, step + 1
+                result.params, result.step = params, done
                 if callback is not None:
-                    callback(step + 1, value)
-                done = step + 1
+                    callback(done, value)
                 if self.held_out is not None and (done % self.eval_every == 0 or done == steps):
                     self.evaluate(result)
                 cp_every = self.checkpoint_every
                 if self.checkpoint is not None and cp_every > 0 and done % cp_every == 0:
-                    self.save(params, step + 1)
+                    self.save(params, done)
 
     def evaluate(self, result: TrainResult) -> None:
         """Score the held-out documents with the current weights (as ``eval`` does)."""
@@ -383,24 +382,24 @@ def weighted_loss_and_grads(
     else:
         weight = float(np.minimum(lengths - 1, params.config.block_size).sum() / total_tokens)
     tok, lens = to_batch(tokens, lengths, params.backend, device=params.device)
-    fn = _LOSS_AND_GRADS[reduction]
+    fn: Callable[..., Any] = _LOSS_AND_GRADS[reduction]
     if _xp.compiler(params.backend, jit) is not None:
         fn = _xp.compiled(fn, params.backend)
     loss, flat = fn(params, tok, lens)
     return (loss, flat) if weight == 1.0 else (weight * loss, weight * flat)
 
 
-def _flat_loss_and_grads_mean(params: Params, tokens: Any, lengths: Any) -> tuple[Any, Any]:
-    loss, grads = _loss_and_grads(params, tokens, lengths, "mean")
+def _flat_loss_and_grads(
+    params: Params, tokens: Any, lengths: Any, reduction: Reduction
+) -> tuple[Any, Any]:
+    loss, grads = _loss_and_grads(params, tokens, lengths, reduction)
     return loss, flatten(grads)
 
 
-def _flat_loss_and_grads_token_mean(params: Params, tokens: Any, lengths: Any) -> tuple[Any, Any]:
-    loss, grads = _loss_and_grads(params, tokens, lengths, "token_mean")
-    return loss, flatten(grads)
-
-
-_LOSS_AND_GRADS = {"mean": _flat_loss_and_grads_mean, "token_mean": _flat_loss_and_grads_token_mean}
+# one function per reduction, so that a compiler sees only arrays
+_LOSS_AND_GRADS = {
+    r: functools.partial(_flat_loss_and_grads, reduction=r) for r in ("mean", "token_mean")
+}
 
 
 def _update(
