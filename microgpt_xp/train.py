@@ -229,9 +229,9 @@ def _start(
     if params is None:
         return init_params(config, seed=seed, backend=backend, device=device, dtype=dtype)
     if params.config != config:
-        raise ValueError(f"params have {params.config}, not {config}")
+        raise ArgumentValueError("params", f"params have {params.config}, not {config}")
     if not finite(params):
-        raise ValueError("params= holds weights that are not finite (NaN or inf)")
+        raise ArgumentValueError("params", "params= holds weights that are not finite (NaN or inf)")
     if params.backend != backend or _xp.dtype_name(params.wte) != dtype:
         return params.to(backend, dtype=dtype)
     return params
