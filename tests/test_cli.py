@@ -34,7 +34,7 @@ from microgpt_xp.exact import INFERENCE_HEADER
 from microgpt_xp.model import score
 from microgpt_xp.params import state_dict_keys
 from microgpt_xp.sample import sample
-from microgpt_xp.scale import score_docs
+from microgpt_xp.scoring import score_docs
 from microgpt_xp.train import train
 
 train_module = importlib.import_module("microgpt_xp.train")

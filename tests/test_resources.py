@@ -19,7 +19,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 import microgpt_xp as mx
 from microgpt_xp import GPTConfig
 from microgpt_xp import resources as R
-from microgpt_xp.scale import score_docs
+from microgpt_xp.scoring import score_docs
 
 DEFAULT = GPTConfig(27)  # the spec's model: L1 C16 T16
 TWO_LAYER = GPTConfig(27, n_layer=2, n_embd=64, n_head=4, block_size=36)
