@@ -209,14 +209,6 @@ def score(params: Params, tokens: Array, lengths: Array, *, jit: bool | None = N
     return xp.sum(losses, axis=1) * (1.0 / xp.astype(n, losses.dtype))
 
 
-# The names train.py and the benchmarks import until issue 30's merge adapts them.
-def _loss_and_grads(params: Params, tokens: Array, lengths: Array, reduction: Reduction) -> Any:
-    return loss_and_grads(params, tokens, lengths, reduction=reduction)
-
-
-_train_step = train_step
-
-
 # -- token-by-token decoding ----------------------------------------------------------------
 @dataclass(frozen=True)
 class KVCache:

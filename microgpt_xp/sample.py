@@ -106,20 +106,18 @@ def iter_sample_tokens(
     prompt = _check_prompt(options.get("prompt"), bos, cfg.vocab_size, cfg.block_size)
     batch_size = options.get("batch_size")
     batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    _xp.check_positive_int(batch_size, "batch size")
+    _xp.check_positive_int(batch_size, "batch_size")
     chunks = options.get("chunks")
     if chunks is not None:
         _xp.check_positive_int(chunks, "chunks")
-    runner, home = runners.resolve(
+    runner = runners.pick(
         options.get("runner"),
         params.backend,
         workers=options.get("workers"),
         chunk_size=chunks,
         jit=options.get("jit"),
-        like=params.wte,
     )
-    if home != params.backend:  # Dask params: the tasks run on their chunks' backend
-        params = params.to(home)
+    params = runner.place(params)
     args = (bos, inv_t, {"prompt": prompt, "top_k": top_k, "jit": runner.jit})
 
     def batches() -> Iterator[np.ndarray]:

@@ -23,10 +23,10 @@ from ._xp import to_batch
 from .checkpoint import save
 from .config import GPTConfig
 from .data import Tokenizer, batch_indices, check_docs, default_block_size, encode_docs, take_batch
-from .model import Reduction, _check_reduction, _loss_and_grads
+from .model import Reduction, _check_reduction, loss_and_grads
 from .optim import Adam, AdamConfig, AdamState, adam_config, adam_update
 from .params import Params, flatten, init_params, materialize, unflatten
-from .resources import use_threads
+from .resources import check_threads, use_threads
 from .resume import ResumeError, corpus_digest, run_record
 from .resume import resume as resume_run
 from .scoring import score_docs
@@ -73,7 +73,7 @@ def train(
     workers: int | None = None,
     chunk_size: int | None = None,
     jit: bool | None = None,
-    threads: int | None = None,
+    threads: int | str | None = None,
     optimizer: AdamConfig | None = None,
     lr: float | None = None,
     reduction: Reduction = "mean",
@@ -107,8 +107,9 @@ def train(
             the rows of a Dask task. ``jit``: ``None`` compiles the step where the
             namespace has a compiler (JAX; batches then padded to one shape), ``False``
             never, ``True`` insists.
-        threads: BLAS (and PyTorch) threads during the run (default:
-            :func:`microgpt_xp.resources.blas_threads`'s choice).
+        threads: BLAS (and PyTorch) threads during the run: a count (capped at this
+            process's cores), ``"auto"`` (:func:`microgpt_xp.resources.auto_threads`), or
+            ``None`` (default): the process's thread pools are left as they are.
         optimizer, lr: Adam's :class:`~microgpt_xp.AdamConfig` (its ``num_steps`` set to
             ``steps``); ``lr`` replaces its learning rate (the spec's 0.01 by default).
         reduction: the batch loss, ``"mean"`` or ``"token_mean"``.
@@ -130,16 +131,16 @@ def train(
     """
     _xp.check_dtype(dtype)
     _xp.check_positive_int(steps, "steps")
-    _xp.check_positive_int(batch_size, "batch size")
+    _xp.check_positive_int(batch_size, "batch_size")
     _check_reduction(reduction)
     _xp.check_nonnegative_int(seed, "seed")
     for name, value in (
         ("eval_every", eval_every),
         ("chunk_size", chunk_size),
-        ("threads", threads),
     ):
         if value is not None:
-            _xp.check_positive_int(value, name.replace("_", " "))
+            _xp.check_positive_int(value, name)
+    threads = check_threads(threads)
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int):
         raise ArgumentValueError(
             "checkpoint_every", f"checkpoint_every must be an int, got {checkpoint_every!r}"
@@ -392,7 +393,7 @@ def weighted_loss_and_grads(
 def _flat_loss_and_grads(
     params: Params, tokens: Any, lengths: Any, reduction: Reduction
 ) -> tuple[Any, Any]:
-    loss, grads = _loss_and_grads(params, tokens, lengths, reduction)
+    loss, grads = loss_and_grads(params, tokens, lengths, reduction=reduction)
     return loss, flatten(grads)
 
 

@@ -30,18 +30,17 @@ def run(args: argparse.Namespace) -> int:
     cli.check_common(args)
     from .. import _xp
     from ..resources import score_chunk
-    from ..runners import resolve
+    from ..runners import pick
     from ..scoring import score_docs
 
-    # --backend dask: one task per chunk (DaskTasks), the weights on the chunks' backend
-    runner, home = resolve(None, args.backend, jit=args.jit)
     with cli.dask_client(args.scheduler):  # connect first: an unreachable scheduler fails now
-        ck = cli.load_checkpoint(args, home, args.device if home == args.backend else None)
+        ck = cli.load_checkpoint(args, args.backend, args.device)
         budget = args.memory_budget * 10**6
         dtype = _xp.dtype_name(ck.params.wte)
         chunk = args.chunk_size or score_chunk(ck.config, budget_bytes=budget, dtype=dtype)
-        if runner.shards:
-            runner, _ = resolve(None, args.backend, chunk_size=chunk)
+        # --backend dask: one task per chunk (DaskTasks), placed by the runner
+        chunked = _xp.entry(args.backend).chunked
+        runner = pick(None, args.backend, chunk_size=chunk if chunked else None, jit=args.jit)
         docs = cli.read_docs(args.data)
         size = ck.config.block_size
         cli.note_cut(docs, size, f"the checkpoint's block size {size}", scored=True)

@@ -69,16 +69,6 @@ def pick(
     return Local(jit)
 
 
-def resolve(runner: Any, backend: str, *, like: Any = None, **kwargs: Any) -> tuple[Runner, str]:
-    """Until the callers move to :func:`pick` and :meth:`Runner.place`: ``(runner, the
-    weights' backend)``."""
-    picked = pick(runner, backend, **kwargs)
-    if isinstance(picked, DaskTasks) and runner is None:
-        meta = _xp.entry(backend).chunk_meta
-        return picked, "numpy" if like is None or meta is None else _xp.backend_of(meta(like))
-    return picked, backend
-
-
 __all__ = [
     "Combine",
     "DaskTasks",
@@ -89,7 +79,6 @@ __all__ = [
     "chunk_bounds",
     "host_params",
     "pick",
-    "resolve",
     "run_on",
     "shard_bounds",
     "tree_pairs",
