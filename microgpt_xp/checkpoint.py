@@ -93,8 +93,8 @@ def save(
     """Write a checkpoint atomically (:func:`microgpt_xp._files.atomic_write`: a crash
     mid-save leaves the previous file intact) and return its path. ``TypeError`` for
     weights or moments that are not all float32 or all float64."""
-    records = [params] if adam is None else [params, adam.m, adam.v]
-    records = materialize(*records)  # one computation for lazy (Dask) records
+    # one computation for lazy (Dask) records
+    records = materialize(*([params] if adam is None else [params, adam.m, adam.v]))
     arrays = {
         f"{prefix}/{k}": _xp.to_numpy(a)
         for prefix, record in zip(("params", "adam_m", "adam_v"), records, strict=False)
@@ -249,7 +249,7 @@ def _read(
     if len(buf) != dtype.itemsize * math.prod(shape):
         raise ValueError(f"member {info.filename!r} is shorter or longer than its shape {shape}")
     a = np.frombuffer(buf, dtype=dtype)
-    return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
+    return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)  # type: ignore[no-any-return]
 
 
 def _header(raw: bytes | None, stored: bytes | None, name: str) -> dict[str, Any]:

@@ -64,13 +64,14 @@ class AdamConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ArgumentTypeError(name, f"{name} must be a real number, got {value!r}")
-            if not math.isfinite(value):
+            x = float(value)
+            if not math.isfinite(x):
                 raise ArgumentValueError(name, f"{name} must be finite, got {value!r}")
             beta = name.startswith("beta")
-            if not (0.0 <= value < 1.0 if beta else value > 0):
+            if not (0.0 <= x < 1.0 if beta else x > 0):
                 rule = "lie in [0, 1)" if beta else "be positive"
                 raise ArgumentValueError(name, f"{name} must {rule}, got {value!r}")
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, x)
 
     def lr_at(self, t: int) -> float:
         """The learning rate of the ``t``-th step (0-based)."""
