@@ -21,7 +21,7 @@ from .config import GPTConfig
 from .data import Tokenizer
 from .model import KVCache, decode_step, loss_and_grads
 from .optim import Adam
-from .params import Params, field_shapes, materialize, state_dict_keys
+from .params import Params, materialize, state_dict_shapes
 from .primitives import softmax
 
 #: The original's seed, step count, sample count and temperature.
@@ -50,12 +50,10 @@ def original_state_dict(
 ) -> dict[str, list[list[float]]]:
     """The original's initial weights as nested lists: ``rng.gauss(0, std)`` per entry,
     keys in the spec's order, each matrix row by row."""
-    shapes = field_shapes(config)
-    out = {}
-    for key in state_dict_keys(config):
-        n_out, n_in = shapes[key.split(".")[-1]][-2:]
-        out[key] = [[rng.gauss(0, std) for _ in range(n_in)] for _ in range(n_out)]
-    return out
+    return {
+        key: [[rng.gauss(0, std) for _ in range(n_in)] for _ in range(n_out)]
+        for key, (n_out, n_in) in state_dict_shapes(config).items()
+    }
 
 
 def export_state_dict(params: Params) -> dict[str, list[list[float]]]:

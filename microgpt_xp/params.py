@@ -43,10 +43,19 @@ def field_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
+def state_dict_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The original's state-dict keys in its order (``wte, wpe, lm_head, layer0.attn_wq, …,
+    layer0.mlp_fc2, layer1.attn_wq, …``) with their shapes."""
+    shapes = field_shapes(config)
+    out = {name: shapes[name] for name in GLOBAL_FIELDS}
+    for i in range(config.n_layer):
+        out.update({f"layer{i}.{name}": shapes[name][1:] for name in LAYER_FIELDS})
+    return out
+
+
 def state_dict_keys(config: GPTConfig) -> list[str]:
-    """The original's state-dict keys in its order: ``wte, wpe, lm_head, layer0.attn_wq, …``."""
-    layers = [f"layer{i}.{name}" for i in range(config.n_layer) for name in LAYER_FIELDS]
-    return [*GLOBAL_FIELDS, *layers]
+    """The keys of :func:`state_dict_shapes`, in the original's order."""
+    return list(state_dict_shapes(config))
 
 
 def check_placement(backend: Any, device: Any = None, dtype: str | None = None) -> str:
@@ -218,7 +227,7 @@ class Params:
             (v, c), t = host["wte"].shape, host["wpe"].shape[0]
             layers = {k.split(".")[0] for k in host if k.startswith("layer")}
             config = GPTConfig(int(v), n_layer=max(len(layers), 1), n_embd=int(c), block_size=t)
-        expected = state_dict_keys(config)
+        expected = state_dict_shapes(config)
         missing = [k for k in expected if k not in host]
         extra = [k for k in host if k not in expected]
         if missing or extra:
@@ -226,9 +235,7 @@ class Params:
                 "state_dict",
                 f"state dict does not match {config}: missing keys {missing}, extra keys {extra}",
             )
-        shapes = field_shapes(config)
-        for key in expected:
-            want = shapes[key.split(".")[-1]][1 if "." in key else 0 :]
+        for key, want in expected.items():
             if host[key].shape != want:
                 raise ArgumentValueError(
                     "state_dict",
@@ -286,10 +293,8 @@ def init_params(
             "config", f"config must be a GPTConfig, got {type(config).__name__}"
         )
     flat = np.random.default_rng(seed).normal(0.0, INIT_STD, size=config.num_params)
-    shapes = field_shapes(config)
     state, offset = {}, 0
-    for key in state_dict_keys(config):
-        shape = shapes[key.split(".")[-1]][1 if "." in key else 0 :]
+    for key, shape in state_dict_shapes(config).items():
         state[key] = flat[offset : offset + math.prod(shape)].reshape(shape)
         offset += math.prod(shape)
     return Params.from_state_dict(state, config=config, backend=backend, device=device, dtype=dtype)
