@@ -184,35 +184,41 @@ def test_first_save_crash_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 # -- refusals ----------------------------------------------------------------------------
-def _rewrite(path: Path, edit: Any) -> None:
-    """Rewrite an .npz as a valid archive, passing each member's array through ``edit``
-    (``edit(name, array) -> array | None``; ``None`` drops the member). An edited header
-    gets its checksum recomputed, as a file written that way (by another version, say)
-    would have it."""
+def _npz(path: Path, header: Any = None, **arrays: Any) -> None:
+    """Write an .npz archive of ``arrays`` and, if given, a JSON ``header`` (no checksum)."""
+    if header is not None:
+        arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    path.write_bytes(buf.getvalue())
+
+
+def _as_version_1(header: dict[str, Any]) -> dict[str, Any]:
+    """A header as version 1 wrote it: a SHA-256 per array of its bytes, one dtype name for
+    every array, no record of each array's dtype and shape."""
+    arrays = header.pop("arrays")
+    return {**header, "version": 1, "sha256": {k: rec["sha256"] for k, rec in arrays.items()}}
+
+
+def _rewrite(path: Path, member: str, edit: Any) -> None:
+    """Rewrite an .npz as a valid archive, member ``member`` passed through ``edit`` (``None``
+    drops it; a dict updates the JSON header, ``{"arrays": "version 1"}`` makes it
+    :func:`_as_version_1`'s). An edited header gets its checksum recomputed, as a file
+    written that way (by another version, say) would have it."""
     with np.load(path) as z:
-        arrays = {k: z[k] for k in z.files}
-    out = {}
-    for k, a in arrays.items():
-        b = edit(k, a.copy())
-        if b is not None:
-            out[k] = b
+        out = {k: z[k] for k in z.files}
+    if isinstance(edit, dict):
+        header = json.loads(out[member].tobytes().decode())
+        header = _as_version_1(header) if "arrays" in edit else {**header, **edit}
+        out[member] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    elif edit is None:
+        del out[member]
+    else:
+        out[member] = edit(out[member].copy())
     if "__header__" in out and "__header_sha256__" in out:
         digest = hashlib.sha256(out["__header__"].tobytes()).hexdigest().encode()
         out["__header_sha256__"] = np.frombuffer(digest, dtype=np.uint8)
     _npz(path, **out)
-
-
-def _edit_member(name: str, edit: Any) -> Any:
-    """An edit for :func:`_rewrite` that passes the member ``name`` through ``edit``."""
-    return lambda k, a: edit(a) if k == name else a
-
-
-def _edit_header(edit: Any) -> Any:
-    def header(a: np.ndarray) -> np.ndarray:
-        raw = json.dumps(edit(json.loads(a.tobytes().decode()))).encode()
-        return np.frombuffer(raw, dtype=np.uint8)
-
-    return _edit_member("__header__", header)
 
 
 def _flip_bit(a: np.ndarray) -> np.ndarray:
@@ -221,90 +227,51 @@ def _flip_bit(a: np.ndarray) -> np.ndarray:
     return np.frombuffer(bytes(raw), dtype=a.dtype).reshape(a.shape)
 
 
-def _npz(path: Path, header: Any = None, **arrays: Any) -> None:
-    if header is not None:
-        arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    path.write_bytes(buf.getvalue())
-
-
-def _flip_raw_bytes(path: Path, params: Params) -> None:
+def _flip_raw_bytes(path: Path) -> None:
     raw = bytearray(path.read_bytes())
-    data = _host(params)["mlp_fc1"].tobytes()
+    with np.load(path) as z:
+        data = z["params/mlp_fc1"].tobytes()
     at = raw.find(data)
     assert at > 0  # .npz members are stored uncompressed
     raw[at + len(data) // 2] ^= 0xFF  # the zip's own CRC catches a raw flip
     path.write_bytes(bytes(raw))
 
 
+#: ``damage: (edit, match)``; ``edit`` is a fraction of the file to keep, bytes to write,
+#: ``(member, edit)`` for :func:`_rewrite` or a function of the path.
 REFUSALS: dict[str, tuple[Any, str]] = {
-    "missing": (lambda path, params: path.unlink(), "does not exist"),
+    "missing": (Path.unlink, "does not exist"),
     **{
-        f"truncated-{keep}": (
-            lambda path, params, keep=keep: path.write_bytes(
-                path.read_bytes()[: int(path.stat().st_size * keep)]
-            ),
-            "corrupt or truncated",
-        )
-        for keep in (0.01, 0.1, 0.5, 0.9, 0.999)
+        f"truncated-{keep}": (keep, "corrupt or truncated") for keep in (0.01, 0.1, 0.5, 0.9, 0.999)
     },
-    "empty": (lambda path, params: path.write_bytes(b""), "not a microgpt-xp checkpoint"),
-    "text": (lambda path, params: path.write_bytes(b"just some text\n"), "not a microgpt-xp"),
+    "empty": (b"", "not a microgpt-xp checkpoint"),
+    "text": (b"just some text\n", "not a microgpt-xp checkpoint"),
     "flipped-bytes": (_flip_raw_bytes, "corrupt"),
-    "corrupt-array": (
-        lambda path, params: _rewrite(path, _edit_member("adam_v/attn_wk", _flip_bit)),
-        "'adam_v/attn_wk' fails its checksum",
-    ),
-    "missing-array": (
-        lambda path, params: _rewrite(path, lambda k, a: None if k == "params/wpe" else a),
-        "incomplete",
-    ),
-    "other-npz": (
-        lambda path, params: _npz(path, x=np.arange(3), y=np.ones((2, 2))),
-        "not a microgpt-xp checkpoint",
-    ),
+    "corrupt-array": (("adam_v/attn_wk", _flip_bit), "'adam_v/attn_wk' fails its checksum"),
+    "missing-array": (("params/wpe", None), "incomplete"),
+    "other-npz": (lambda p: _npz(p, x=np.arange(3), y=np.ones((2, 2))), "not a microgpt-xp"),
     "foreign-header": (
-        lambda path, params: _npz(path, {"format": "something-else", "version": 1}, x=[1]),
+        lambda p: _npz(p, {"format": "something-else", "version": 1}, x=np.arange(3)),
         "not a microgpt-xp checkpoint",
     ),
-    "newer-version": (
-        lambda path, params: _rewrite(path, _edit_header(lambda h: {**h, "version": 3})),
-        "format version 3; this microgpt-xp reads",
-    ),
+    "newer-version": (("__header__", {"version": 3}), "format version 3; this microgpt-xp reads"),
     "garbled-header": (
-        lambda path, params: _rewrite(
-            path, _edit_member("__header__", lambda a: np.frombuffer(b"\xff{no", np.uint8))
-        ),
+        ("__header__", lambda a: np.frombuffer(b"\xff{not json", np.uint8)),
         "not a microgpt-xp checkpoint",
     ),
     "no-checksums": (
-        lambda path, params: _npz(path, {"format": "microgpt-xp-checkpoint", "version": 1}),
+        lambda p: _npz(p, {"format": "microgpt-xp-checkpoint", "version": 1}),
         "no header checksum",
     ),
-    "not-an-object": (lambda path, params: _npz(path, [1, 2]), "not a microgpt-xp"),
-    "no-header-checksum": (
-        lambda path, params: _rewrite(path, lambda k, a: None if k == "__header_sha256__" else a),
-        "no header checksum",
-    ),
+    "not-an-object": (lambda p: _npz(p, [1, 2]), "not a microgpt-xp checkpoint"),
+    "no-header-checksum": (("__header_sha256__", None), "no header checksum"),
     # the SHA-256 of the bytes is unchanged: the header's record of the dtype, byte order
     # and shape is what refuses these
-    **{
-        f"reinterpreted-{kind}": (
-            lambda path, params, view=view: _rewrite(path, _edit_member("params/wte", view)),
-            "params/wte",
-        )
-        for kind, view in {
-            "byte-order": lambda a: a.view(a.dtype.newbyteorder()),
-            "float32": lambda a: a.view(np.float32),  # twice the columns
-            "int64": lambda a: a.view(np.int64),
-            "shape": lambda a: a.reshape(a.shape[::-1]),
-        }.items()
-    },
-    "invalid-step": (
-        lambda path, params: _rewrite(path, _edit_header(lambda h: {**h, "step": -1})),
-        "invalid header: invalid step -1",
-    ),
+    "byte-order": (("params/wte", lambda a: a.view(a.dtype.newbyteorder())), "params/wte"),
+    "float32-view": (("params/wte", lambda a: a.view(np.float32)), "params/wte"),
+    "int64-view": (("params/wte", lambda a: a.view(np.int64)), "params/wte"),
+    "shape": (("params/wte", lambda a: a.reshape(a.shape[::-1])), "params/wte"),
+    "invalid-step": (("__header__", {"step": -1}), "invalid header: invalid step -1"),
 }
 
 
@@ -312,9 +279,16 @@ REFUSALS: dict[str, tuple[Any, str]] = {
 def test_damaged_or_foreign_files_are_refused(
     saved: tuple[Path, Params, Adam], damage: str
 ) -> None:
-    path, params, _ = saved
+    path, _, _ = saved
     edit, match = REFUSALS[damage]
-    edit(path, params)
+    if isinstance(edit, float):
+        path.write_bytes(path.read_bytes()[: int(path.stat().st_size * edit)])
+    elif isinstance(edit, bytes):
+        path.write_bytes(edit)
+    elif isinstance(edit, tuple):
+        _rewrite(path, *edit)
+    else:
+        edit(path)
     with pytest.raises(CheckpointError, match=match) as info:
         load(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
@@ -403,24 +377,17 @@ def test_a_deflated_checkpoint_loads_as_saved(saved: tuple[Path, Params, Adam]) 
     assert_params_equal(load(path).params, params)
 
 
-def _as_version_1(header: dict[str, Any]) -> dict[str, Any]:
-    """A header as version 1 wrote it: a SHA-256 per array of its bytes, one dtype name for
-    every array, no record of each array's dtype and shape."""
-    arrays = header.pop("arrays")
-    return {**header, "version": 1, "sha256": {k: rec["sha256"] for k, rec in arrays.items()}}
-
-
 def test_a_version_1_checkpoint_loads_with_the_same_checks(
     saved: tuple[Path, Params, Adam],
 ) -> None:
     path, params, adam = saved
-    _rewrite(path, _edit_header(_as_version_1))
+    _rewrite(path, "__header__", {"arrays": "version 1"})
     got = load(path)
     assert got.step == 2 and got.tokenizer == TOKENIZER
     assert_params_equal(got.params, params)
     assert got.adam is not None
     assert_params_equal(got.adam.m, adam.m)
-    _rewrite(path, _edit_member("adam_m/wpe", lambda a: a.view(a.dtype.newbyteorder())))
+    _rewrite(path, "adam_m/wpe", lambda a: a.view(a.dtype.newbyteorder()))
     with pytest.raises(CheckpointError, match="adam_m/wpe"):
         load(path)
 
