@@ -163,8 +163,8 @@ def load(
         if len(members) != len(infos):
             raise CheckpointError(f"checkpoint {name} is corrupt: a member appears twice")
         raw, stored = (
-            _read(archive, members[k], (0, limit), name).tobytes() if k in members else None
-            for k, limit in zip(_HEADERS, (MAX_HEADER_BYTES, 64), strict=True)
+            _read(archive, members[k], name, None, most).tobytes() if k in members else None
+            for k, most in zip(_HEADERS, (MAX_HEADER_BYTES, 64), strict=True)
         )
         header = _header(raw, stored, name)
         saved, table, hp, tokenizer = _parse(header, name)
@@ -176,9 +176,7 @@ def load(
                 f"checkpoint {name} is incomplete: arrays do not match its header (missing "
                 f"{sorted(listed - have)}, unexpected {sorted(have - listed)})"
             )
-        for k, rec in table.items():  # every declared size, before anything is inflated
-            _check_size(members[f"{k}.npy"], (rec.nbytes, rec.nbytes), name)
-        data = {k: _read(archive, members[f"{k}.npy"], rec, name) for k, rec in table.items()}
+        data = {k: _read(archive, members[f"{k}.npy"], name, rec) for k, rec in table.items()}
     bad = [k for k, a in data.items() if _digest(a) != table[k].sha256]
     if bad:
         raise CheckpointError(f"checkpoint {name} is corrupt: array {bad[0]!r} fails its checksum")
@@ -198,7 +196,7 @@ def load(
     adam = None
     if hp is not None:
         adam = Adam(records[0], hp[0])
-        adam.m, adam.v, adam.t = records[1], records[2], hp[1]
+        adam.restore(records[1], records[2], hp[1])
     return Checkpoint(records[0], adam, header["step"], tokenizer, header["meta"])
 
 
@@ -215,35 +213,30 @@ def _reading(name: str) -> Iterator[None]:
         raise CheckpointError(f"checkpoint {name} is corrupt or truncated: {exc!r}") from exc
 
 
-def _check_size(info: zipfile.ZipInfo, nbytes: tuple[int, int], name: str) -> None:
-    """Refuse a member that declares fewer or more bytes than ``nbytes`` of data need."""
-    if not nbytes[0] <= info.file_size <= nbytes[1] + _NPY_HEADER_BYTES:
+def _read(
+    archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, rec: _Record | None, most: int = 0
+) -> np.ndarray:
+    """A member's array, once its declared size (before anything is inflated) and stored
+    dtype and shape are found to be the record ``rec``'s; without one, a byte string of at
+    most ``most`` bytes."""
+    least, most = (rec.nbytes, rec.nbytes) if rec else (0, most)
+    if not least <= info.file_size <= most + _NPY_HEADER_BYTES:
         raise CheckpointError(
             f"checkpoint {name} is corrupt: member {info.filename!r} declares a size of "
-            f"{info.file_size} bytes, for {nbytes[0]} to {nbytes[1]} bytes of data"
+            f"{info.file_size} bytes, for {least} to {most} bytes of data"
         )
-
-
-def _read(
-    archive: zipfile.ZipFile, info: zipfile.ZipInfo, want: tuple[int, int] | _Record, name: str
-) -> np.ndarray:
-    """A member's array: a byte string of ``want = (least, most)`` bytes (checked before it
-    is inflated), or an array whose stored dtype and shape are the record ``want``'s."""
-    if not isinstance(want, _Record):
-        _check_size(info, want, name)
     with archive.open(info) as f:
         version = np.lib.format.read_magic(f)
         if version not in ((1, 0), (2, 0)):
             raise ValueError(f"member {info.filename!r} has .npy format version {version}")
-        read_header = getattr(np.lib.format, f"read_array_header_{version[0]}_0")
-        shape, fortran, dtype = read_header(f)
-        if not isinstance(want, _Record):
+        shape, fortran, dtype = getattr(np.lib.format, f"read_array_header_{version[0]}_0")(f)
+        if rec is None:
             if dtype != np.uint8 or len(shape) != 1:
                 raise ValueError(f"member {info.filename!r} is not a byte string")
-        elif dtype.str != want.dtype or tuple(shape) != want.shape:
+        elif dtype.str != rec.dtype or tuple(shape) != rec.shape:
             raise CheckpointError(
                 f"checkpoint {name} is corrupt: array {info.filename[:-4]!r} is stored as "
-                f"{dtype.str} {tuple(shape)}, and its header says {want.dtype} {want.shape}"
+                f"{dtype.str} {tuple(shape)}, and its header says {rec.dtype} {rec.shape}"
             )
         buf = bytearray(f.read())  # bounded by the declared size; the end checks the CRC
     if len(buf) != dtype.itemsize * math.prod(shape):

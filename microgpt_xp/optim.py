@@ -13,7 +13,7 @@ from typing import Any
 from . import _pytree
 from . import primitives as P
 from ._errors import ArgumentTypeError, ArgumentValueError
-from ._xp import array_namespace, check_positive_int
+from ._xp import check_positive_int
 from .params import Params, flatten, unflatten
 
 #: The spec's hyperparameters.
@@ -136,7 +136,7 @@ class Adam:
         self.config = adam_config(config, **changes)
         self.model = params.config
         self.state = adam_init(params)
-        self._t = 0
+        self.t = 0  # the step count, a host copy of state.step
 
     @property
     def num_steps(self) -> int:
@@ -144,46 +144,24 @@ class Adam:
         return self.config.num_steps
 
     @property
-    def t(self) -> int:
-        """The number of updates taken (``0 <= t <= num_steps``)."""
-        return self._t
-
-    @t.setter
-    def t(self, value: int) -> None:
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or not 0 <= value <= self.num_steps
-        ):
-            raise ArgumentValueError(
-                "t", f"t must be an int in [0, {self.num_steps}], got {value!r}"
-            )
-        m = self.state.m
-        step = P.full((), value, m, dtype=array_namespace(m).int64)
-        self.state, self._t = AdamState(m, self.state.v, step), value
-
-    @property
     def m(self) -> Params:
         """The first moments (views of the state's flat vector where the namespace has them)."""
         return unflatten(self.state.m, self.model)
-
-    @m.setter
-    def m(self, value: Params) -> None:
-        self.state = dataclasses.replace(self.state, m=flatten(self._check(value)))
 
     @property
     def v(self) -> Params:
         """The second moments."""
         return unflatten(self.state.v, self.model)
 
-    @v.setter
-    def v(self, value: Params) -> None:
-        self.state = dataclasses.replace(self.state, v=flatten(self._check(value)))
-
-    def _check(self, record: Params) -> Params:
-        if not isinstance(record, Params) or record.config != self.model:
+    def restore(self, m: Params, v: Params, t: int) -> None:
+        """Take the moments ``m``, ``v`` (:class:`Params` of the model's config) and step
+        count ``t`` (``0 <= t <= num_steps``) that a checkpoint holds."""
+        if not all(isinstance(r, Params) and r.config == self.model for r in (m, v)):
             raise ValueError(f"Adam's moments must be Params of {self.model}")
-        return record
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= self.num_steps:
+            raise ArgumentValueError("t", f"t must be an int in [0, {self.num_steps}], got {t!r}")
+        step = P.full((), t, m.wte, dtype=m.xp.int64)
+        self.state, self.t = AdamState(flatten(m), flatten(v), step), t
 
     def lr_at(self, t: int) -> float:
         """The learning rate of the ``t``-th step (0-based)."""
@@ -219,11 +197,11 @@ class Adam:
     def advance(self, state: AdamState) -> None:
         """Take ``state`` as the state after one more update (what a training loop does
         with the state that :func:`adam_update` or a compiled step returned)."""
-        if self._t >= self.num_steps:
+        if self.t >= self.num_steps:
             raise ValueError(f"Adam has taken all its num_steps={self.num_steps} steps")
         self.state = state
-        self._t += 1
+        self.t += 1
 
     def state_dict(self) -> dict[str, Any]:
         """Hyperparameters and step count (the moments are ``self.m`` / ``self.v``)."""
-        return {**dataclasses.asdict(self.config), "t": self._t}
+        return {**dataclasses.asdict(self.config), "t": self.t}

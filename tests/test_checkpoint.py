@@ -45,7 +45,7 @@ def _trained(
         loss, grads = loss_and_grads(params, tok, lens)
         params = adam.step(params, grads)
         # as train() does: evaluate each step (a no-op on eager backends)
-        _, params, adam.m, adam.v = materialize(loss, params, adam.m, adam.v)
+        _, params, adam.state = materialize(loss, params, adam.state)
     return params, adam
 
 
