@@ -83,14 +83,7 @@ def test_round_trip(backend: Any, tmp_path: Path, dtype: str) -> None:
     assert got.adam.m.backend == backend.name
     # the moments are non-trivial, so the round trip above tested something
     assert np.any(_host(adam.m)["wte"] != 0) and np.any(_host(adam.v)["mlp_fc2"] != 0)
-
-
-def test_round_trip_continues_identically(backend: Any, tmp_path: Path) -> None:
-    """A loaded Adam takes the same next step as the one that was saved."""
-    params, adam = _trained(backend.name, backend.device)
-    path = save(tmp_path / "c.ckpt", params, adam=adam, step=2)
-    got = load(path, backend=backend.name, device=backend.device)
-    assert got.adam is not None
+    # the loaded Adam takes the same next step as the one that was saved
     tokens, lengths = encode_docs(TOKENIZER, DOCS[:2], CONFIG.block_size)
     tok, lens = backend.asarray(tokens), backend.asarray(lengths)
     _, g1 = loss_and_grads(params, tok, lens)

@@ -243,6 +243,9 @@ def test_encode_docs_pads_right_with_bos() -> None:
             [bos, 0, 1, 2, 0, 1, bos],
         ],
     )
+    t, lens = take_batch(tokens, lengths, np.array([1, 0]))  # trimmed to the longest
+    np.testing.assert_array_equal(lens, [3, 4])
+    np.testing.assert_array_equal(t, tokens[[1, 0], :4])
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 3, 5, 6, 7, 16])
@@ -287,14 +290,6 @@ def test_only_the_characters_kept_must_be_in_the_vocabulary() -> None:
     assert tok.decode(tokens[0]) == "abc" and lengths.tolist() == [4, 4]
     with pytest.raises(ValueError, match="'q' at position 2"):
         encode_docs(tok, ["abqc"], block_size=3)
-
-
-def test_take_batch_trims_to_longest() -> None:
-    tok = Tokenizer.from_docs(["abcdef"])
-    tokens, lengths = encode_docs(tok, ["a", "abcdef", "ab"], 16)
-    t, lens = take_batch(tokens, lengths, np.array([2, 0]))
-    np.testing.assert_array_equal(lens, [4, 3])
-    np.testing.assert_array_equal(t, tokens[[2, 0], :4])
 
 
 # -- batch_indices ----------------------------------------------------------------------------
