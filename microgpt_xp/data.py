@@ -22,11 +22,19 @@ class DataError(ValueError):
     """A corpus or batch request that cannot be used (empty, undecodable, too small)."""
 
 
+def docs_from_text(text: str) -> list[str]:
+    r"""Documents from text as the spec reads ``input.txt``: one per line (ended by ``\n``,
+    ``\r\n`` or ``\r``, as ``open()`` reads lines), surrounding whitespace stripped, empty
+    lines dropped, in order."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return [doc for line in text.split("\n") if (doc := line.strip())]
+
+
 def read_docs(path: str | Path) -> list[str]:
-    """The documents of a UTF-8 text file as the spec reads ``input.txt``: one per line
-    (``\n``, ``\r\n`` or ``\r``), surrounding whitespace stripped, empty lines dropped,
-    file order kept; a byte-order mark at the start is dropped. :class:`DataError` for a
-    missing file, bytes that are not UTF-8 or a file without any document."""
+    """The documents of a UTF-8 text file (:func:`docs_from_text`); a byte-order mark at the
+    start is dropped. :class:`DataError` for a missing file, bytes that are not UTF-8 or a
+    file without any document."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -40,9 +48,7 @@ def read_docs(path: str | Path) -> list[str]:
             f"data file {str(path)!r} is not UTF-8 text (undecodable byte at offset "
             f"{start + exc.start})"
         ) from exc
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    docs = [doc for line in text.split("\n") if (doc := line.strip())]
+    docs = docs_from_text(text)
     if not docs:
         raise DataError(f"data file {str(path)!r} holds no documents (it is empty or blank)")
     return docs

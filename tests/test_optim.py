@@ -157,6 +157,10 @@ def test_step_errors(backend: Any) -> None:
     other = init_params(GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=4, block_size=5))
     with pytest.raises(ValueError, match="different configs"):
         Adam(params).step(params, other)
+    with pytest.raises(ValueError, match=r"t must be an int in \[0, 2\], got 3"):
+        adam.restore(adam.m, adam.v, 3)
+    with pytest.raises(ValueError, match="Adam's moments must be Params of"):
+        adam.restore(other, adam.v, 1)
     with pytest.raises(TypeError, match="Adam needs a Params"):
         Adam(params.to_state_dict())  # type: ignore[arg-type]
 
