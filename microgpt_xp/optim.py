@@ -179,12 +179,14 @@ class Adam:
             raise ArgumentTypeError("grads", f"grads must be a Params, got {type(grads).__name__}")
         if grads.config != params.config:
             raise ArgumentValueError("grads", "grads and params have different configs")
-        g, p = type(grads.wte), type(params.wte)
-        if g is not p or grads.dtype != params.dtype:
+        if type(grads.wte) is not type(params.wte):
             raise ArgumentTypeError(
                 "grads",
-                f"grads are {g.__name__} arrays of {grads.dtype} but params "
-                f"{p.__name__} of {params.dtype}",
+                f"grads are {type(grads.wte).__name__} arrays but params {type(params.wte).__name__}",
+            )
+        if grads.dtype != params.dtype:
+            raise ArgumentTypeError(
+                "grads", f"grads have dtype {grads.dtype} but params {params.dtype}"
             )
         if str(grads.device) != str(params.device):
             raise ArgumentValueError(
