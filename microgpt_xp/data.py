@@ -166,7 +166,7 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         """Text of character ids, BOS ids skipped; ``ValueError`` for ids outside
         ``[0, vocab_size)``."""
-        return self.decode_rows(np.asarray(list(ids), dtype=np.int64)[None, :])[0]
+        return self.decode_rows(np.array([[int(i) for i in ids]], dtype=np.int64))[0]
 
     def decode_rows(self, ids: np.ndarray) -> list[str]:
         """:meth:`decode` of every row of a ``(N, T)`` integer array (BOS skipped)."""
