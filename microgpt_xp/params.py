@@ -60,19 +60,12 @@ def state_dict_keys(config: GPTConfig) -> list[str]:
 
 def check_placement(backend: Any, device: Any = None, dtype: str | None = None) -> str:
     """The name of ``backend`` (a table name or an Array API namespace), once it, ``device``
-    and ``dtype`` (a name; ``None`` passes) are usable: otherwise ``ArgumentValueError``
-    or ``ArgumentTypeError`` naming the one that is not."""
-    param = "backend"
-    try:
-        name = _xp.check_backend(backend)
-        param = "device"
-        _xp.resolve_device(name, device)
-        param = "dtype"
-        if dtype is not None:
-            _xp.check_dtype(dtype)
-    except (TypeError, ValueError) as exc:
-        error = ArgumentTypeError if isinstance(exc, TypeError) else ArgumentValueError
-        raise error(param, str(exc)) from exc
+    and ``dtype`` (a name; ``None`` passes) are usable: otherwise an ``ArgumentValueError``
+    or ``ArgumentTypeError`` naming the one that is not (raised by :mod:`microgpt_xp._xp`)."""
+    name = _xp.check_backend(backend)
+    _xp.resolve_device(name, device)
+    if dtype is not None:
+        _xp.check_dtype(dtype)
     return name
 
 

@@ -16,7 +16,7 @@ MODEL = {"layers", "model", "params", "optim", "config", "_checks"}
 #: What the model may not import: scheduling, clusters, array libraries, the drivers.
 SCHEDULING = {"threading", "multiprocessing", "concurrent", "loky", "joblib", "dask", "distributed"}
 ARRAY_LIBRARIES = {"numpy", "cupy", "cupyx", "torch", "jax", "array_api_strict"}
-DRIVERS = {"train", "sample", "scale", "exact", "parallel", "dask_steps", "cluster", "cli"}
+DRIVERS = {"train", "sample", "exact", "parallel", "dask_steps", "cluster", "cli"}
 #: The only modules that may name a backend in their code: the table and its helpers, the
 #: records' registration with JAX, and the primitives.
 BACKEND_AWARE = {"_backends", "_xp", "_pytree", "primitives"}
@@ -137,7 +137,7 @@ def test_only_the_table_and_the_primitives_name_a_backend(module: str) -> None:
 
 
 #: The drivers and what they use to run a step: where a backend's name would be a branch.
-DRIVER_FILES = ["train.py", "sample.py", "scale.py", "scoring.py", "resume.py", "export.py", "cli"]
+DRIVER_FILES = ["train.py", "sample.py", "scoring.py", "resume.py", "export.py", "cli"]
 
 
 def _sources(entries: list[str]) -> dict[str, str]:

@@ -186,5 +186,4 @@ def test_step_errors(backend: Any) -> None:
 def test_bad_hyperparameters(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match) as info:
         Adam(init_params(CONFIG), **kwargs)
-    if "num_steps" not in kwargs:  # num_steps: _xp.check_positive_int's error
-        assert info.value.param == next(iter(kwargs))  # type: ignore[attr-defined]
+    assert info.value.param == next(iter(kwargs))  # type: ignore[attr-defined]

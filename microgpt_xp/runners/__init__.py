@@ -5,7 +5,6 @@ or added by a fixed-shape tree (:func:`tree_sum`), whoever finishes first. The f
 run are the drivers'; this package knows nothing of the model.
 """
 
-
 from .. import _xp
 from .._errors import ArgumentTypeError, ArgumentValueError
 from ._base import (
