@@ -117,9 +117,9 @@ def full_docs(block_size: int, n: int = 4096) -> list[str]:
     return ["".join(r) for r in np.random.default_rng(0).choice(list("abcdefghijklmnopqrstuvwxyz"), (n, block_size - 1))]
 
 
-def on_threads(fn: Callable[..., dict[str, float]], n: int | None, cfg: mx.GPTConfig, batch: int,
+def on_threads(fn: Callable[..., dict[str, float]], n: int | str, cfg: mx.GPTConfig, batch: int,
                workload: str = "train", busy: bool = False) -> dict[str, float]:
-    """``fn()`` in ``use_threads(n, ...)`` (``None``: the policy's; recorded); ``busy``: beside a
+    """``fn()`` in ``use_threads(n, ...)`` (``"auto"``: the load-aware policy's; recorded); ``busy``: beside a
     CPU-bound process of ours, reaped after (the harness counts its CPU time as ours)."""
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     time.sleep(0.3 if busy else 0.0)  # spinning before the work starts
@@ -140,7 +140,7 @@ def threads(args: argparse.Namespace) -> dict[str, Any]:
         label, cfg = parse_config(spec)
         run = functools.partial(train_figures, docs=full_docs(cfg.block_size), batch_size=batch, config=cfg,
                                 backend=args.backend)
-        ways = {"policy": None, "today": R.usable_cpus(), "1 thread": 1}
+        ways: dict[str, int | str] = {"policy": "auto", "today": R.usable_cpus(), "1 thread": 1}
         contenders = {w: functools.partial(on_threads, functools.partial(run, steps), n, cfg, batch) for w, n in ways.items()}
         contenders |= {f"busy {w}": functools.partial(on_threads, functools.partial(run, max(8, steps // 4)), ways[w], cfg,
                                                       batch, busy=True) for w in ("policy", "today")}
@@ -163,7 +163,7 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
 
     cfg = importlib.import_module("microgpt_xp.checkpoint").load(path).config
     out = compare(f"sample {args.samples:,} names from {path}", {f"{tag}B={b} threads={t}": functools.partial(
-        on_threads, functools.partial(draw, lib, b), None if t == "policy" else R.usable_cpus() if t == "all" else int(t), cfg,
+        on_threads, functools.partial(draw, lib, b), "auto" if t == "policy" else R.usable_cpus() if t == "all" else int(t), cfg,
         min(b, args.samples), "decode") for tag, lib in libs.items() for b in map(int, args.batch_sizes.split(","))
         for t in args.threads.split(",")}, args)
     print("  same names from all:", len(names) == 1, flush=True)

@@ -125,8 +125,8 @@ def sync(x: Any) -> float:
 
 def ours(case: Case, pkg: str = "microgpt_xp") -> Timed:
     """Our side of ``case``, in this process: a training step as ``train()`` runs it (the
-    pure step without the public function's per-call checks, compiled where the backend has
-    a compiler, materialized, the loss to the host), ``score`` of the batch, or
+    pure ``train_step``, compiled where the backend has a compiler, materialized, the loss
+    to the host), ``score`` of the batch, or
     ``decode_batch`` for ``T`` positions without early stop. ``pkg`` names the package
     (another checkout's, for ``--ab``)."""
     lib = importlib.import_module(pkg)
