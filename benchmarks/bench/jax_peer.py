@@ -45,14 +45,30 @@ class JaxGPT:
     NumPy weights with the ``Params`` field names, so that the peer starts from the same
     numbers as ours; ``device`` a JAX device (``None``: the default)."""
 
-    def __init__(self, host: Mapping[str, np.ndarray], config: GPTConfig, dtype: str = "float32", *,
-                 lr: float = 0.01, device: Any = None) -> None:
+    def __init__(
+        self,
+        host: Mapping[str, np.ndarray],
+        config: GPTConfig,
+        dtype: str = "float32",
+        *,
+        lr: float = 0.01,
+        device: Any = None,
+    ) -> None:
         if dtype == "float64":
             jax.config.update("jax_enable_x64", True)  # as microgpt_xp does for its arrays
         put = lambda a: jax.device_put(jnp.asarray(np.asarray(a), dtype=dtype), device)  # noqa: E731
-        names = {"wte": "wte", "wpe": "wpe", "lm_head": "lm_head", "wo": "attn_wo", "fc1": "mlp_fc1", "fc2": "mlp_fc2"}
+        names = {
+            "wte": "wte",
+            "wpe": "wpe",
+            "lm_head": "lm_head",
+            "wo": "attn_wo",
+            "fc1": "mlp_fc1",
+            "fc2": "mlp_fc2",
+        }
         self.initial: Weights = {k: put(host[v]) for k, v in names.items()}
-        self.initial["wqkv"] = put(np.concatenate([host["attn_wq"], host["attn_wk"], host["attn_wv"]], 1))
+        self.initial["wqkv"] = put(
+            np.concatenate([host["attn_wq"], host["attn_wk"], host["attn_wv"]], 1)
+        )
         self.w, self.t = self.initial, jnp.asarray(0)
         self.m = self.v = jax.tree_util.tree_map(jnp.zeros_like, self.w)
         b1, b2, eps, tree_map = 0.85, 0.99, 1e-8, jax.tree_util.tree_map

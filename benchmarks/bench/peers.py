@@ -84,7 +84,9 @@ def host_weights(case: Case) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in params.arrays().items()}
 
 
-def _model(name: str, case: Case, model: Any, tok: Any, decode: Callable[[], Any] | None = None) -> Timed:
+def _model(
+    name: str, case: Case, model: Any, tok: Any, decode: Callable[[], Any] | None = None
+) -> Timed:
     """The ``Timed`` of a peer model's ``train_step``/``reset``, ``score`` or ``decode``."""
     train = every(RESET_EVERY, lambda: model.train_step(tok), model.reset)
     fns = {"train": train, "score": lambda: float(model.score(tok)[0]), "decode": decode}
@@ -103,7 +105,9 @@ def torch_eager(case: Case) -> Timed:
     model = TorchGPT(host_weights(case), case.config, case.dtype, device=case.torch_device())
     u = torch.from_numpy(case.host_uniforms().astype(case.dtype)).to(model.device)
     decode = lambda: int(model.decode(u, case.config.vocab_size - 1, TEMPERATURE)[0, -1])  # noqa: E731
-    return _model("torch", case, model, torch.from_numpy(case.host_tokens()).to(model.device), decode)
+    return _model(
+        "torch", case, model, torch.from_numpy(case.host_tokens()).to(model.device), decode
+    )
 
 
 def jax_autodiff(case: Case) -> Timed:
@@ -159,7 +163,9 @@ def matmul_shapes(case: Case) -> list[tuple[tuple[int, ...], int, int, int]]:
     each one's two backward products. Our one-hot embedding products are not model work."""
     cfg = case.config
     b, t, c, h, n, d = case.batch, case.seq_len, cfg.n_embd, cfg.n_head, case.tokens, cfg.head_dim
-    linears = [(n, c, 3 * c), (n, c, c), (n, c, 4 * c), (n, 4 * c, c)] * cfg.n_layer + [(n, c, cfg.vocab_size)]
+    linears = [(n, c, 3 * c), (n, c, c), (n, c, 4 * c), (n, 4 * c, c)] * cfg.n_layer + [
+        (n, c, cfg.vocab_size)
+    ]
     out: list[tuple[tuple[int, ...], int, int, int]] = [((), *mkn) for mkn in linears]
     out += [((b, h), t, d, t), ((b, h), t, t, d)] * cfg.n_layer
     if case.workload == "train":

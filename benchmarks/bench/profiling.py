@@ -54,8 +54,11 @@ def profile_call(
     stats: dict[Key, Any] = profile.stats  # type: ignore[attr-defined]
     # a row's function, by its code's (file, line, name); lambdas and generators are not rows:
     # their time is their caller's, as that of any other call outside the rows
-    heads = {k: f"{files[os.path.abspath(k[0])]}.{k[2]}" for k in stats
-             if os.path.abspath(k[0]) in files and not k[2].startswith("<")}
+    heads = {
+        k: f"{files[os.path.abspath(k[0])]}.{k[2]}"
+        for k in stats
+        if os.path.abspath(k[0]) in files and not k[2].startswith("<")
+    }
     rows: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for key, owner in heads.items():
         calls, own, inclusive = stats[key][1:4]
@@ -69,8 +72,14 @@ def profile_call(
                 if caller in heads:
                     rows[heads[caller]]["own_s"] += from_caller
     code = Adam.step.__code__
-    _, calls, _, inclusive, _ = stats.get((code.co_filename, code.co_firstlineno, code.co_name), (0, 0, 0, 0.0, {}))
-    return {k: dict(v) for k, v in rows.items()}, {"calls": calls, "inclusive_s": inclusive}, seconds
+    _, calls, _, inclusive, _ = stats.get(
+        (code.co_filename, code.co_firstlineno, code.co_name), (0, 0, 0, 0.0, {})
+    )
+    return (
+        {k: dict(v) for k, v in rows.items()},
+        {"calls": calls, "inclusive_s": inclusive},
+        seconds,
+    )
 
 
 def returned_dtypes(fn: Callable[[], Any], files: dict[str, str]) -> dict[str, set[str]]:
@@ -97,7 +106,9 @@ def returned_dtypes(fn: Callable[[], Any], files: dict[str, str]) -> dict[str, s
     return dict(seen)
 
 
-def breakdown(case: Case, steps: int = 5, warmup: int = 2, max_other: float = 0.05) -> dict[str, Any]:
+def breakdown(
+    case: Case, steps: int = 5, warmup: int = 2, max_other: float = 0.05
+) -> dict[str, Any]:
     """Where the time of our training step (``loss_and_grads``, ``Adam.step``, the loss to
     the host) goes on an eager ``train`` case: ``warmup`` steps, one that records the
     dtypes each row returns (to catch upcasts), then ``steps`` profiled steps; steps in
@@ -130,7 +141,10 @@ def breakdown(case: Case, steps: int = 5, warmup: int = 2, max_other: float = 0.
     n, step_s = len(use), sum(r["s"] for r in use) / len(use)
     names = sorted({f for r in use for f in r["rows"]})
     keys = ("calls", "own_s", "inclusive_s")
-    table = [{"function": f, **{k: sum(r["rows"].get(f, {}).get(k, 0.0) for r in use) / n for k in keys}} for f in names]
+    table = [
+        {"function": f, **{k: sum(r["rows"].get(f, {}).get(k, 0.0) for r in use) / n for k in keys}}
+        for f in names
+    ]
     table.sort(key=lambda r: -r["own_s"])
     calls, optim_s = (sum(r["optim"][k] for r in use) / n for k in ("calls", "inclusive_s"))
     table.append({"function": "optim", "calls": calls, "own_s": optim_s, "inclusive_s": optim_s})

@@ -47,36 +47,79 @@ def render(result: dict[str, Any]) -> str:
     rows = []
     for c in result["comparisons"]:
         t, r = c.get("target"), c["ratio"]
-        verdict = "" if t is None else f">= {_r(t)} {'**met**' if c['meets_target'] else '**missed**'}"
-        kept = f"{c['rounds_kept']}/{c['rounds_dropped']}" + ("" if c["filtered"] else " (unfiltered)")
-        rows.append([c["workload"], c["config"], f"{c['batch']}x{c['seq_len']}", c["dtype"],
-                     f"{c['ours']} / {c['peer']}", _r(r["median"]), f"{_r(r['min'])}-{_r(r['max'])}", kept, verdict])
-    out += _rows("workload | config | B x T | dtype | ours / peer | ratio (median) | min-max "
-                 "| rounds kept/dropped | target", rows)
-    rows = [[r["workload"], r["config"], f"{r['batch']}x{r['seq_len']}", r["impl"], _si(r["tokens_per_s"]["median"]),
-             f"{_si(r['tokens_per_s']['min'])}-{_si(r['tokens_per_s']['max'])}"] for r in result["results"]]
+        verdict = (
+            "" if t is None else f">= {_r(t)} {'**met**' if c['meets_target'] else '**missed**'}"
+        )
+        kept = f"{c['rounds_kept']}/{c['rounds_dropped']}" + (
+            "" if c["filtered"] else " (unfiltered)"
+        )
+        rows.append(
+            [
+                c["workload"],
+                c["config"],
+                f"{c['batch']}x{c['seq_len']}",
+                c["dtype"],
+                f"{c['ours']} / {c['peer']}",
+                _r(r["median"]),
+                f"{_r(r['min'])}-{_r(r['max'])}",
+                kept,
+                verdict,
+            ]
+        )
+    out += _rows(
+        "workload | config | B x T | dtype | ours / peer | ratio (median) | min-max "
+        "| rounds kept/dropped | target",
+        rows,
+    )
+    rows = [
+        [
+            r["workload"],
+            r["config"],
+            f"{r['batch']}x{r['seq_len']}",
+            r["impl"],
+            _si(r["tokens_per_s"]["median"]),
+            f"{_si(r['tokens_per_s']['min'])}-{_si(r['tokens_per_s']['max'])}",
+        ]
+        for r in result["results"]
+    ]
     out += _rows("workload | config | B x T | impl | tokens/s (median) | min-max", rows)
     for what in sorted({c["target_what"] for c in result["comparisons"] if c.get("target_what")}):
         out += ["", f"Target: {what}."]
-    if skipped := sorted({f"{s['workload']} {s['config']} {s['peer']} ({s['reason']})" for s in result["skipped"]}):
+    if skipped := sorted(
+        {f"{s['workload']} {s['config']} {s['peer']} ({s['reason']})" for s in result["skipped"]}
+    ):
         out += ["", f"Skipped: {'; '.join(skipped)}."]
     out += [
         f"\n{c['workload']} {c['config']} B={c['batch']}: model matmuls {c['model_flops_per_call'] / 1e9:.3f} "
         f"GFLOP a call; ours {c['ours_gflops']['median']:.1f} GFLOP/s, the same matmuls alone "
         f"{c['matmul_gflops']['median']:.1f} GFLOP/s."
-        for c in result["comparisons"] if c["peer"] == "matmul"
+        for c in result["comparisons"]
+        if c["peer"] == "matmul"
     ]
     for b in result["breakdown"]:
         if "rows" not in b:
             out += ["", f"Breakdown {b['config']}: {b['skipped']}."]
             continue
-        out += ["", f"Breakdown, {b['config']} B={b['batch']} T={b['seq_len']} {b['dtype']} {b['backend']}: "
-                f"{b['step_s'] * 1e3:.2f} ms a step under the profiler ({b['steps_kept']} steps kept, "
-                f"{b['steps_dropped']} dropped; {b['minor_faults_per_step']:.0f} minor page faults a step; "
-                f"{b['method']})"]
-        out += _rows("function | calls | own ms | inclusive ms | share", [
-            [r["function"], "" if r["function"] == "other" else f"{r['calls']:.0f}", f"{r['own_s'] * 1e3:.3f}",
-             f"{r['inclusive_s'] * 1e3:.3f}", f"{100 * r['share']:.1f}%"] for r in b["rows"]])
+        out += [
+            "",
+            f"Breakdown, {b['config']} B={b['batch']} T={b['seq_len']} {b['dtype']} {b['backend']}: "
+            f"{b['step_s'] * 1e3:.2f} ms a step under the profiler ({b['steps_kept']} steps kept, "
+            f"{b['steps_dropped']} dropped; {b['minor_faults_per_step']:.0f} minor page faults a step; "
+            f"{b['method']})",
+        ]
+        out += _rows(
+            "function | calls | own ms | inclusive ms | share",
+            [
+                [
+                    r["function"],
+                    "" if r["function"] == "other" else f"{r['calls']:.0f}",
+                    f"{r['own_s'] * 1e3:.3f}",
+                    f"{r['inclusive_s'] * 1e3:.3f}",
+                    f"{100 * r['share']:.1f}%",
+                ]
+                for r in b["rows"]
+            ],
+        )
         if b["upcasts"]:
             out += ["", f"Dtype changes in: {', '.join(b['upcasts'])} ({b['dtypes']})."]
     return "\n".join(out)

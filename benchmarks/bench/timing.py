@@ -29,7 +29,14 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     if not v:
         return dict.fromkeys(("median", "min", "max", "q1", "q3"), math.nan) | {"n": 0}
     q1, q3 = (v[0], v[0]) if len(v) == 1 else statistics.quantiles(v, n=4)[::2]
-    return {"n": len(v), "median": statistics.median(v), "min": v[0], "max": v[-1], "q1": q1, "q3": q3}
+    return {
+        "n": len(v),
+        "median": statistics.median(v),
+        "min": v[0],
+        "max": v[-1],
+        "q1": q1,
+        "q3": q3,
+    }
 
 
 @dataclass
@@ -92,12 +99,21 @@ class Rounds:
 
     def use(self) -> list[dict[str, Any]]:
         """The kept rounds' measurements, or every round's when none was kept."""
-        return [m for m, k in zip(self.measured, self.kept, strict=True) if k] or list(self.measured)
+        return [m for m, k in zip(self.measured, self.kept, strict=True) if k] or list(
+            self.measured
+        )
 
 
-def interleave(contenders: Sequence[Timed | Figures], repeats: int, *, max_other: float = 0.05,
-               max_rounds: int | None = None, deadline: float | None = None, gap: float = 0.0,
-               pids: Iterable[int] = ()) -> Rounds:
+def interleave(
+    contenders: Sequence[Timed | Figures],
+    repeats: int,
+    *,
+    max_other: float = 0.05,
+    max_rounds: int | None = None,
+    deadline: float | None = None,
+    gap: float = 0.0,
+    pids: Iterable[int] = (),
+) -> Rounds:
     """Run rounds until ``repeats`` are clean (other processes used at most ``max_other`` of
     the CPUs; ``pids``: workers whose CPU time is ours), ``max_rounds`` (``3 * repeats``)
     have run, or the clock passes ``deadline``. Each measurement follows ``gap`` idle
@@ -135,10 +151,17 @@ def set_threads(n: int | None) -> dict[str, Any]:
 
     if n is not None:
         threadpool_limits(limits=n, user_api="blas")
-    blas, torch = blas_threads(), importlib.import_module("torch") if importlib.util.find_spec("torch") else None
+    blas, torch = (
+        blas_threads(),
+        importlib.import_module("torch") if importlib.util.find_spec("torch") else None,
+    )
     if torch is not None and (n or blas):
         torch.set_num_threads(int(n or blas))  # type: ignore[arg-type]
-    return {"blas_threads": blas, "torch": torch and torch.__version__, "torch_threads": torch and torch.get_num_threads()}
+    return {
+        "blas_threads": blas,
+        "torch": torch and torch.__version__,
+        "torch_threads": torch and torch.get_num_threads(),
+    }
 
 
 def minor_faults() -> int:

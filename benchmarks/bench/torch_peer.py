@@ -25,23 +25,36 @@ class TorchGPT:
     ``Params`` field names (the same numbers as ours), with masked matmul attention (the
     same work as ours); ``device``: a torch device, where inputs go."""
 
-    def __init__(self, host: Mapping[str, np.ndarray], config: GPTConfig, dtype: str = "float32", *,
-                 lr: float = 0.01, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        host: Mapping[str, np.ndarray],
+        config: GPTConfig,
+        dtype: str = "float32",
+        *,
+        lr: float = 0.01,
+        device: str = "cpu",
+    ) -> None:
         self.config, self.device = config, torch.device(device)
 
         def leaf(a: np.ndarray) -> torch.Tensor:
-            return torch.tensor(np.asarray(a), dtype=getattr(torch, dtype), device=self.device).requires_grad_()
+            return torch.tensor(
+                np.asarray(a), dtype=getattr(torch, dtype), device=self.device
+            ).requires_grad_()
 
         self.wte, self.wpe, self.lm_head = (leaf(host[k]) for k in ("wte", "wpe", "lm_head"))
         self.layers = [
-            (leaf(np.concatenate([host["attn_wq"][i], host["attn_wk"][i], host["attn_wv"][i]])),
-             *(leaf(host[k][i]) for k in ("attn_wo", "mlp_fc1", "mlp_fc2")))
+            (
+                leaf(np.concatenate([host["attn_wq"][i], host["attn_wk"][i], host["attn_wv"][i]])),
+                *(leaf(host[k][i]) for k in ("attn_wo", "mlp_fc1", "mlp_fc2")),
+            )
             for i in range(config.n_layer)
         ]
         self.params = [self.wte, self.wpe, self.lm_head] + [w for ws in self.layers for w in ws]
         self.opt = torch.optim.Adam(self.params, lr=lr, betas=(0.85, 0.99), eps=1e-8)
         self._initial = [p.detach().clone() for p in self.params]
-        self.mask = torch.ones(config.block_size, config.block_size, dtype=torch.bool, device=self.device).tril()
+        self.mask = torch.ones(
+            config.block_size, config.block_size, dtype=torch.bool, device=self.device
+        ).tril()
 
     def reset(self) -> None:
         """Back to the initial weights (the optimizer state is kept)."""
@@ -69,7 +82,9 @@ class TorchGPT:
         ``reduction="none"`` each token's ``(B * T,)``."""
         tokens = tokens.to(self.device)
         logits = self.logits(tokens[:, :-1])
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction=reduction)
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction=reduction
+        )
 
     def train_step(self, tokens: torch.Tensor) -> float:
         """Forward, backward and one Adam step on ``tokens (B, T+1)``; returns the loss."""

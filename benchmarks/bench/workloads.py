@@ -51,7 +51,9 @@ def parse_config(text: str) -> tuple[str, GPTConfig]:
         return text, CONFIGS[text]
     parts = dict(re.findall(r"([LCHTV])(\d+)", text.upper()))
     if not parts or re.sub(r"[LCHTV]\d+|[,\s]", "", text.upper()):
-        raise ValueError(f"unknown config {text!r}: use {', '.join(CONFIGS)} or a spec like L4,C128,H4,T64")
+        raise ValueError(
+            f"unknown config {text!r}: use {', '.join(CONFIGS)} or a spec like L4,C128,H4,T64"
+        )
     n = {k: int(parts.get(k, d)) for k, d in zip("VLCHT", (27, 1, 16, 4, 16), strict=True)}
     cfg = GPTConfig(n["V"], n_layer=n["L"], n_embd=n["C"], n_head=n["H"], block_size=n["T"])
     return config_label(cfg), cfg
@@ -90,7 +92,9 @@ class Case:
 
     def host_tokens(self) -> np.ndarray:
         """``(batch, T+1)`` int64 random documents (fixed by ``seed``)."""
-        return np.random.default_rng([self.seed, 1]).integers(0, self.config.vocab_size, (self.batch, self.seq_len + 1))
+        return np.random.default_rng([self.seed, 1]).integers(
+            0, self.config.vocab_size, (self.batch, self.seq_len + 1)
+        )
 
     def host_uniforms(self) -> np.ndarray:
         """``(batch, T)`` uniforms of the decode draws (fixed by ``seed``)."""
@@ -98,7 +102,9 @@ class Case:
 
     def params(self) -> mx.Params:
         """Initial weights of this case on its backend, device and dtype."""
-        return mx.init_params(self.config, seed=self.seed, backend=self.backend, device=self.device, dtype=self.dtype)
+        return mx.init_params(
+            self.config, seed=self.seed, backend=self.backend, device=self.device, dtype=self.dtype
+        )
 
     def asarray(self, host: np.ndarray) -> Any:
         """``host`` on this case's backend and device."""
@@ -134,14 +140,18 @@ def ours(case: Case, pkg: str = "microgpt_xp") -> Timed:
         importlib.import_module(f"{pkg}.{m}") for m in ("_xp", "optim", "model", "params", "sample")
     )
     config = lib.GPTConfig(**dataclasses.asdict(case.config))  # the package's own class
-    params = lib.init_params(config, seed=case.seed, backend=case.backend, device=case.device, dtype=case.dtype)
+    params = lib.init_params(
+        config, seed=case.seed, backend=case.backend, device=case.device, dtype=case.dtype
+    )
     tok = xp.asarray(case.host_tokens(), case.backend, device=case.device)
     lens = xp.asarray(np.full(case.batch, case.seq_len + 1), case.backend, device=case.device)
     name = f"ours[{case.backend}]"
     if case.workload == "train":
         # the step train() runs: the private twin where a checkout has one (before issue 30)
         pure = getattr(model, "_train_step", model.train_step)
-        step = functools.partial(pure, reduction="mean", optimizer=optim.AdamConfig(num_steps=NUM_STEPS))
+        step = functools.partial(
+            pure, reduction="mean", optimizer=optim.AdamConfig(num_steps=NUM_STEPS)
+        )
         step = (xp.compiler(case.backend, None) or (lambda f: f))(step)
         state = {"params": params, "adam": lib.adam_init(params)}
 
@@ -150,12 +160,16 @@ def ours(case: Case, pkg: str = "microgpt_xp") -> Timed:
             loss, state["params"], state["adam"] = params_mod.materialize(loss, new, adam)
             return sync(loss)
 
-        return Timed(name, every(RESET_EVERY, train, lambda: state.update(params=params)), case.tokens)
+        return Timed(
+            name, every(RESET_EVERY, train, lambda: state.update(params=params)), case.tokens
+        )
     if case.workload == "score":
         return Timed(name, lambda: sync(lib.score(params, tok, lens)), case.tokens)
     if case.workload == "decode":
         u, bos = case.host_uniforms(), case.config.vocab_size - 1
-        decode = functools.partial(sample.decode_batch, params, bos, u, 1 / TEMPERATURE, early_stop=False)
+        decode = functools.partial(
+            sample.decode_batch, params, bos, u, 1 / TEMPERATURE, early_stop=False
+        )
         return Timed(name, lambda: float(decode()[0, -1]), case.tokens)
     raise ValueError(f"unknown workload {case.workload!r}; choose from {', '.join(WORKLOADS)}")
 

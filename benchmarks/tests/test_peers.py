@@ -19,7 +19,11 @@ ref = P.reference_module()
 def test_peers_table_and_skips() -> None:
     assert list(P.PEERS) == ["scalar", "torch", "matmul", "jax"]
     decode = W.Case("decode", "tiny", TINY, 2, "float32", "numpy")
-    for peer, match in (("scalar", "train only"), ("matmul", "train and score only"), ("jax", "on JAX only")):
+    for peer, match in (
+        ("scalar", "train only"),
+        ("matmul", "train and score only"),
+        ("jax", "on JAX only"),
+    ):
         with pytest.raises(P.PeerSkipped, match=match):
             P.PEERS[peer](decode)
     with pytest.raises(P.PeerSkipped, match="too slow"):
@@ -27,7 +31,9 @@ def test_peers_table_and_skips() -> None:
 
 
 def test_scalar_peer_is_the_reference_with_adam() -> None:
-    sd = ref.init_state_dict(TINY.vocab_size, TINY.n_layer, TINY.n_embd, TINY.block_size, rng=random.Random(4))
+    sd = ref.init_state_dict(
+        TINY.vocab_size, TINY.n_layer, TINY.n_embd, TINY.block_size, rng=random.Random(4)
+    )
     peer = P.ScalarReference(sd, [6, 1, 2, 6], n_head=TINY.n_head)
     assert peer.ref is ref and ref.__file__ == str(P.REFERENCE)  # the one scalar GPT
     want, grads = ref.loss_and_grads(peer.initial, peer.doc, n_head=TINY.n_head)
@@ -78,7 +84,9 @@ def test_torch_peer_is_the_same_model() -> None:
     peer.reset()
     want_nll = mx.score(case.params(), tokens, lengths)
     np.testing.assert_allclose(peer.score(torch.from_numpy(tokens)).numpy(), want_nll, rtol=1e-12)
-    t = W.target_for(W.Case("train", "default", W.CONFIGS["default"], 64, "float32", "torch"), "torch")
+    t = W.target_for(
+        W.Case("train", "default", W.CONFIGS["default"], 64, "float32", "torch"), "torch"
+    )
     assert t is not None and t[0] == 1.0 and "through our code" in t[1]
 
 

@@ -19,7 +19,21 @@ def test_train_figures_with_worker_processes() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
 def test_compiled_sample(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    e2e.main(["compiled", "--parts", "sample", "--samples", "20", "--rounds", "2", "--max-other", "1", "--json", str(tmp_path / "c.json")])
+    e2e.main(
+        [
+            "compiled",
+            "--parts",
+            "sample",
+            "--samples",
+            "20",
+            "--rounds",
+            "2",
+            "--max-other",
+            "1",
+            "--json",
+            str(tmp_path / "c.json"),
+        ]
+    )
     out = json.loads((tmp_path / "c.json").read_text())["sample"]
     assert len(out["rounds"]) == 2 and out["jax/numpy"]["n"] == 2
     assert "same names on both: True" in capsys.readouterr().out
@@ -29,8 +43,25 @@ def test_compiled_sample(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 def test_dask_scoring_and_memory(tmp_path: Path) -> None:
     names = tmp_path / "names.txt"
     names.write_text("\n".join(mx.default_docs()[:500]) + "\n")
-    e2e.main(["dask", "--n-docs", "2000", "--chunk-sizes", "500,2000", "--rounds", "1", "--memory-docs", "1000",
-              "--memory-chunk", "500", "--data", str(names), "--json", str(tmp_path / "d.json")])
+    e2e.main(
+        [
+            "dask",
+            "--n-docs",
+            "2000",
+            "--chunk-sizes",
+            "500,2000",
+            "--rounds",
+            "1",
+            "--memory-docs",
+            "1000",
+            "--memory-chunk",
+            "500",
+            "--data",
+            str(names),
+            "--json",
+            str(tmp_path / "d.json"),
+        ]
+    )
     out = json.loads((tmp_path / "d.json").read_text())
     assert set(out["scoring"]) == {"500", "2000"}
     for s in out["scoring"].values():  # each way's seconds over NumPy's, in the same round
@@ -46,8 +77,29 @@ def test_threads_and_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     tiny = ["--rounds", "1", "--max-other", "1", "--json", str(tmp_path / "out.json")]
     e2e.main(["threads", *tiny])
     out = json.loads((tmp_path / "out.json").read_text())["L1,C8,H2,T4,V27 B=4"]
-    assert out["policy"]["threads"] == out["1 thread"]["threads"] == 1 and out["busy policy/policy"]["n"] == 1
+    assert (
+        out["policy"]["threads"] == out["1 thread"]["threads"] == 1
+        and out["busy policy/policy"]["n"] == 1
+    )
     ck = tmp_path / "ck.npz"
-    mx.train(e2e.full_docs(8, 64), config=mx.GPTConfig(27, n_embd=8, block_size=8), steps=20, checkpoint=ck)
-    e2e.main(["sample", "--checkpoint", str(ck), "--samples", "30", "--batch-sizes", "7", "--threads", "1", *tiny])
+    mx.train(
+        e2e.full_docs(8, 64),
+        config=mx.GPTConfig(27, n_embd=8, block_size=8),
+        steps=20,
+        checkpoint=ck,
+    )
+    e2e.main(
+        [
+            "sample",
+            "--checkpoint",
+            str(ck),
+            "--samples",
+            "30",
+            "--batch-sizes",
+            "7",
+            "--threads",
+            "1",
+            *tiny,
+        ]
+    )
     assert json.loads((tmp_path / "out.json").read_text())["same_names"] is True
