@@ -2,7 +2,8 @@
 
 :func:`connect` returns a ``distributed.Client``, the default scheduler of every Dask
 computation until it is closed; :func:`computing` turns the errors of a computation whose
-scheduler went away into one :class:`ClusterError`. Needs the ``dask`` extra.
+scheduler went away into one :class:`ClusterError`; :func:`quiet` silences distributed's
+own logs (the CLI's choice; the library leaves logging alone). Needs the ``dask`` extra.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import logging
+import os
 import traceback
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -220,3 +224,38 @@ def computing(client: Any = None) -> Iterator[None]:
             f"lost the Dask scheduler at {address} during the computation "
             f"({type(exc).__name__}: {exc}); no result was produced"
         ) from exc
+
+
+#: The environment variable through which worker processes started during :func:`quiet`
+#: (a ``LocalCluster``'s) read the level of their ``distributed`` logger.
+_WORKER_LOG_LEVEL = "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Silence ``dask.distributed``'s own output while the block runs: the ``distributed``,
+    ``tornado``, ``asyncio`` and ``bokeh`` loggers (and their children) raised to
+    ``CRITICAL``, the same for worker processes started meanwhile, and the "Sending large
+    graph" warning ignored; all restored at the end. For a program that reports a failure
+    in its own words (the CLI, unless ``--verbose``); the library never calls it."""
+    with contextlib.suppress(ImportError):
+        import distributed  # noqa: F401  (its import sets the levels it would reset)
+    names = ("distributed", "tornado", "asyncio", "bokeh")
+    known = [*logging.root.manager.loggerDict, *names]
+    loggers = {logging.getLogger(n) for n in known if n.split(".")[0] in names}
+    levels = {logger: logger.level for logger in loggers}
+    env = os.environ.get(_WORKER_LOG_LEVEL)
+    os.environ[_WORKER_LOG_LEVEL] = "critical"
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sending large graph")
+            yield
+    finally:
+        for logger, level in levels.items():
+            logger.setLevel(level)
+        if env is None:
+            os.environ.pop(_WORKER_LOG_LEVEL, None)
+        else:
+            os.environ[_WORKER_LOG_LEVEL] = env
