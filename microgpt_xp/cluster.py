@@ -184,32 +184,18 @@ def _close_failed_client(distributed: Any, exc: BaseException) -> None:
             return
 
 
-def scheduler_address(client: Any = None) -> str | None:
-    """The address of ``client``'s scheduler (default: the active distributed client), or
-    ``None`` without one (threaded or synchronous Dask)."""
-    client = _current_client(client)
-    return None if client is None or client.scheduler is None else str(client.scheduler.address)
-
-
-def _current_client(client: Any = None) -> Any:
-    if client is not None:
-        return client
-    try:
-        return _distributed().get_client()
-    except (ImportError, ValueError):
-        return None
-
-
 @contextmanager
 def computing(client: Any = None) -> Iterator[None]:
     """Run a Dask computation inside ``with computing():`` to turn the errors of a lost
     scheduler into a :class:`ClusterError` naming it; other errors pass through.
     ``client``: the active distributed client by default (none: nothing to do)."""
-    client = _current_client(client)
+    if client is None:
+        with contextlib.suppress(ImportError, ValueError):  # none: threads or synchronous
+            client = _distributed().get_client()
     if client is None:
         yield
         return
-    address = scheduler_address(client)
+    address = None if client.scheduler is None else client.scheduler.address
     try:
         yield
     except Exception as exc:
