@@ -2,7 +2,8 @@
 
 :func:`connect` returns a ``distributed.Client``, the default scheduler of every Dask
 computation until it is closed; :func:`computing` turns the errors of a computation whose
-scheduler went away into one :class:`ClusterError`. Needs the ``dask`` extra.
+scheduler went away into one :class:`ClusterError`; :func:`quiet` silences distributed's
+own logs (the CLI's choice; the library leaves logging alone). Needs the ``dask`` extra.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import logging
+import os
 import traceback
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -180,32 +184,18 @@ def _close_failed_client(distributed: Any, exc: BaseException) -> None:
             return
 
 
-def scheduler_address(client: Any = None) -> str | None:
-    """The address of ``client``'s scheduler (default: the active distributed client), or
-    ``None`` without one (threaded or synchronous Dask)."""
-    client = _current_client(client)
-    return None if client is None or client.scheduler is None else str(client.scheduler.address)
-
-
-def _current_client(client: Any = None) -> Any:
-    if client is not None:
-        return client
-    try:
-        return _distributed().get_client()
-    except (ImportError, ValueError):
-        return None
-
-
 @contextmanager
 def computing(client: Any = None) -> Iterator[None]:
     """Run a Dask computation inside ``with computing():`` to turn the errors of a lost
     scheduler into a :class:`ClusterError` naming it; other errors pass through.
     ``client``: the active distributed client by default (none: nothing to do)."""
-    client = _current_client(client)
+    if client is None:
+        with contextlib.suppress(ImportError, ValueError):  # none: threads or synchronous
+            client = _distributed().get_client()
     if client is None:
         yield
         return
-    address = scheduler_address(client)
+    address = None if client.scheduler is None else client.scheduler.address
     try:
         yield
     except Exception as exc:
@@ -220,3 +210,38 @@ def computing(client: Any = None) -> Iterator[None]:
             f"lost the Dask scheduler at {address} during the computation "
             f"({type(exc).__name__}: {exc}); no result was produced"
         ) from exc
+
+
+#: The environment variable through which worker processes started during :func:`quiet`
+#: (a ``LocalCluster``'s) read the level of their ``distributed`` logger.
+_WORKER_LOG_LEVEL = "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Silence ``dask.distributed``'s own output while the block runs: the ``distributed``,
+    ``tornado``, ``asyncio`` and ``bokeh`` loggers (and their children) raised to
+    ``CRITICAL``, the same for worker processes started meanwhile, and the "Sending large
+    graph" warning ignored; all restored at the end. For a program that reports a failure
+    in its own words (the CLI, unless ``--verbose``); the library never calls it."""
+    with contextlib.suppress(ImportError):
+        import distributed  # noqa: F401  (its import sets the levels it would reset)
+    names = ("distributed", "tornado", "asyncio", "bokeh")
+    known = [*logging.root.manager.loggerDict, *names]
+    loggers = {logging.getLogger(n) for n in known if n.split(".")[0] in names}
+    levels = {logger: logger.level for logger in loggers}
+    env = os.environ.get(_WORKER_LOG_LEVEL)
+    os.environ[_WORKER_LOG_LEVEL] = "critical"
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sending large graph")
+            yield
+    finally:
+        for logger, level in levels.items():
+            logger.setLevel(level)
+        if env is None:
+            os.environ.pop(_WORKER_LOG_LEVEL, None)
+        else:
+            os.environ[_WORKER_LOG_LEVEL] = env

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _xp
+from ._errors import ArgumentValueError
 from .checkpoint import load
 from .config import GPTConfig
 from .data import Tokenizer
@@ -74,7 +75,9 @@ def resume(
     run (:class:`ResumeError` otherwise)."""
     name = str(checkpoint)
     if params is not None:
-        raise ValueError("params= cannot be given when resuming from an existing checkpoint")
+        raise ArgumentValueError(
+            "params", "params= cannot be given with resume=True on an existing checkpoint"
+        )
     saved = load(checkpoint, backend=backend, device=device)
     meta = saved.meta if isinstance(saved.meta, dict) else {}
     if "microgpt_exact" in meta:

@@ -16,7 +16,7 @@ from .data import DataError, Tokenizer
 from .model import score
 from .params import Params
 from .resources import score_chunk
-from .runners import Runner, chunk_bounds, pick
+from .runners import Local, Runner, chunk_bounds, pick
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def score_docs(
     _xp.check_positive_int(chunk_size, "chunk size")
     n = check_source(source)
     parts = []
-    for start, stop in chunk_bounds(n, n if runner.shards else chunk_size):
+    for start, stop in chunk_bounds(n, chunk_size if isinstance(runner, Local) else n):
         positions, args = np.arange(start, stop), (tokenizer, chunk_size, runner.jit)
         if is_corpus(source):
             parts += runner.map(score_positions, params, [positions], source, *args)

@@ -153,8 +153,15 @@ def train(
     runner = runners.pick(runner, backend, workers=workers, chunk_size=chunk_size, jit=jit)
     optimizer = adam_config(optimizer, **({} if lr is None else {"lr": lr}))
     optimizer = adam_config(optimizer, num_steps=steps)
-    if resume and checkpoint is None:
-        raise ArgumentValueError("resume", "resume=True needs a checkpoint path")
+    for name, idle in (
+        ("resume", resume and checkpoint is None),
+        ("overwrite", overwrite and checkpoint is None),
+        ("checkpoint_every", checkpoint_every > 0 and checkpoint is None),
+        ("eval_every", eval_every is not None and val_docs is None),
+    ):
+        if idle:  # an option that would do nothing
+            needs = "val_docs (held-out documents)" if name == "eval_every" else "a checkpoint path"
+            raise ArgumentValueError(name, f"{name}= needs {needs}")
     if checkpoint is not None and Path(checkpoint).exists() and not (resume or overwrite):
         raise FileExistsError(
             f"checkpoint {str(checkpoint)!r} exists; resume it (resume=True) or replace it "

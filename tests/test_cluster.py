@@ -183,3 +183,38 @@ def test_a_real_scheduler_still_connects(tmp_path: Path) -> None:
             assert client.scheduler.address == address
 
     _run_scheduler(check)
+
+
+def _fails(params: Any, rows: Any) -> None:
+    raise ValueError(f"a bad chunk of {len(rows)} rows")
+
+
+def test_quiet_silences_distributed_then_restores_it(capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 31: under quiet() a failing task is one error (the task's own), with none of
+    distributed's logs; outside it, logging and warnings are as they were."""
+    import logging
+    import os
+    import warnings
+
+    import numpy as np
+
+    import microgpt_xp as mx
+    from microgpt_xp.cluster import _WORKER_LOG_LEVEL, quiet
+    from microgpt_xp.runners import DaskTasks
+
+    names = ("distributed", "distributed.client", "distributed.worker", "asyncio", "tornado")
+    before = [logging.getLogger(n).getEffectiveLevel() for n in names]
+    env = os.environ.get(_WORKER_LOG_LEVEL)
+    params = mx.init_params(mx.GPTConfig(5, n_embd=4, n_head=2, n_layer=1, block_size=4))
+    with quiet(), connect(n_workers=1, processes=False, timeout=30):
+        assert not any(logging.getLogger(n).isEnabledFor(logging.ERROR) for n in names)
+        assert os.environ[_WORKER_LOG_LEVEL] == "critical"
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.warn("Sending large graph of size 9 MiB", UserWarning, stacklevel=1)
+            warnings.warn("another warning", UserWarning, stacklevel=1)
+        assert [str(w.message) for w in seen] == ["another warning"]
+        with pytest.raises(ValueError, match="a bad chunk of 2 rows"):
+            DaskTasks(chunk_size=2).map(_fails, params, [np.arange(6)])
+    assert "Compute Failed" not in capfd.readouterr().err
+    assert [logging.getLogger(n).getEffectiveLevel() for n in names] == before
+    assert os.environ.get(_WORKER_LOG_LEVEL) == env

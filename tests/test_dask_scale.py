@@ -25,7 +25,6 @@ import pytest
 
 pytest.importorskip("dask")
 import dask
-import dask.array as da
 from xp_testing import xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, sample, score
@@ -272,28 +271,13 @@ def test_sampling_on_dask_rejects_bad_arguments(
 
 
 # -- data-parallel training --------------------------------------------------------------------
-def test_dask_training_equals_numpy_and_reduces_gradients_in_a_tree() -> None:
+def test_a_gradient_is_reduced_over_the_chunks_in_a_tree() -> None:
+    """(Dask training equals NumPy's: tests/test_dask_steps.py.)"""
     from dask.core import get_dependencies
 
     from microgpt_xp.train import to_batch
 
     docs = DOCS[:400]
-    args: dict[str, Any] = dict(steps=4, batch_size=64, seed=7, dtype="float64", lr=0.01)
-    ref = train(docs, backend="numpy", **args)
-    with dask.config.set(scheduler="synchronous"):
-        got = train(docs, backend="dask", chunk_size=8, **args)
-    np.testing.assert_allclose(got.losses, ref.losses, rtol=1e-10, atol=0)
-    float64_on_dask = da.zeros((), dtype=np.float64)
-    for name, a in got.params.arrays().items():
-        xp_assert_close(
-            a,
-            ref.params.arrays()[name],
-            rtol=1e-9,
-            atol=1e-12,
-            like=float64_on_dask,
-            what=name,
-            elementwise=True,
-        )
     # the gradient of a weight is a contraction over the chunked batch axis: per-chunk
     # partial products combined in a tree (fan-in below the 8 chunks of the batch)
     p = init_params(CONFIG, seed=0, dtype="float64", backend="dask")

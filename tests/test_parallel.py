@@ -278,3 +278,65 @@ def test_this_process_blas_takes_one_core_while_workers_run() -> None:
     )
     assert during == [[1] * len(before)] * 2
     assert blas() == before  # given back when the call ends
+
+
+_KILLS = textwrap.dedent(
+    """
+    import multiprocessing, os, random, signal, sys, threading, time
+    import microgpt_xp as mx
+    from microgpt_xp._files import claim
+    from microgpt_xp.runners import WorkerDied
+
+    docs, cp, rng, killed = mx.default_docs()[:200], sys.argv[1], random.Random(0), []
+    vocab = mx.Tokenizer.from_docs(docs).vocab_size
+    config = mx.GPTConfig(vocab, n_embd=8, n_head=2, n_layer=1, block_size=8)
+
+    def kill_a_worker(delay):
+        while not multiprocessing.active_children():
+            time.sleep(0.005)
+        time.sleep(delay)  # any moment of a step: sending, computing, replying
+        killed.append(time.monotonic())
+        os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+
+    if __name__ == "__main__":
+        for run in range(int(sys.argv[2])):
+            killer = threading.Thread(target=kill_a_worker, args=(rng.uniform(0, 2.0),), daemon=True)
+            killer.start()
+            try:
+                mx.train(docs, steps=10**6, batch_size=4, workers=2, checkpoint=cp,
+                         checkpoint_every=7, overwrite=True, config=config)
+            except WorkerDied as exc:
+                assert "died during the step" in str(exc), exc
+            killer.join()
+            assert time.monotonic() - killed[-1] < 5.0, "ended late"
+            with claim(cp, exist_ok=True):  # released
+                pass
+            if os.path.exists(cp):
+                mx.load(cp)  # intact
+        print("ok", len(killed))
+    """
+)
+
+
+def test_a_worker_killed_at_any_moment_ends_the_run(tmp_path: Path) -> None:
+    """Issue 31: a run ends with WorkerDied, whatever moment of a step its worker dies."""
+    script = tmp_path / "kills.py"
+    script.write_text(_KILLS)
+    out = subprocess.run(
+        [sys.executable, script, str(tmp_path / "k.npz"), "16"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.stdout.strip() == "ok 16", out.stdout + out.stderr
+
+
+def test_a_script_without_a_main_guard_is_one_clear_error(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import microgpt_xp as mx\nmx.train(mx.default_docs()[:50], steps=1, workers=2)\n"
+    )
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.count("Traceback") == 1, out.stderr  # the parent's, no child's
+    assert 'if __name__ == "__main__":' in out.stderr.splitlines()[-1]

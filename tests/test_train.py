@@ -294,46 +294,38 @@ def test_non_finite_weights_are_never_saved(tmp_path: Path) -> None:
 
 
 # -- argument errors -----------------------------------------------------------------------------
-@pytest.mark.parametrize("steps", [0, -1, 2.5, True])
-def test_bad_steps(steps: Any) -> None:
-    with pytest.raises(ValueError, match="steps"):
-        _run(steps=steps)
+_BAD = [
+    *[({"steps": v}, ValueError, "steps") for v in (0, -1, 2.5, True)],
+    *[({"batch_size": v}, ValueError, "batch.size") for v in (0, -2, 1.0)],
+    ({"steps": 1, "batch_size": 1, "backend_name": "nope"}, ValueError, "unknown backend 'nope'"),
+    ({"steps": 1, "batch_size": 1, "dtype": "float16"}, ValueError, "float16"),
+    ({"docs": [], "steps": 1, "batch_size": 1}, ValueError, ""),
+    ({"resume": True}, ValueError, "checkpoint"),
+    ({"config": GPTConfig(TOKENIZER.vocab_size + 1, n_embd=8, n_head=2)}, ValueError, "vocab_size"),
+    # options that would do nothing (issue 31)
+    ({"eval_every": 5}, ValueError, r"eval_every= needs val_docs"),
+    ({"checkpoint_every": 2}, ValueError, r"checkpoint_every= needs a checkpoint"),
+    ({"overwrite": True}, ValueError, r"overwrite= needs a checkpoint"),
+]
 
 
-@pytest.mark.parametrize("batch_size", [0, -2, 1.0])
-def test_bad_batch_size(batch_size: Any) -> None:
-    with pytest.raises(ValueError, match="batch size"):
-        _run(batch_size=batch_size)
-
-
-def test_unknown_backend() -> None:
-    with pytest.raises(ValueError, match="unknown backend 'nope'"):
-        train(DOCS, steps=1, batch_size=1, backend="nope")
-
-
-def test_unknown_dtype() -> None:
-    with pytest.raises(ValueError, match="float16"):
-        train(DOCS, steps=1, batch_size=1, dtype="float16")
+@pytest.mark.parametrize(("args", "error", "match"), _BAD)
+def test_bad_arguments(args: dict[str, Any], error: type, match: str) -> None:
+    args = dict(args)
+    if "backend_name" in args:
+        args["backend"] = args.pop("backend_name")
+        with pytest.raises(error, match=match):
+            train(DOCS, **args)
+        return
+    with pytest.raises(error, match=match) as info:
+        _run(**args)
+    if "every" in match or "overwrite" in match:
+        assert info.value.param == match.split("=")[0]  # type: ignore[attr-defined]
 
 
 def test_corpus_smaller_than_batch() -> None:
     with pytest.raises(DataError, match=f"{len(DOCS)} documents, fewer than the batch size 9"):
         _run(batch_size=len(DOCS) + 1)
-
-
-def test_empty_corpus() -> None:
-    with pytest.raises(ValueError):
-        train([], steps=1, batch_size=1)
-
-
-def test_resume_needs_a_checkpoint_path() -> None:
-    with pytest.raises(ValueError, match="checkpoint"):
-        _run(resume=True)
-
-
-def test_vocab_mismatch() -> None:
-    with pytest.raises(ValueError, match="vocab_size"):
-        _run(config=GPTConfig(TOKENIZER.vocab_size + 1, n_embd=8, n_head=2))
 
 
 def test_unknown_character_for_tokenizer() -> None:

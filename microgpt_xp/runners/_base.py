@@ -15,10 +15,8 @@ Combine = Callable[[Any, Any], Any]
 
 
 class Runner:
-    """Runs a function over the row shards of a batch; subclasses say how. ``shards``:
-    whether :meth:`map` spreads the rows (drivers then hand it a whole corpus at once)."""
+    """Runs a function over the row shards of a batch; subclasses say how."""
 
-    shards: bool = True
     jit: bool | None = False
 
     def bounds(self, rows: int) -> list[tuple[int, int]]:
@@ -59,8 +57,6 @@ class Local(Runner):
     """The whole batch in the calling process, on the arrays' own namespace. ``jit``:
     ``None`` compiles where the namespace has a compiler (JAX), ``False`` never, ``True``
     always (``ValueError`` elsewhere)."""
-
-    shards = False
 
     def __init__(self, jit: bool | None = None) -> None:
         self.jit = _xp.check_jit(jit)

@@ -10,15 +10,18 @@ travel pickled with each shard (see ``docs/training.md`` for when that pays).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, TypeVar
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 
@@ -27,6 +30,7 @@ from ..params import Params
 from ._base import Combine, Runner, host_params, run_on, shard_bounds, tree_sum
 
 R = TypeVar("R")
+_NO_GUARD = 87  # a worker's exit code: it re-ran a script that has no __main__ guard
 
 
 class WorkerDied(RuntimeError):
@@ -46,15 +50,33 @@ def check_workers(workers: Any) -> int | None:
     return workers
 
 
-def _start_worker() -> None:
-    """A worker's initializer: one BLAS thread (the cores are shared by the processes),
-    and a thread that ends the process as soon as its parent is gone."""
+def _serve(conn: Connection) -> None:
+    """A worker's loop: one BLAS thread (the cores are shared by the processes), Ctrl-C
+    left to the parent, exit as soon as the parent is gone; then ``(ok, value)`` for each
+    call received, until ``None`` or a closed pipe."""
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+    while (call := _recv(conn)) is not None:
+        try:
+            out: tuple[bool, Any] = (True, call[0](*call[1:]))
+        except BaseException as exc:
+            out = (False, exc)
+        try:
+            conn.send(out)
+        except Exception as exc:  # a result or an error that does not pickle
+            conn.send((False, RuntimeError(f"a worker's result could not be sent: {exc!r}")))
+
+
+def _recv(conn: Connection) -> Any:
+    try:
+        return conn.recv()
+    except EOFError:
+        return None
 
 
 def _exit_with(sentinel: int) -> None:
@@ -66,13 +88,16 @@ def _exit_with(sentinel: int) -> None:
 
 class WorkerPool:
     """This process and ``processes - 1`` spawned workers (started on first use; this
-    process's BLAS then held to one thread, as each worker's). Close it, or use it as a
-    context manager."""
+    process's BLAS then held to one thread, as each worker's), each on a pipe of its own.
+    Close it, or use it as a context manager."""
 
     def __init__(self, processes: int) -> None:
         check_workers(processes)
+        if getattr(multiprocessing.current_process(), "_inheriting", False):
+            os._exit(_NO_GUARD)  # a spawned worker re-running an unguarded script: end
+            # quietly (no traceback), its parent says what to do
         self.processes = processes
-        self._executor: ProcessPoolExecutor | None = None
+        self._workers: list[tuple[BaseProcess, Connection]] = []
         self._blas: Any = None  # this process's BLAS limit while the workers run
 
     def __enter__(self) -> WorkerPool:
@@ -83,68 +108,102 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop the workers (waiting for them) and give this process's BLAS its threads back."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        self._stop(wait=5.0)
         if self._blas is not None:
             self._blas.restore_original_limits()
             self._blas = None
 
+    def _stop(self, wait: float) -> None:
+        """Ask every worker to end, kill those still running after ``wait`` seconds."""
+        for _, conn in self._workers:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+            conn.close()
+        deadline = time.monotonic() + wait
+        for proc, _ in self._workers:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(1.0)
+        self._workers = []
+
     def pids(self) -> list[int]:
         """Process ids of the running workers."""
-        if self._executor is None:
-            return []
-        return [p.pid for p in self._executor._processes.values() if p.pid is not None]
+        return [p.pid for p, _ in self._workers if p.pid is not None]
 
-    def _pool(self) -> ProcessPoolExecutor:
-        if self._executor is None:
-            if multiprocessing.current_process().daemon:
-                raise RuntimeError(
-                    f"workers={self.processes} cannot start processes from a daemonic process "
-                    "(such as a multiprocessing.Pool worker); use workers=None there"
-                )
-            if self._blas is None:
-                # else this process's BLAS helper threads spin on the workers' cores
-                from threadpoolctl import ThreadpoolController
-
-                self._blas = ThreadpoolController().select(user_api="blas").limit(limits=1)
-            self._executor = ProcessPoolExecutor(
-                max_workers=self.processes - 1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_start_worker,
+    def _start(self) -> list[tuple[BaseProcess, Connection]]:
+        if self._workers:
+            return self._workers
+        if multiprocessing.current_process().daemon:
+            raise RuntimeError(
+                f"workers={self.processes} cannot start processes from a daemonic process "
+                "(such as a multiprocessing.Pool worker); use workers=None there"
             )
-        return self._executor
+        if self._blas is None:  # else this process's BLAS helper threads spin on the workers' cores
+            from threadpoolctl import ThreadpoolController
 
-    def _run(self, first: Any, submit: list[tuple[Any, ...]]) -> list[Any]:
-        """``submit``'s calls on the workers while ``first()`` runs here; the results in
-        order, first's first. A lost worker raises one :class:`WorkerDied` (after every
-        shard has finished or failed); the pool is then replaced at the next call."""
-        if not submit:
+            self._blas = ThreadpoolController().select(user_api="blas").limit(limits=1)
+        spawn = multiprocessing.get_context("spawn")
+        for _ in range(self.processes - 1):
+            here, there = spawn.Pipe()
+            proc = spawn.Process(target=_serve, args=(there,), daemon=True)
+            proc.start()
+            there.close()  # the worker's end lives in the worker only: its death is our EOF
+            self._workers.append((proc, here))
+        return self._workers
+
+    def _run(self, first: Callable[[], Any], calls: list[tuple[Any, ...]]) -> list[Any]:
+        """``calls`` on the workers while ``first()`` runs here; the results in order,
+        first's first. A worker's error is raised here once every shard is back; a lost
+        worker raises one :class:`WorkerDied` at once (its pool stopped, the next call
+        starts new workers); nothing waits on a dead worker."""
+        if not calls:
             return [first()]
-        pool = self._pool()
+        workers = self._start()[: len(calls)]
         try:
-            futures: list[Future[Any]] = [pool.submit(*call) for call in submit]
-        except BrokenProcessPool as exc:
-            self._broken()
-            raise WorkerDied(f"a microgpt_xp worker process died: {exc}") from None
+            for (_, conn), call in zip(workers, calls, strict=True):
+                conn.send(call)
+        except OSError:  # a worker that is gone
+            self._died()
         try:
             here = first()
-        finally:
-            for f in futures:
-                f.exception()  # wait for every shard before raising any error
+        except BaseException:
+            self._stop(wait=0.0)  # Ctrl-C, or an error here: the workers' replies are not awaited
+            raise
+        results: dict[int, tuple[bool, Any]] = {}
         try:
-            return [here, *(f.result() for f in futures)]
-        except BrokenProcessPool as exc:
-            self._broken()
-            raise WorkerDied(
-                f"a microgpt_xp worker process died during the step ({exc}); "
-                "the step's result is lost, the next step starts new workers"
-            ) from None
+            while len(results) < len(workers):
+                waiting = {i: w for i, w in enumerate(workers) if i not in results}
+                ready = multiprocessing.connection.wait(
+                    [x for p, c in waiting.values() for x in (c, p.sentinel)]
+                )
+                for i, (proc, conn) in waiting.items():
+                    if conn in ready or proc.sentinel in ready:
+                        results[i] = conn.recv()  # EOFError once the worker is gone
+        except (OSError, EOFError):
+            self._died()
+        except BaseException:
+            self._stop(wait=0.0)
+            raise
+        for ok, value in (results[i] for i in range(len(workers))):
+            if not ok:
+                raise value
+        return [here, *(results[i][1] for i in range(len(workers)))]
 
-    def _broken(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+    def _died(self) -> NoReturn:
+        codes = [p.exitcode for p, _ in self._workers]
+        self._stop(wait=0.0)
+        if _NO_GUARD in codes:
+            raise RuntimeError(
+                "the worker processes re-ran the script that starts them: put the code that "
+                'calls microgpt_xp under `if __name__ == "__main__":` (see Python\'s '
+                "multiprocessing docs, 'Safe importing of main module')"
+            ) from None
+        died = ", ".join(str(c) for c in codes if c is not None)
+        raise WorkerDied(
+            f"a microgpt_xp worker process died during the step (exit code {died or '?'}); "
+            "the step's result is lost, the next step starts new workers"
+        ) from None
 
     def map(
         self, fn: Callable[..., R], params: Params, rows: Sequence[np.ndarray], *args: Any
