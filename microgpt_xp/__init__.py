@@ -6,18 +6,71 @@ with ``backend=`` where arrays are created (``init_params``, ``train``) or by pa
 arrays of that type.
 """
 
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
 from ._version import __version__
-from ._xp import BACKENDS
-from .checkpoint import Checkpoint, CheckpointError, load, save
-from .config import GPTConfig
-from .data import DataError, Tokenizer, default_docs, read_docs
-from .exact import run_exact, sample_exact
-from .export import export_onnx
-from .model import KVCache, decode_step, forward, loss_and_grads, score, train_step
-from .optim import Adam, AdamConfig, AdamState, adam_init, adam_update
-from .params import Params, init_params
-from .sample import iter_samples, sample
-from .train import ResumeError, TrainingError, TrainResult, train
+
+TYPE_CHECKING = False  # typing is not imported: the package loads in a few milliseconds
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ._xp import BACKENDS
+    from .checkpoint import Checkpoint, CheckpointError, load, save
+    from .config import GPTConfig
+    from .data import DataError, Tokenizer, default_docs, read_docs
+    from .exact import run_exact, sample_exact
+    from .export import export_onnx
+    from .model import KVCache, decode_step, forward, loss_and_grads, score, train_step
+    from .optim import Adam, AdamConfig, AdamState, adam_init, adam_update
+    from .params import Params, init_params
+    from .sample import iter_samples, sample
+    from .train import ResumeError, TrainingError, TrainResult, train
+
+#: Where each public name lives: loaded on first use (PEP 562), so that importing the
+#: package (the command's start) is quick and Ctrl-C then is the command's own line.
+_HOME = {
+    "BACKENDS": "_xp",
+    **dict.fromkeys(("Checkpoint", "CheckpointError", "load", "save"), "checkpoint"),
+    "GPTConfig": "config",
+    **dict.fromkeys(("DataError", "Tokenizer", "default_docs", "read_docs"), "data"),
+    **dict.fromkeys(("run_exact", "sample_exact"), "exact"),
+    "export_onnx": "export",
+    **dict.fromkeys(
+        ("KVCache", "decode_step", "forward", "loss_and_grads", "score", "train_step"), "model"
+    ),
+    **dict.fromkeys(("Adam", "AdamConfig", "AdamState", "adam_init", "adam_update"), "optim"),
+    **dict.fromkeys(("Params", "init_params"), "params"),
+    **dict.fromkeys(("iter_samples", "sample"), "sample"),
+    **dict.fromkeys(("ResumeError", "TrainingError", "TrainResult", "train"), "train"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """The package, whose ``sample`` and ``train`` stay the functions when their modules load."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("sample", "train") and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "BACKENDS",
