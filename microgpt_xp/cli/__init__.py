@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from typing import Any
 
-PROG = "microgpt-xp"
-
 __all__ = ["build_parser", "main"]
 
 
@@ -36,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parsed arguments carry its ``handler``."""
     from . import eval as evaluate
     from . import export, replay, sample, train
-    from ._common import Formatter, Parser
+    from ._common import PROG, Formatter, Parser
 
     parser = Parser(prog=PROG, description=__doc__, formatter_class=Formatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -100,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return _main(list(sys.argv[1:] if argv is None else argv), _common)
     except KeyboardInterrupt:
-        sys.stderr.write(f"{PROG}: error: interrupted\n")
+        sys.stderr.write("microgpt-xp: error: interrupted\n")  # _common.error, unloaded
         return 130
 
 

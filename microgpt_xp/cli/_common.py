@@ -16,7 +16,8 @@ from typing import Any, NoReturn, TypeAlias
 
 from .._xp import BACKENDS, DTYPES
 from ..sample import DEFAULT_BATCH_SIZE
-from . import PROG as PROG
+
+PROG = "microgpt-xp"
 
 SPEC_SHAPE = {"n_layer": 1, "n_embd": 16, "n_head": 4, "block_size": 16}  # the defaults
 
