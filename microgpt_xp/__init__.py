@@ -33,19 +33,21 @@ if TYPE_CHECKING:
 #: Where each public name lives: loaded on first use (PEP 562), so that importing the
 #: package (the command's start) is quick and Ctrl-C then is the command's own line.
 _HOME = {
-    "BACKENDS": "_xp",
-    **dict.fromkeys(("Checkpoint", "CheckpointError", "load", "save"), "checkpoint"),
-    "GPTConfig": "config",
-    **dict.fromkeys(("DataError", "Tokenizer", "default_docs", "read_docs"), "data"),
-    **dict.fromkeys(("run_exact", "sample_exact"), "exact"),
-    "export_onnx": "export",
-    **dict.fromkeys(
-        ("KVCache", "decode_step", "forward", "loss_and_grads", "score", "train_step"), "model"
-    ),
-    **dict.fromkeys(("Adam", "AdamConfig", "AdamState", "adam_init", "adam_update"), "optim"),
-    **dict.fromkeys(("Params", "init_params"), "params"),
-    **dict.fromkeys(("iter_samples", "sample"), "sample"),
-    **dict.fromkeys(("ResumeError", "TrainingError", "TrainResult", "train"), "train"),
+    name: module
+    for module, names in {
+        "_xp": "BACKENDS",
+        "checkpoint": "Checkpoint CheckpointError load save",
+        "config": "GPTConfig",
+        "data": "DataError Tokenizer default_docs read_docs",
+        "exact": "run_exact sample_exact",
+        "export": "export_onnx",
+        "model": "KVCache decode_step forward loss_and_grads score train_step",
+        "optim": "Adam AdamConfig AdamState adam_init adam_update",
+        "params": "Params init_params",
+        "sample": "iter_samples sample",
+        "train": "ResumeError TrainingError TrainResult train",
+    }.items()
+    for name in names.split()
 }
 
 
@@ -72,38 +74,12 @@ class _Package(types.ModuleType):
 
 sys.modules[__name__].__class__ = _Package
 
+# fmt: off
 __all__ = [
-    "BACKENDS",
-    "Adam",
-    "AdamConfig",
-    "AdamState",
-    "Checkpoint",
-    "CheckpointError",
-    "DataError",
-    "GPTConfig",
-    "KVCache",
-    "Params",
-    "ResumeError",
-    "Tokenizer",
-    "TrainResult",
-    "TrainingError",
-    "__version__",
-    "adam_init",
-    "adam_update",
-    "decode_step",
-    "default_docs",
-    "export_onnx",
-    "forward",
-    "init_params",
-    "iter_samples",
-    "load",
-    "loss_and_grads",
-    "read_docs",
-    "run_exact",
-    "sample",
-    "sample_exact",
-    "save",
-    "score",
-    "train",
-    "train_step",
+    "BACKENDS", "Adam", "AdamConfig", "AdamState", "Checkpoint", "CheckpointError", "DataError",
+    "GPTConfig", "KVCache", "Params", "ResumeError", "Tokenizer", "TrainResult", "TrainingError",
+    "__version__", "adam_init", "adam_update", "decode_step", "default_docs", "export_onnx",
+    "forward", "init_params", "iter_samples", "load", "loss_and_grads", "read_docs", "run_exact",
+    "sample", "sample_exact", "save", "score", "train", "train_step",
 ]
+# fmt: on
