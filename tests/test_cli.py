@@ -1428,3 +1428,27 @@ def test_ctrl_c_during_start_up_is_one_line_and_130(checkpoint: Path, delay: flo
         return
     assert child.returncode == 130
     assert_one_error_line(err, "interrupted")
+
+
+@needs_distributed
+def test_ctrl_c_under_dask_local_is_one_line(tmp_path: Path, checkpoint: Path) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run under
+    --scheduler local: the workers stay quiet, the command prints its one line."""
+    corpus = tmp_path / "big.txt"
+    corpus.write_text("\n".join(NAMES * 12000) + "\n")
+    argv = ["eval", "--checkpoint", checkpoint, "--data", corpus, "--backend", "dask"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "microgpt_xp", *map(str, argv), "--scheduler", "local",
+         "--chunk-size", "500"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        time.sleep(8)
+        os.killpg(child.pid, signal.SIGINT)
+        _, err = child.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    if child.returncode != 0:  # 0: done before the signal came
+        assert child.returncode == 130, err
+        assert_one_error_line(err, "interrupted")

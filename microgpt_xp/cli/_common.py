@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn, TypeAlias
@@ -480,11 +481,19 @@ def dask_client(args: argparse.Namespace) -> Iterator[None]:
         return
     from .. import cluster
 
-    with (
-        quiet_dask(args.verbose),
-        cluster.connect(args.scheduler) as client,
-        cluster.computing(client),
-    ):
+    with quiet_dask(args.verbose), contextlib.ExitStack() as stack:
+        # the processes a local cluster spawns inherit SIGINT ignored: Ctrl-C is this
+        # command's to handle. Blocked meanwhile, a Ctrl-C here is kept for after.
+        handler = signal.getsignal(signal.SIGINT)
+        mask = getattr(signal, "pthread_sigmask", lambda *_: None)  # none on Windows
+        mask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            client = stack.enter_context(cluster.connect(args.scheduler))
+        finally:
+            signal.signal(signal.SIGINT, handler)
+            mask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        stack.enter_context(cluster.computing(client))
         yield
 
 
