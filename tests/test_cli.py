@@ -811,6 +811,12 @@ needs_distributed = pytest.mark.skipif(not HAS_DISTRIBUTED, reason="needs dask.d
         (["train", "--newlines"], 2, "--microgpt-exact"),
         (["train", "--chunk-size", "2"], 1, "--chunk-size is the rows of a Dask task: it needs --backend dask"),
         (["train", "--workers", "0"], 2, "--workers"),
+        (["train", "--workers", "100000"], 2, "--workers: 100000 processes: at most"),
+        (["train", "--n-embd", str(10**20)], 2, f"--n-embd {10**20}: a model of"),
+        (["train", "--n-layer", str(10**11)], 2, "--n-layer 100000000000: a model of"),
+        (["train", "--block-size", str(10**13)], 2, "--block-size 10000000000000: a model of"),
+        (["replay", "--n-embd", str(10**20)], 2, "GiB (weights, gradients"),
+        (["train", "--eval-every", "5"], 2, "--eval-every scores held-out documents"),
         (["train", "--threads", "0"], 2, "--threads"),
         (["sample", "--checkpoint", "{ckpt}", "--threads", "many"], 2, "--threads"),
         (["export", "--checkpoint", "{ckpt}", "--out", "{tmp}/w.json", "--graph", "decode"], 2,
@@ -1354,3 +1360,95 @@ def test_a_closed_stdout_at_start_is_an_error(tmp_path: Path, checkpoint: Path) 
     )
     assert closed.returncode == 1
     assert_one_error_line(closed.stderr, "stdout is closed")
+
+
+@needs_distributed
+@pytest.mark.parametrize(
+    ("data", "status", "verbose"), [("ok", 0, False), ("unknown_char", 1, False), ("ok", 0, True)]
+)
+def test_dask_local_prints_only_the_commands_lines(
+    bad_files: dict[str, Path],
+    data_file: Path,
+    checkpoint: Path,
+    data: str,
+    status: int,
+    verbose: bool,
+) -> None:
+    """Under --scheduler local, distributed's logs (of this process and its workers) and
+    the large-graph warning are silenced unless --verbose/MICROGPT_XP_VERBOSE."""
+    path = data_file if data == "ok" else bad_files[data]
+    code = (
+        "import sys, warnings\nfrom microgpt_xp.cli import _common, main\n"
+        "q = _common.quiet_dask\n"
+        "def loud(verbose=False):\n"
+        "    import contextlib\n"
+        "    @contextlib.contextmanager\n"
+        "    def block():\n"
+        "        with q(verbose):\n"
+        "            warnings.warn('Sending large graph of size 20 MiB', UserWarning)\n"
+        "            import logging; logging.getLogger('distributed.client').warning('LOUD')\n"
+        "            yield\n"
+        "    return block()\n"
+        "_common.quiet_dask = loud\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    argv = ["eval", "--checkpoint", checkpoint, "--data", path, "--backend", "dask"]
+    env = {**os.environ, "MICROGPT_XP_VERBOSE": "1" if verbose else "0"}
+    result = subprocess.run(
+        [sys.executable, "-c", code, *map(str, argv), "--scheduler", "local", "--chunk-size", "4"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert result.returncode == status, result.stderr
+    if verbose:
+        assert "LOUD" in result.stderr and "large graph" in result.stderr
+        return
+    if status:
+        assert_one_error_line(result.stderr, "not in the tokenizer")
+    else:
+        assert all(line.startswith("microgpt-xp: ") for line in result.stderr.splitlines())
+        assert "mean loss" in result.stdout
+
+
+@pytest.mark.parametrize("delay", [0.02, 0.1, 0.3, 0.6])
+def test_ctrl_c_during_start_up_is_one_line_and_130(checkpoint: Path, delay: float) -> None:
+    """SIGINT while the command imports (as the console script does) or starts eval."""
+    code = "import sys\nprint(flush=True)\nfrom microgpt_xp.cli import main\nsys.exit(main())\n"
+    argv = ["eval", "--checkpoint", str(checkpoint), "--backend", "numpy"]
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline() == "\n"  # Python has started
+    time.sleep(delay)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    if child.returncode == 0:  # done before the signal came: nothing to check
+        return
+    assert child.returncode == 130
+    assert_one_error_line(err, "interrupted")
+
+
+@needs_distributed
+def test_ctrl_c_under_dask_local_is_one_line(tmp_path: Path, checkpoint: Path) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run under
+    --scheduler local: the workers stay quiet, the command prints its one line."""
+    corpus = tmp_path / "big.txt"
+    corpus.write_text("\n".join(NAMES * 12000) + "\n")
+    argv = ["eval", "--checkpoint", checkpoint, "--data", corpus, "--backend", "dask"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "microgpt_xp", *map(str, argv), "--scheduler", "local",
+         "--chunk-size", "500"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        time.sleep(8)
+        os.killpg(child.pid, signal.SIGINT)
+        _, err = child.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    if child.returncode != 0:  # 0: done before the signal came
+        assert child.returncode == 130, err
+        assert_one_error_line(err, "interrupted")

@@ -7,22 +7,24 @@ one "microgpt-xp: error: ..." line to stderr and exits with 2 (usage errors) or 
 (everything else); Ctrl-C exits with 130, SIGTERM with 143 and SIGHUP with 129 (train
 says how to resume). A reader of stdout that goes away (`sample | head`) ends the
 command quietly with 0. Set MICROGPT_XP_TRACEBACK=1 to see the full traceback of such
-an error instead.
+an error instead, and MICROGPT_XP_VERBOSE=1 (or --verbose) to see dask.distributed's logs
+and warnings, silenced during a --scheduler run.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
 
-from .. import __version__
-from . import eval as evaluate
-from . import export, replay, sample, train
-from ._common import PROG, Formatter, Parser, UsageError, error, in_option_words
+from .._version import __version__
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterator, Sequence
+    from typing import Any
 
 __all__ = ["build_parser", "main"]
 
@@ -30,6 +32,10 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``microgpt-xp``: one module of this package per subcommand, whose
     parsed arguments carry its ``handler``."""
+    from . import eval as evaluate
+    from . import export, replay, sample, train
+    from ._common import PROG, Formatter, Parser
+
     parser = Parser(prog=PROG, description=__doc__, formatter_class=Formatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -87,7 +93,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``microgpt-xp`` console script (``argv`` defaults to
     ``sys.argv[1:]``); returns the exit status: 2 for usage errors, 1 for other user
     errors, each after one ``microgpt-xp: error:`` line."""
-    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:  # the modules every command needs: Ctrl-C while they load is the same one line
+        from . import _common
+
+        return _main(list(sys.argv[1:] if argv is None else argv), _common)
+    except KeyboardInterrupt:
+        sys.stderr.write("microgpt-xp: error: interrupted\n")  # _common.error, unloaded
+        return 130
+
+
+def _main(arguments: list[str], cli: Any) -> int:
+    error, UsageError = cli.error, cli.UsageError
     if sys.stdout is None:  # started with stdout closed (`>&-`): what it prints is lost
         error("stdout is closed: redirect it (e.g. >/dev/null) to run without output")
         return 1
@@ -116,11 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemoryError as exc:
         if os.environ.get("MICROGPT_XP_TRACEBACK"):
             raise
-        detail = f" ({in_option_words(exc)})" if str(exc) else ""
+        detail = f" ({cli.in_option_words(exc)})" if str(exc) else ""
         error(f"out of memory{detail}; a smaller --batch-size (or --chunk-size) needs less")
         return 1
     except _user_errors() as exc:
         if os.environ.get("MICROGPT_XP_TRACEBACK"):
             raise
-        error(in_option_words(exc))
+        error(cli.in_option_words(exc))
         return 1

@@ -9,6 +9,8 @@ import contextlib
 import json
 import logging
 import math
+import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn, TypeAlias
@@ -17,6 +19,7 @@ from .._xp import BACKENDS, DTYPES
 from ..sample import DEFAULT_BATCH_SIZE
 
 PROG = "microgpt-xp"
+
 SPEC_SHAPE = {"n_layer": 1, "n_embd": 16, "n_head": 4, "block_size": 16}  # the defaults
 
 
@@ -76,6 +79,18 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def worker_count(text: str) -> int:
+    """``--workers``: a positive count, at most 4 processes a core this process may use."""
+    from ..resources import usable_cpus
+
+    value, most = positive_int(text), 4 * usable_cpus()
+    if value > most:
+        raise argparse.ArgumentTypeError(
+            f"{value} processes: at most {most} (4 for each of the {most // 4} usable cores)"
+        )
     return value
 
 
@@ -172,8 +187,9 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     ),
     "workers": opt(
         "N processes (not threads) share each batch by rows: this one and N-1 workers it "
-        "spawns (default: this process alone)",
-        type=positive_int,
+        "spawns, at most 4 a core (default: this process alone)",
+        type=worker_count,
+        metavar="N",
     ),
     "threads": opt(
         "BLAS threads of this process, at most its cores; 'auto' leaves out the cores other "
@@ -190,6 +206,10 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         "a dask.distributed scheduler to compute on (tcp://host:8786, a scheduler file, or "
         "'local' for a local cluster); needs --backend dask (default: Dask's threads here)",
         metavar="ADDRESS",
+    ),
+    "verbose": flag(
+        "with --scheduler: show dask.distributed's logs and warnings, silenced by default "
+        "(also: MICROGPT_XP_VERBOSE=1)"
     ),
     "n_layer": opt("transformer blocks (default: 1)", type=positive_int),
     "n_embd": opt("residual channels, a multiple of --n-head (default: 16)", type=positive_int),
@@ -254,9 +274,12 @@ def keywords(args: argparse.Namespace, names: str) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names.split()}
 
 
-def shape_of(args: argparse.Namespace, block_size: int | None = None) -> dict[str, int]:
+def shape_of(
+    args: argparse.Namespace, block_size: int | None = None, vocab: int = 2
+) -> dict[str, int]:
     """The shape the options give (the spec's where not given, ``block_size`` first),
-    refused in the options' words when ``--n-embd`` is not a multiple of ``--n-head``."""
+    refused in the options' words when ``--n-embd`` is not a multiple of ``--n-head`` or
+    when the weights, their gradients and Adam's two moments would not fit in memory."""
     shape = {k: getattr(args, k) or SPEC_SHAPE[k] for k in SPEC_SHAPE}
     if args.block_size is None and block_size is not None:
         shape["block_size"] = block_size
@@ -265,6 +288,17 @@ def shape_of(args: argparse.Namespace, block_size: int | None = None) -> dict[st
             f"--n-embd {shape['n_embd']} is not a multiple of --n-head {shape['n_head']} "
             "(each head takes n_embd / n_head channels)"
         )
+    c = shape["n_embd"]
+    weights = 2 * vocab * c + shape["block_size"] * c + shape["n_layer"] * 12 * c * c
+    need = 4 * weights * (4 if getattr(args, "dtype", "float64") == "float32" else 8)
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # no sysconf: not checked
+        if need > (memory := os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")):
+            given = ", ".join(f"{OPTIONS[k]} {getattr(args, k)}" for k in shape if getattr(args, k))
+            raise UsageError(
+                f"{given or '--block-size ' + str(shape['block_size'])}: a model of {weights} "
+                f"weights needs {need / 2**30:.3g} GiB (weights, gradients, Adam's moments), "
+                f"more than this machine's {memory / 2**30:.3g} GiB: give a smaller shape"
+            )
     return shape
 
 
@@ -398,23 +432,69 @@ def plot_losses(path: str, losses: Sequence[float], first: int, title: str, val:
 
 
 # -- work -----------------------------------------------------------------------------------
+VERBOSE = "MICROGPT_XP_VERBOSE"  # set (not 0): distributed's logs as --verbose shows them
+
+
 @contextlib.contextmanager
-def dask_client(address: str | None) -> Iterator[None]:
-    """Compute on the dask.distributed scheduler at ``address`` inside the block (nothing
-    for ``None``); a lost scheduler is one ``ClusterError``, without distributed's log."""
-    if address is None:
+def quiet_dask(verbose: bool = False) -> Iterator[None]:
+    """Silence dask.distributed inside the block (its loggers, those of the workers it
+    starts, asyncio's unretrieved task errors, the large-graph warning), unless ``verbose``
+    or $MICROGPT_XP_VERBOSE: the command's own lines are the only ones; restored after."""
+    if verbose or os.environ.get(VERBOSE, "0") not in ("", "0"):
+        yield
+        return
+    import gc
+    import warnings
+
+    import distributed  # noqa: F401  (its loggers exist once it is imported)
+
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("distributed.")]
+    loggers = [logging.getLogger(n) for n in ("distributed", "asyncio", *names)]
+    saved = [(log, log.level, log.disabled) for log in loggers]
+    env = os.environ.get("DASK_LOGGING__DISTRIBUTED")
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = "critical"  # the workers it spawns
+    for log in loggers:
+        log.setLevel(logging.CRITICAL + 1)
+        log.disabled = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "(?i).*large graph", UserWarning)
+            yield
+            gc.collect()  # tasks dropped by the run report here, still silenced
+    finally:
+        gc.collect()
+        for log, level, disabled in saved:
+            log.setLevel(level)
+            log.disabled = disabled
+        if env is None:
+            os.environ.pop("DASK_LOGGING__DISTRIBUTED", None)
+        else:
+            os.environ["DASK_LOGGING__DISTRIBUTED"] = env
+
+
+@contextlib.contextmanager
+def dask_client(args: argparse.Namespace) -> Iterator[None]:
+    """Compute on the dask.distributed scheduler at ``--scheduler`` inside the block
+    (nothing without one), quietly (:func:`quiet_dask`)."""
+    if args.scheduler is None:
         yield
         return
     from .. import cluster
 
-    client_log = logging.getLogger("distributed.client")  # its reconnection attempts
-    level = client_log.level
-    client_log.setLevel(logging.CRITICAL)
-    try:
-        with cluster.connect(address) as client, cluster.computing(client):
-            yield
-    finally:
-        client_log.setLevel(level)
+    with quiet_dask(args.verbose), contextlib.ExitStack() as stack:
+        # the processes a local cluster spawns inherit SIGINT ignored: Ctrl-C is this
+        # command's to handle. Blocked meanwhile, a Ctrl-C here is kept for after.
+        handler = signal.getsignal(signal.SIGINT)
+        mask = getattr(signal, "pthread_sigmask", lambda *_: None)  # none on Windows
+        mask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            client = stack.enter_context(cluster.connect(args.scheduler))
+        finally:
+            signal.signal(signal.SIGINT, handler)
+            mask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        stack.enter_context(cluster.computing(client))
+        yield
 
 
 def read_docs(path: str | None) -> list[str]:

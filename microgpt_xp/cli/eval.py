@@ -20,7 +20,10 @@ def add_parser(sub: cli.Subcommands) -> None:
         "A document longer than the checkpoint's block size reads whole is scored on its\n"
         "first block-size characters (a note says how many are).",
     )
-    cli.add(e, "checkpoint data backend device threads jit chunk_size/eval memory_budget scheduler")
+    cli.add(
+        e,
+        "checkpoint data backend device threads jit chunk_size/eval memory_budget scheduler verbose",
+    )
     cli.add(e, "json")
     e.set_defaults(handler=run)
 
@@ -33,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runners import pick
     from ..scoring import score_docs
 
-    with cli.dask_client(args.scheduler):  # connect first: an unreachable scheduler fails now
+    with cli.dask_client(args):  # connect first: an unreachable scheduler fails now
         ck = cli.load_checkpoint(args, args.backend, args.device)
         budget = args.memory_budget * 10**6
         dtype = _xp.dtype_name(ck.params.wte)

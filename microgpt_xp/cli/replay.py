@@ -60,13 +60,13 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint is not None and Path(args.checkpoint).exists() and not args.overwrite:
         raise FileExistsError(f"checkpoint {args.checkpoint!r} exists: replace it with --overwrite")
     cli.check_common(args)
+    shape: dict[str, Any] = cli.shape_of(args)
     docs = cli.read_docs(args.data)
     if args.data is None:
         cli.note(
             f"no --data: using the embedded corpus ({len(docs)} names); the original microgpt "
             "trained on makemore's names.txt"
         )
-    shape: dict[str, Any] = cli.shape_of(args)
     size = shape["block_size"]
     what = (
         f"the original's block size {size}" if args.block_size is None else f"--block-size {size}"

@@ -36,7 +36,8 @@ def add_parser(sub: cli.Subcommands) -> None:
         t, "eval_every seed checkpoint/save checkpoint_every resume overwrite chunk_size workers"
     )
     cli.add(
-        t, "threads jit scheduler n_layer n_embd n_head block_size plot num_samples temperature"
+        t,
+        "threads jit scheduler verbose n_layer n_embd n_head block_size plot num_samples temperature",
     )
     cli.add(t, "json microgpt_exact newlines")
     t.set_defaults(handler=run)
@@ -56,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if (args.resume or args.overwrite or args.checkpoint_every) and args.checkpoint is None:
         raise cli.UsageError("--resume, --overwrite and --checkpoint-every need --checkpoint PATH")
+    if args.eval_every is not None and args.val_data is None and args.val_fraction is None:
+        raise cli.UsageError(
+            "--eval-every scores held-out documents: give --val-data or --val-fraction"
+        )
     cli.check_common(args)
     from .._xp import entry
 
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             f"checkpoint {args.checkpoint!r} exists: continue its run with --resume or "
             "replace it with --overwrite"
         )
-    with cli.dask_client(args.scheduler):
+    with cli.dask_client(args):
         return _train(args, exists and args.resume)
 
 
@@ -102,7 +107,8 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         config = _resumed_config(args, load(args.checkpoint), tokenizer)
     else:
         config = GPTConfig(
-            tokenizer.vocab_size, **cli.shape_of(args, default_block_size(every_doc))
+            tokenizer.vocab_size,
+            **cli.shape_of(args, default_block_size(every_doc), tokenizer.vocab_size),
         )
     if len(docs) < args.batch_size:
         raise ValueError(
