@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -214,7 +215,7 @@ def computing(client: Any = None) -> Iterator[None]:
 
 #: The environment variable through which worker processes started during :func:`quiet`
 #: (a ``LocalCluster``'s) read the level of their ``distributed`` logger.
-_WORKER_LOG_LEVEL = "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"
+_WORKER_LOG_LEVEL = "DASK_LOGGING__DISTRIBUTED"  # dask config logging.distributed
 
 
 @contextmanager
@@ -229,18 +230,22 @@ def quiet() -> Iterator[None]:
     names = ("distributed", "tornado", "asyncio", "bokeh")
     known = [*logging.root.manager.loggerDict, *names]
     loggers = {logging.getLogger(n) for n in known if n.split(".")[0] in names}
-    levels = {logger: logger.level for logger in loggers}
+    saved = {logger: (logger.level, logger.disabled) for logger in loggers}
     env = os.environ.get(_WORKER_LOG_LEVEL)
     os.environ[_WORKER_LOG_LEVEL] = "critical"
     try:
         for logger in loggers:
-            logger.setLevel(logging.CRITICAL)
+            logger.setLevel(logging.CRITICAL + 1)
+            logger.disabled = True
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Sending large graph")
+            warnings.filterwarnings("ignore", message="(?i).*large graph")
             yield
+            gc.collect()  # tasks the run dropped report here, while still silenced
     finally:
-        for logger, level in levels.items():
+        gc.collect()
+        for logger, (level, disabled) in saved.items():
             logger.setLevel(level)
+            logger.disabled = disabled
         if env is None:
             os.environ.pop(_WORKER_LOG_LEVEL, None)
         else:

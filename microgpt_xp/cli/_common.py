@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import math
 import os
 import signal
@@ -437,39 +436,15 @@ VERBOSE = "MICROGPT_XP_VERBOSE"  # set (not 0): distributed's logs as --verbose 
 
 @contextlib.contextmanager
 def quiet_dask(verbose: bool = False) -> Iterator[None]:
-    """Silence dask.distributed inside the block (its loggers, those of the workers it
-    starts, asyncio's unretrieved task errors, the large-graph warning), unless ``verbose``
-    or $MICROGPT_XP_VERBOSE: the command's own lines are the only ones; restored after."""
+    """:func:`microgpt_xp.cluster.quiet` inside the block, unless ``verbose`` or
+    $MICROGPT_XP_VERBOSE: the command's own lines are the only ones."""
     if verbose or os.environ.get(VERBOSE, "0") not in ("", "0"):
         yield
         return
-    import gc
-    import warnings
+    from ..cluster import quiet
 
-    import distributed  # noqa: F401  (its loggers exist once it is imported)
-
-    names = [n for n in logging.root.manager.loggerDict if n.startswith("distributed.")]
-    loggers = [logging.getLogger(n) for n in ("distributed", "asyncio", *names)]
-    saved = [(log, log.level, log.disabled) for log in loggers]
-    env = os.environ.get("DASK_LOGGING__DISTRIBUTED")
-    os.environ["DASK_LOGGING__DISTRIBUTED"] = "critical"  # the workers it spawns
-    for log in loggers:
-        log.setLevel(logging.CRITICAL + 1)
-        log.disabled = True
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "(?i).*large graph", UserWarning)
-            yield
-            gc.collect()  # tasks dropped by the run report here, still silenced
-    finally:
-        gc.collect()
-        for log, level, disabled in saved:
-            log.setLevel(level)
-            log.disabled = disabled
-        if env is None:
-            os.environ.pop("DASK_LOGGING__DISTRIBUTED", None)
-        else:
-            os.environ["DASK_LOGGING__DISTRIBUTED"] = env
+    with quiet():
+        yield
 
 
 @contextlib.contextmanager
