@@ -1,8 +1,5 @@
-"""Namespaces, devices and host transfers, through the table of backends
-(:data:`microgpt_xp._backends.BACKENDS`): the names a user types become a namespace and a
-device; host data moves onto a backend and back; and the few questions the standard
-cannot answer (is this array lazy, which backend is it) get answered.
-"""
+"""Namespaces, devices and host transfers through the table of backends
+(:data:`microgpt_xp._backends.BACKENDS`), and the questions the standard cannot answer."""
 
 from __future__ import annotations
 
@@ -24,18 +21,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Backend names accepted by ``backend=`` arguments and the ``--backend`` option.
 BACKENDS: tuple[str, ...] = tuple(TABLE)
-
 #: The floating dtypes the model supports.
 DTYPES: tuple[str, ...] = ("float32", "float64")
-#: The entries of namespaces outside the table that have been met, by name.
-_FOREIGN: dict[str, Backend] = {}
+#: The most a count that becomes a native int (a shape, a thread count) may be.
+NATIVE_INT_MAX = 2**31 - 1
+_FOREIGN: dict[str, Backend] = {}  # entries of namespaces outside the table, by name
 
 
 def check_backend(backend: Any) -> str:
-    """The name of a backend given by name (``"numpy"``, ...) or as an Array API namespace
-    (a module, or an object as ``array_api_compat.array_namespace`` returns); a namespace
-    outside the table gets a generic entry named by its ``__name__``. ``ValueError`` for
-    an unknown name, ``TypeError`` for anything else."""
+    """The name of a backend given by name or as an Array API namespace (one outside the
+    table gets a generic entry named by its ``__name__``); ``ValueError`` for an unknown
+    name, ``TypeError`` for anything else."""
     if isinstance(backend, str):
         if backend in TABLE or backend in _FOREIGN:
             return backend
@@ -91,14 +87,12 @@ def namespace(backend: Any) -> Any:
     """The Array API namespace of a backend name or namespace, imported on first use
     (``ImportError`` saying what to install when it is missing)."""
     name = check_backend(backend)
-    if name in _FOREIGN:
-        return _FOREIGN[name].namespace_object
-    return _table_namespace(name)
+    return _FOREIGN[name].namespace_object if name in _FOREIGN else _table_namespace(name)
 
 
 def resolve_device(backend: Any, device: Any = None) -> Any:
-    """A user's device (``None``: the default; a string such as ``"cuda:0"``; an int GPU
-    index; a device object) as the backend's device object (``ValueError`` if unknown)."""
+    """A user's device (``None``: the default; ``"cuda:0"``; a GPU index; a device object)
+    as the backend's device object (``ValueError`` if unknown)."""
     namespace(backend)  # a missing backend is an ImportError, not an unknown device
     return entry(backend).parse_device(device)
 
@@ -117,11 +111,10 @@ def to_batch(
 ) -> tuple[Any, Any]:
     """A host batch ``(tokens (B, L), lengths (B,))`` on a backend, on chunked ones in
     chunks of ``chunk_size`` rows (default one chunk)."""
-    chunks_t = None if chunk_size is None else (chunk_size, -1)
-    chunks_l = None if chunk_size is None else (chunk_size,)
+    rows = () if chunk_size is None else (chunk_size,)
     return (
-        asarray(tokens, backend, device=device, chunks=chunks_t),
-        asarray(lengths, backend, device=device, chunks=chunks_l),
+        asarray(tokens, backend, device=device, chunks=(*rows, -1) if rows else None),
+        asarray(lengths, backend, device=device, chunks=rows or None),
     )
 
 
@@ -133,10 +126,9 @@ def backend_of(x: Any) -> str:
         if spec.is_array(x):
             return name
     try:
-        xp = array_api_compat.array_namespace(x)
+        return check_backend(array_api_compat.array_namespace(x))
     except TypeError:
         raise TypeError(f"not an array of an Array API library: {type(x).__name__}") from None
-    return check_backend(xp)
 
 
 def dtype_name(x: Any) -> str:
@@ -171,25 +163,24 @@ def read_int(x: Any) -> int | None:
     return read_scalar(x, int)  # type: ignore[no-any-return]
 
 
-def _laziness(x: Any) -> tuple[bool, bool]:
-    """``(lazy, traced)`` of an array; ``(False, False)`` for a number."""
+def _spec_of(x: Any) -> Backend | None:
     try:
-        spec = entry(backend_of(x))
-    except TypeError:
-        return False, False
-    traced = spec.is_traced is not None and spec.is_traced(x)
-    return spec.lazy or traced, traced
+        return entry(backend_of(x))
+    except TypeError:  # a number
+        return None
 
 
 def is_traced(x: Any) -> bool:
     """True for tracers of a compiler (``jax.jit``)."""
-    return _laziness(x)[1]
+    spec = _spec_of(x)
+    return spec is not None and spec.is_traced is not None and spec.is_traced(x)
 
 
 def is_lazy(x: Any) -> bool:
-    """True for arrays of a table backend whose values are not known without a compute
-    (Dask) or at all (tracers); False for eager arrays, numbers and unknown namespaces."""
-    return _laziness(x)[0]
+    """True for arrays of a table backend whose values need a compute (Dask) or are not
+    known at all (tracers); False for eager arrays, numbers and unknown namespaces."""
+    spec = _spec_of(x)
+    return spec is not None and (spec.lazy or is_traced(x))
 
 
 def lazy_value_check(x: Any, check: Any, message: str) -> Any:
@@ -213,18 +204,21 @@ def persist(arrays: list[Any]) -> list[Any]:
     return out
 
 
-def check_positive_int(value: Any, name: str, *, least: int = 1) -> int:
-    """``value`` if it is an ``int`` (not a ``bool``) of at least ``least``, else
+def check_positive_int(value: Any, name: str, *, least: int = 1, most: int | None = None) -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) in ``[least, most]`` (``most``: ``None``
+    for no bound; :data:`NATIVE_INT_MAX` where it becomes a native int), else
     :class:`ArgumentValueError` about ``name``, the argument's name (``"batch_size"``)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         kind = "positive" if least == 1 else "non-negative"
         raise ArgumentValueError(name, f"{name} must be a {kind} int, got {value!r}")
+    if most is not None and value > most:
+        raise ArgumentValueError(name, f"{name} must be at most {most}, got {value}")
     return value
 
 
-def check_nonnegative_int(value: Any, name: str) -> int:
+def check_nonnegative_int(value: Any, name: str, *, most: int | None = None) -> int:
     """:func:`check_positive_int` for an ``int`` of at least 0 (a seed)."""
-    return check_positive_int(value, name, least=0)
+    return check_positive_int(value, name, least=0, most=most)
 
 
 def check_jit(jit: Any) -> bool | None:
@@ -237,9 +231,8 @@ def check_jit(jit: Any) -> bool | None:
 def compiler(backend: str, jit: bool | None) -> Callable[[F], F] | None:
     """``backend``'s compiler (``fn -> compiled fn``) or ``None`` (eager): ``jit=None``
     compiles where there is one, ``False`` never, ``True`` always (else ``ValueError``)."""
-    check_jit(jit)
     spec = entry(backend)
-    if jit is False:
+    if check_jit(jit) is False:
         return None
     if spec.compile is None:
         if jit:
@@ -262,7 +255,9 @@ def compiled(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
     return compile_fn(fn)
 
 
-_NAMESPACES: dict[type, Any] = {}
+@functools.lru_cache(maxsize=64)
+def _is_integral_cached(xp: Any, dtype: Any) -> bool:
+    return bool(xp.isdtype(dtype, "integral"))
 
 
 def is_integral(xp: Any, dtype: Any) -> bool:
@@ -273,20 +268,16 @@ def is_integral(xp: Any, dtype: Any) -> bool:
         return bool(xp.isdtype(dtype, "integral"))
 
 
-@functools.lru_cache(maxsize=64)
-def _is_integral_cached(xp: Any, dtype: Any) -> bool:
-    return bool(xp.isdtype(dtype, "integral"))
+_NAMESPACES: dict[type, Any] = {}
 
 
 def array_namespace(*arrays: Any) -> Any:
     """``array_api_compat.array_namespace``, cached per array type (a dict hit instead of
     ~9 µs on every block) when all arrays share one type."""
     kind = type(arrays[0])
-    for a in arrays[1:]:
-        if type(a) is not kind:
-            return array_api_compat.array_namespace(*arrays)
-    ns = _NAMESPACES.get(kind)
-    if ns is None:
+    if any(type(a) is not kind for a in arrays[1:]):
+        return array_api_compat.array_namespace(*arrays)
+    if (ns := _NAMESPACES.get(kind)) is None:
         numpy = kind is np.ndarray
         ns = namespace("numpy") if numpy else array_api_compat.array_namespace(arrays[0])
         _NAMESPACES[kind] = ns
