@@ -17,13 +17,10 @@ from ._errors import ArgumentValueError
 
 @dataclass(frozen=True)
 class Backend:
-    """One array library: ``name`` (``backend=``, ``--backend``), its ``namespace`` module,
-    how to ``install`` it, its top-level ``package`` (default: the name). ``parse_device``:
-    a user's device as the library's (``ValueError`` if unknown); ``from_host(numpy, device,
-    chunks)``/``to_host(x)`` move data; ``setup`` runs after the first import; ``compile``
-    (``jax.jit``) and ``is_traced``; ``lazy`` and ``persist`` (Dask); chunked backends:
-    ``attach_check(x, check, message)`` and ``chunk_meta(x)`` (an empty array of the chunks'
-    type). ``namespace_object``: a generic entry's namespace."""
+    """One array library: ``name``, ``namespace`` module, ``install`` line, ``package``;
+    ``parse_device``, ``from_host(numpy, device, chunks)``, ``to_host``; ``setup`` after import;
+    ``compile``/``is_traced``; ``lazy``/``persist`` (Dask); chunked: ``attach_check(x, check,
+    message)``, ``chunk_meta(x)`` (an empty chunk); ``namespace_object`` (generic entries)."""
 
     name: str
     namespace: str
@@ -150,10 +147,8 @@ def _jax_setup() -> None:
 
 
 def generic_backend(xp: Any) -> Backend:
-    """The entry of an Array API namespace outside the table (``ndonnx``, or an object such
-    as ``marray.masked_namespace(numpy)``), named by its ``__name__``: data goes there by
-    ``xp.asarray`` and back by DLPack, else ``__array__``; devices are those of
-    ``xp.__array_namespace_info__().devices()``, matched by their ``str``."""
+    """The entry of a namespace outside the table, named by its ``__name__``: ``xp.asarray``
+    in, DLPack (else ``__array__``) out; devices of ``__array_namespace_info__``, by ``str``."""
     name = str(getattr(xp, "__name__", type(xp).__name__))
 
     def parse_device(device: Any) -> Any:

@@ -112,13 +112,16 @@ def _attach_checks(
 ) -> tuple[Array, Array | None]:
     vocab = params.config.vocab_size
     b, t = tokens.shape
-    tokens = _xp.lazy_value_check(
+    attach = _xp.entry(_xp.backend_of(tokens)).attach_check
+    if attach is None:
+        return tokens, lengths
+    tokens = attach(
         tokens,
         lambda blk: bool(((blk >= 0) & (blk < vocab)).all()) if blk.size else True,
         f"token ids must lie in [0, {vocab}) (padding included, on lazy arrays)",
     )
     if lengths is not None:
-        lengths = _xp.lazy_value_check(
+        lengths = attach(
             lengths,
             lambda blk: bool(((blk >= min_length) & (blk <= t)).all()) if blk.size else True,
             f"lengths must lie in [{min_length}, {t}] for tokens of shape {(b, t)} (on lazy arrays)",

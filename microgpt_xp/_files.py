@@ -29,8 +29,7 @@ _HELD: set[tuple[int, int]] = set()
 
 
 class NotWritableError(OSError):
-    """A path that a save could not write (a folder, a path under a file, a read-only or
-    missing folder)."""
+    """A path that a save could not write (a folder, under a file, a read-only folder)."""
 
 
 def _cannot(path: Path, why: str) -> NotWritableError:
@@ -38,9 +37,8 @@ def _cannot(path: Path, why: str) -> NotWritableError:
 
 
 def check_writable(path: str | Path, *, make_parents: bool = True) -> Path:
-    """``path``, once a temporary file could be created (and removed) in its folder, as a
-    save does (missing folders made first when ``make_parents``); else
-    :class:`NotWritableError`, one line naming the path and why."""
+    """``path``, once a temporary file could be made in its folder (missing folders first when
+    ``make_parents``); else :class:`NotWritableError`, one line naming the path and why."""
     path = Path(path)
     if path.is_dir():
         raise _cannot(path, "it is a folder")
@@ -84,10 +82,8 @@ def _folder(path: Path, make_parents: bool) -> Path:
 def atomic_open(
     path: str | Path, mode: str = "w", *, make_parents: bool = True
 ) -> contextlib.AbstractContextManager[IO[Any]]:
-    """``with atomic_open(path) as f: f.write(...)`` writes ``path`` atomically and durably
-    (``mode`` ``"w"``, UTF-8, or ``"wb"``): the temporary file is fsynced and renamed over
-    ``path`` when the block ends, removed when it raises (``path`` left as it was); missing
-    folders made when ``make_parents``, else :class:`NotWritableError` before the block."""
+    """``with atomic_open(path) as f:`` writes ``path`` (``"w"``: UTF-8, or ``"wb"``) atomically
+    and durably when the block ends; left as it was when it raises."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open writes with mode 'w' or 'wb', not {mode!r}")
     return _atomic_open(Path(path), mode, make_parents)
@@ -143,7 +139,6 @@ def _new_temp(path: Path) -> tuple[int, Path]:
 
 
 def _remove_stale_temps(path: Path) -> None:
-    """Remove the temporary files of ``path`` whose writers are gone (their lock is free)."""
     pattern = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{16}}\.tmp")
     try:
         with os.scandir(path.parent) as entries:
@@ -164,8 +159,7 @@ def _remove_stale_temps(path: Path) -> None:
 
 
 def _lock(fd: int, *, blocking: bool) -> bool | None:
-    """``flock(fd, LOCK_EX)``: ``True`` once held, ``False`` when held elsewhere (only when
-    not ``blocking``), ``None`` without ``flock``."""
+    """``flock``: ``True`` once held, ``False`` held elsewhere, ``None`` without ``flock``."""
     if fcntl is None:
         return None
     try:
@@ -198,11 +192,11 @@ def _release(fd: int) -> None:
 
 
 class Claim:
-    """A claim on the output ``path`` (see :func:`claim`), given up by :meth:`release`, by
-    leaving its ``with`` block, or by the process's death."""
+    """A claim on ``path`` (:func:`claim`), given up by :meth:`release`, ``with`` or death."""
 
     def __init__(self, path: Path, lock_path: Path, fd: int) -> None:
-        self.path, self._lock_path, self._fd = path, lock_path, fd
+        self.path, self._lock_path = path, lock_path
+        self._fd: int | None = fd
 
     @property
     def held(self) -> bool:
@@ -230,10 +224,8 @@ class Claim:
 
 
 def claim(path: str | Path, *, exist_ok: bool = False) -> Claim:
-    """Claim ``path`` as this run's output (``with claim(path): ...``) so that no other run
-    writes it meanwhile: :func:`check_writable`, then an ``flock`` on ``.NAME.lock``.
-    ``FileExistsError`` (one line) while another run holds it or, unless ``exist_ok``, when
-    ``path`` exists once the lock is held. Without ``flock`` only the existence check."""
+    """Claim ``path`` as this run's output (an ``flock`` on ``.NAME.lock``): ``FileExistsError``
+    while another run holds it or, unless ``exist_ok``, when ``path`` exists."""
     path = Path(path)
     check_writable(path)
     lock_path = path.parent / f".{path.name}.lock"

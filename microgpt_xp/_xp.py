@@ -29,9 +29,8 @@ _FOREIGN: dict[str, Backend] = {}  # entries of namespaces outside the table, by
 
 
 def check_backend(backend: Any) -> str:
-    """The name of a backend given by name or as an Array API namespace (one outside the
-    table gets a generic entry named by its ``__name__``); ``ValueError`` for an unknown
-    name, ``TypeError`` for anything else."""
+    """The name of a backend given by name or as an Array API namespace (outside the table:
+    a generic entry); ``ValueError`` for an unknown name, ``TypeError`` for anything else."""
     if isinstance(backend, str):
         if backend in TABLE or backend in _FOREIGN:
             return backend
@@ -84,15 +83,13 @@ def _table_namespace(backend: str) -> Any:
 
 
 def namespace(backend: Any) -> Any:
-    """The Array API namespace of a backend name or namespace, imported on first use
-    (``ImportError`` saying what to install when it is missing)."""
+    """The namespace of a backend, imported on first use (``ImportError``: what to install)."""
     name = check_backend(backend)
     return _FOREIGN[name].namespace_object if name in _FOREIGN else _table_namespace(name)
 
 
 def resolve_device(backend: Any, device: Any = None) -> Any:
-    """A user's device (``None``: the default; ``"cuda:0"``; a GPU index; a device object)
-    as the backend's device object (``ValueError`` if unknown)."""
+    """A user's device (``None``, ``"cuda:0"``, a GPU index, a device) as the backend's."""
     namespace(backend)  # a missing backend is an ImportError, not an unknown device
     return entry(backend).parse_device(device)
 
@@ -100,8 +97,7 @@ def resolve_device(backend: Any, device: Any = None) -> Any:
 def asarray(
     host: Any, backend: Any, *, device: Any = None, dtype: str | None = None, chunks: Any = None
 ) -> Any:
-    """Host data (lists or a NumPy array) on ``backend``/``device`` as ``dtype`` (a name;
-    ``None`` keeps the host's), in ``chunks`` on chunked backends (default: one chunk)."""
+    """Host data on ``backend``/``device`` as ``dtype`` (``None``: the host's), in ``chunks``."""
     host = np.asarray(host) if dtype is None else np.asarray(host, dtype=dtype)
     return entry(backend).from_host(host, resolve_device(backend, device), chunks)
 
@@ -109,8 +105,7 @@ def asarray(
 def to_batch(
     tokens: Any, lengths: Any, backend: Any, *, device: Any = None, chunk_size: int | None = None
 ) -> tuple[Any, Any]:
-    """A host batch ``(tokens (B, L), lengths (B,))`` on a backend, on chunked ones in
-    chunks of ``chunk_size`` rows (default one chunk)."""
+    """A host batch ``(tokens (B, L), lengths (B,))`` on a backend, in ``chunk_size`` rows."""
     rows = () if chunk_size is None else (chunk_size,)
     return (
         asarray(tokens, backend, device=device, chunks=(*rows, -1) if rows else None),
@@ -146,8 +141,8 @@ def to_numpy(x: Any) -> np.ndarray:
 
 
 def read_scalar(x: Any, kind: Callable[[Any], Any] = float) -> Any:
-    """``kind(x)`` (``float``, ``int`` or ``bool``) of a 0-d array or a number; ``None``
-    where the value cannot be read (a tracer, a symbolic array such as ndonnx's)."""
+    """``kind(x)`` of a 0-d array or a number; ``None`` where it cannot be read (tracers,
+    symbolic arrays such as ndonnx's)."""
     if is_traced(x):
         return None
     try:
@@ -177,22 +172,13 @@ def is_traced(x: Any) -> bool:
 
 
 def is_lazy(x: Any) -> bool:
-    """True for arrays of a table backend whose values need a compute (Dask) or are not
-    known at all (tracers); False for eager arrays, numbers and unknown namespaces."""
+    """True for arrays of a table backend whose values need a compute (Dask) or a tracer."""
     spec = _spec_of(x)
     return spec is not None and (spec.lazy or is_traced(x))
 
 
-def lazy_value_check(x: Any, check: Any, message: str) -> Any:
-    """``x`` with ``check(block) -> bool`` run on its blocks when computed (``ValueError(message)``
-    if False) on chunked lazy backends; other arrays unchanged."""
-    spec = entry(backend_of(x))
-    return x if spec.attach_check is None else spec.attach_check(x, check, message)
-
-
 def persist(arrays: list[Any]) -> list[Any]:
-    """``arrays`` with the lazy ones evaluated in one computation per backend and held in
-    memory (Dask's ``persist``: a training loop's graph does not grow); others as they are."""
+    """``arrays`` with the lazy ones evaluated, one computation per backend (Dask's ``persist``)."""
     out, groups = list(arrays), dict[str, list[int]]()
     for i, a in enumerate(arrays):
         if is_lazy(a):
@@ -205,9 +191,8 @@ def persist(arrays: list[Any]) -> list[Any]:
 
 
 def check_positive_int(value: Any, name: str, *, least: int = 1, most: int | None = None) -> int:
-    """``value`` if it is an ``int`` (not a ``bool``) in ``[least, most]`` (``most``: ``None``
-    for no bound; :data:`NATIVE_INT_MAX` where it becomes a native int), else
-    :class:`ArgumentValueError` about ``name``, the argument's name (``"batch_size"``)."""
+    """``value`` if an ``int`` (not a ``bool``) in ``[least, most]`` (:data:`NATIVE_INT_MAX`
+    where it becomes a native int), else :class:`ArgumentValueError` about ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         kind = "positive" if least == 1 else "non-negative"
         raise ArgumentValueError(name, f"{name} must be a {kind} int, got {value!r}")
@@ -229,8 +214,8 @@ def check_jit(jit: Any) -> bool | None:
 
 
 def compiler(backend: str, jit: bool | None) -> Callable[[F], F] | None:
-    """``backend``'s compiler (``fn -> compiled fn``) or ``None`` (eager): ``jit=None``
-    compiles where there is one, ``False`` never, ``True`` always (else ``ValueError``)."""
+    """``backend``'s compiler or ``None`` (eager): ``jit=None`` where there is one, ``True``
+    always (else ``ValueError``)."""
     spec = entry(backend)
     if check_jit(jit) is False:
         return None
@@ -248,8 +233,7 @@ def compiler(backend: str, jit: bool | None) -> Callable[[F], F] | None:
 
 @functools.cache
 def compiled(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
-    """``fn`` (a module-level function) compiled by ``backend``'s compiler, once per
-    function and backend so that the compiler's cache is kept between calls."""
+    """``fn`` compiled by ``backend``'s compiler, once (the compiler's cache is kept)."""
     compile_fn = entry(backend).compile
     assert compile_fn is not None
     return compile_fn(fn)
@@ -272,8 +256,7 @@ _NAMESPACES: dict[type, Any] = {}
 
 
 def array_namespace(*arrays: Any) -> Any:
-    """``array_api_compat.array_namespace``, cached per array type (a dict hit instead of
-    ~9 µs on every block) when all arrays share one type."""
+    """``array_api_compat.array_namespace``, cached per array type (~9 µs saved a call)."""
     kind = type(arrays[0])
     if any(type(a) is not kind for a in arrays[1:]):
         return array_api_compat.array_namespace(*arrays)
