@@ -47,7 +47,7 @@ def ints(backend: Any, host: Any) -> Any:
 
 GOOD_TOKENS = [[1, 2, 3, 0], [4, 5, 6, 6]]
 GOOD_LENGTHS = [4, 2]
-CALLS = {"forward": forward, "loss_and_grads": loss_and_grads, "score": score}
+CALLS: dict[str, Any] = {"forward": forward, "loss_and_grads": loss_and_grads, "score": score}
 DOCS = ("loss_and_grads", "score")  # the calls whose rows are documents (targets included)
 
 
@@ -107,8 +107,8 @@ def test_bad_batches(
     params = params_on(backend)
     for call in calls:
         tok = tokens(backend) if callable(tokens) else ints(backend, tokens)
-        lens = None if lengths is None else (
-            lengths(backend) if callable(lengths) else ints(backend, lengths))  # fmt: skip
+        lens = lengths if lengths is None or callable(lengths) else ints(backend, lengths)
+        lens = lengths(backend) if callable(lengths) else lens
         with pytest.raises(error, match=match):
             args = (params, tok) if lens is None else (params, tok, lens)
             realize(backend, CALLS[call](*args))
