@@ -6,12 +6,9 @@ import ctypes
 
 
 def tune_malloc(threshold: int = 1 << 30) -> bool:
-    """Keep freed memory in the process (glibc ``mallopt``: ``M_MMAP_THRESHOLD`` and
-    ``M_TRIM_THRESHOLD`` raised to ``threshold`` bytes), so that the large temporaries
-    of every step are not unmapped and then page-faulted back in (hundreds of minor
-    faults a step). Process-wide: the ``microgpt-xp`` command sets it for itself, and
-    the benchmark for our code and the peers alike; a library call never changes it.
-    Returns whether it could be done (False off glibc)."""
+    """Keep freed memory in the process (glibc ``mallopt``: mmap and trim thresholds raised to
+    ``threshold`` bytes), so a step's temporaries are not page-faulted back in. Process-wide:
+    the command and the benchmark set it, a library call never. False off glibc."""
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
     except (OSError, AttributeError, TypeError):

@@ -1,11 +1,6 @@
-"""Checks of a batch at the edge of the model, once before any model code runs.
-
-Always: tokens (and lengths) are integer arrays of the params' namespace and device,
-2-d tokens, and the sizes that are known. Where values can be read (eager arrays): ids in
-``[0, V)`` at real positions and lengths in range. On Dask the value checks ride along
-with the graph; where values cannot be read (tracers, symbolic arrays such as ndonnx's),
-none are made, and an out-of-range id gives meaningless logits, as in ``take``.
-"""
+"""Checks of a batch before any model code runs: integer arrays of the params' namespace and
+device, 2-d tokens, known sizes; where values can be read, ids in ``[0, V)`` at real positions
+and lengths in range (on Dask, part of the graph; on tracers and symbolic arrays, none)."""
 
 from __future__ import annotations
 
@@ -22,30 +17,20 @@ from .params import Params
 Array = Any
 
 
-def _describe(a: Any) -> str:
-    return f"{type(a).__module__}.{type(a).__name__}"
-
-
-def _check_same_place(params: Params, arrays: dict[str, Array]) -> Any:
-    for name, a in arrays.items():
-        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-            raise ArgumentTypeError(
-                name,
-                f"{name} must be an array of the params' namespace ({_describe(params.wte)}), "
-                f"got {_describe(a)}",
-            )
-        try:
-            xp = array_namespace(a, params.wte)
-        except TypeError:
-            raise ArgumentTypeError(
-                name,
-                f"{name} and params are arrays of different namespaces ({name}: "
-                f"{_describe(a)}, params: {_describe(params.wte)})",
-            ) from None
-        # traced (jax.jit) arrays have no device; they are placed by the tracer
-        where, home = device(a), params.device
-        if where is not None and home is not None and str(where) != str(home):
-            raise ArgumentValueError(name, f"{name} is on device {where} but params are on {home}")
+def _check_same_place(params: Params, name: str, a: Array) -> Any:
+    ours, theirs = (f"{type(x).__module__}.{type(x).__name__}" for x in (params.wte, a))
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        why = f"{name} must be an array of the params' namespace ({ours}), got {theirs}"
+        raise ArgumentTypeError(name, why)
+    try:
+        xp = array_namespace(a, params.wte)
+    except TypeError:
+        why = f"{name} and params are arrays of different namespaces ({name}: {theirs}, params: {ours})"
+        raise ArgumentTypeError(name, why) from None
+    # traced (jax.jit) arrays have no device; they are placed by the tracer
+    where, home = device(a), params.device
+    if where is not None and home is not None and str(where) != str(home):
+        raise ArgumentValueError(name, f"{name} is on device {where} but params are on {home}")
     return xp
 
 
@@ -54,7 +39,7 @@ def check_tokens(
 ) -> tuple[Array, Array | None]:
     """``tokens (B, T)`` and ``lengths (B,)`` (``None``: rows of ``T``) checked (the
     module's docstring), on Dask with their value checks attached."""
-    xp = _check_same_place(params, {"tokens": tokens})
+    xp = _check_same_place(params, "tokens", tokens)
     if not _xp.is_integral(xp, tokens.dtype):
         raise ArgumentTypeError("tokens", f"tokens must have an integer dtype, got {tokens.dtype}")
     if tokens.ndim != 2:
@@ -73,7 +58,7 @@ def check_tokens(
     if isinstance(t, int) and t < min_length:
         raise ArgumentValueError("tokens", f"sequences need at least {min_length} tokens, got {t}")
     if lengths is not None:
-        _check_same_place(params, {"lengths": lengths})
+        _check_same_place(params, "lengths", lengths)
         if not _xp.is_integral(xp, lengths.dtype):
             raise ArgumentTypeError(
                 "lengths", f"lengths must have an integer dtype, got {lengths.dtype}"
@@ -94,7 +79,6 @@ def check_tokens(
 def _check_values(
     xp: Any, vocab: int, tokens: Array, lengths: Array | None, min_length: int
 ) -> None:
-    """The value checks, in the arrays' namespace, where :func:`_xp.read_scalar` reads."""
     b, t = tokens.shape
     if not (isinstance(b, int) and isinstance(t, int)):
         return  # symbolic arrays: their values are not there to read
@@ -126,16 +110,18 @@ def _check_values(
 def _attach_checks(
     params: Params, tokens: Array, lengths: Array | None, min_length: int
 ) -> tuple[Array, Array | None]:
-    """Dask: the value checks as part of the graph, raising when it is computed."""
     vocab = params.config.vocab_size
     b, t = tokens.shape
-    tokens = _xp.lazy_value_check(
+    attach = _xp.entry(_xp.backend_of(tokens)).attach_check
+    if attach is None:
+        return tokens, lengths
+    tokens = attach(
         tokens,
         lambda blk: bool(((blk >= 0) & (blk < vocab)).all()) if blk.size else True,
         f"token ids must lie in [0, {vocab}) (padding included, on lazy arrays)",
     )
     if lengths is not None:
-        lengths = _xp.lazy_value_check(
+        lengths = attach(
             lengths,
             lambda blk: bool(((blk >= min_length) & (blk <= t)).all()) if blk.size else True,
             f"lengths must lie in [{min_length}, {t}] for tokens of shape {(b, t)} (on lazy arrays)",

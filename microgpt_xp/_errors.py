@@ -1,11 +1,5 @@
-"""User errors that name the argument they are about.
-
-Every error a user can fix by changing one argument is raised as
-:class:`ArgumentValueError` or :class:`ArgumentTypeError` (still a ``ValueError`` or a
-``TypeError``) with ``param``, the name of that argument as the library call spells it
-(``"batch_size"``, ``"temperature"``, ``"checkpoint"``). The command line maps ``param``
-to its option in one table (``cli/_common.py``); nothing parses a message.
-"""
+"""User errors that name the argument they are about: ``param``, as the library call spells
+it (``"batch_size"``); the command line maps it to its option (``cli/_common.py``)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """Files the project writes: atomic writes, a claim on an output, checks before the work.
 
-A write goes to a temporary file ``.NAME.<16 hex digits>.tmp`` in the target's folder and
-is renamed over the target, so a reader sees the old file (or none) or the whole new one.
-Its writer holds an exclusive ``flock`` on it until after the rename; a lock dies with its
-process, so a temporary file whose lock can be taken is stale (its writer is gone), and
-after each write the stale temporary files of exactly that target are removed. A cleaner
-locks a file before removing it, and a writer checks, once it holds the lock on its new
-file, that the name still leads to it, so a live writer's file is never removed. Without
-``flock`` (some file systems, Windows) no other writer's file is removed.
-
-:func:`claim` holds an ``flock`` on ``.NAME.lock`` next to the target while the run lives,
-so that two runs never write one output; a dead run releases it with its process.
+A write goes to ``.NAME.<16 hex>.tmp`` beside the target, locked (``flock``) by its writer
+until after it is renamed over the target. A lock dies with its process: a temporary file
+whose lock can be taken is stale, and each write removes those of its target. A writer
+checks, once it holds the lock, that the name still leads to its file, so a cleaner never
+removes a live writer's file. :func:`claim` locks ``.NAME.lock`` while a run lives.
 """
 
 from __future__ import annotations
@@ -26,35 +20,34 @@ from typing import IO, Any
 
 try:
     import fcntl
-except ImportError:  # Windows: no flock
+except ImportError:  # Windows: no flock, and no other writer's file is removed
     fcntl = None  # type: ignore[assignment]
 
-#: ``(st_dev, st_ino)`` of the files this process holds locked: its cleaners and claims
-#: skip them unopened (closing any descriptor drops a process's POSIX locks, which is
-#: what ``flock`` is over NFS).
+#: ``(st_dev, st_ino)`` of the files this process holds locked: skipped unopened (closing
+#: any descriptor drops a process's POSIX locks, which ``flock`` is over NFS).
 _HELD: set[tuple[int, int]] = set()
 
 
 class NotWritableError(OSError):
-    """A path that a save could not write (a folder, a path under a file, a read-only or
-    missing folder)."""
+    """A path that a save could not write (a folder, under a file, a read-only folder)."""
+
+
+def _cannot(path: Path, why: str) -> NotWritableError:
+    return NotWritableError(f"cannot write {str(path)!r}: {why}")
 
 
 def check_writable(path: str | Path, *, make_parents: bool = True) -> Path:
-    """``path``, once a temporary file could be created (and removed) in its folder, as a
-    save does (missing folders made first when ``make_parents``); else
-    :class:`NotWritableError`, one line naming the path and why."""
+    """``path``, once a temporary file could be made in its folder (missing folders first when
+    ``make_parents``); else :class:`NotWritableError`, one line naming the path and why."""
     path = Path(path)
     if path.is_dir():
-        raise NotWritableError(f"cannot write {str(path)!r}: it is a folder")
+        raise _cannot(path, "it is a folder")
     folder = _folder(path, make_parents)
     try:
         fd, tmp = _new_temp(path)
     except OSError as exc:
-        raise NotWritableError(
-            f"cannot write {str(path)!r}: cannot create a file in folder {str(folder)!r} "
-            f"({exc.strerror or exc})"
-        ) from exc
+        why = f"cannot create a file in folder {str(folder)!r} ({exc.strerror or exc})"
+        raise _cannot(path, why) from exc
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     _release(fd)
@@ -62,8 +55,7 @@ def check_writable(path: str | Path, *, make_parents: bool = True) -> Path:
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
-    """Whether ``a`` and ``b`` are one existing file (through links and other spellings):
-    an output that would replace an input."""
+    """Whether ``a`` and ``b`` are one existing file (an output that would replace an input)."""
     try:
         return os.path.samestat(os.stat(a), os.stat(b))
     except (OSError, ValueError):
@@ -71,37 +63,27 @@ def same_file(a: str | Path, b: str | Path) -> bool:
 
 
 def _folder(path: Path, make_parents: bool) -> Path:
-    """The folder of ``path``, created first when ``make_parents``."""
     folder = path.parent
     if not make_parents:
         if not folder.is_dir():
-            raise NotWritableError(
-                f"cannot write {str(path)!r}: folder {str(folder)!r} does not exist"
-            )
+            raise _cannot(path, f"folder {str(folder)!r} does not exist")
         return folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as exc:
         blocker = next((p for p in (folder, *folder.parents) if p.exists()), folder)
-        raise NotWritableError(
-            f"cannot write {str(path)!r}: {str(blocker)!r} is a file, not a folder"
-        ) from exc
+        raise _cannot(path, f"{str(blocker)!r} is a file, not a folder") from exc
     except OSError as exc:
-        raise NotWritableError(
-            f"cannot write {str(path)!r}: cannot create folder {str(folder)!r} "
-            f"({exc.strerror or exc})"
-        ) from exc
+        why = f"cannot create folder {str(folder)!r} ({exc.strerror or exc})"
+        raise _cannot(path, why) from exc
     return folder
 
 
 def atomic_open(
     path: str | Path, mode: str = "w", *, make_parents: bool = True
 ) -> contextlib.AbstractContextManager[IO[Any]]:
-    """``with atomic_open(path) as f: f.write(...)`` writes ``path`` atomically and durably
-    (``mode`` ``"w"``, UTF-8, or ``"wb"``): the temporary file is fsynced and renamed over
-    ``path`` when the block ends, removed when it raises (``path`` left as it was). Its
-    mode is ``open()``'s; missing folders are made when ``make_parents``, else
-    :class:`NotWritableError` before the block runs."""
+    """``with atomic_open(path) as f:`` writes ``path`` (``"w"``: UTF-8, or ``"wb"``) atomically
+    and durably when the block ends; left as it was when it raises."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open writes with mode 'w' or 'wb', not {mode!r}")
     return _atomic_open(Path(path), mode, make_parents)
@@ -125,35 +107,38 @@ def _atomic_open(path: Path, mode: str, make_parents: bool) -> Iterator[IO[Any]]
         raise
     finally:
         _release(fd)
-    _fsync_dir(path.parent)
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:  # folders cannot be opened on Windows
+        dir_fd = -1
+    if dir_fd >= 0:
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     _remove_stale_temps(path)
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:
     """Write ``data`` (text as UTF-8) to ``path`` through :func:`atomic_open`; returns it."""
-    path = Path(path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
     with atomic_open(path, "wb") as f:
-        f.write(raw)
-    return path
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
 
 
 def _new_temp(path: Path) -> tuple[int, Path]:
     """A new temporary file for ``path``, created and locked (release with :func:`_release`)."""
     while True:
         tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
-        # 0o666: the kernel applies the umask, as open() does
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
         _lock(fd, blocking=True)
-        # a cleaner may have removed it before we locked it
-        if _still_named(fd, tmp):
+        if _still_named(fd, tmp):  # else a cleaner removed it before we locked it
             _HELD.add(_key(os.fstat(fd)))
             return fd, tmp
         os.close(fd)
 
 
 def _remove_stale_temps(path: Path) -> None:
-    """Remove the temporary files of ``path`` whose writers are gone (their lock is free)."""
     pattern = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{16}}\.tmp")
     try:
         with os.scandir(path.parent) as entries:
@@ -173,20 +158,8 @@ def _remove_stale_temps(path: Path) -> None:
                 os.close(fd)
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        dir_fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # a platform where folders cannot be opened (Windows)
-        return
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def _lock(fd: int, *, blocking: bool) -> bool | None:
-    """``flock(fd, LOCK_EX)``: ``True`` once held, ``False`` when held elsewhere (only when
-    not ``blocking``), ``None`` without ``flock``."""
+    """``flock``: ``True`` once held, ``False`` held elsewhere, ``None`` without ``flock``."""
     if fcntl is None:
         return None
     try:
@@ -201,7 +174,6 @@ def _lock(fd: int, *, blocking: bool) -> bool | None:
 
 
 def _still_named(fd: int, path: Path) -> bool:
-    """Whether ``path`` still leads to the open file ``fd``."""
     try:
         return os.path.samestat(os.fstat(fd), os.stat(path))
     except FileNotFoundError:
@@ -220,12 +192,10 @@ def _release(fd: int) -> None:
 
 
 class Claim:
-    """A claim on the output ``path`` (see :func:`claim`), given up by :meth:`release`,
-    by leaving its ``with`` block, or by the process's death."""
+    """A claim on ``path`` (:func:`claim`), given up by :meth:`release`, ``with`` or death."""
 
     def __init__(self, path: Path, lock_path: Path, fd: int) -> None:
-        self.path = path
-        self._lock_path = lock_path
+        self.path, self._lock_path = path, lock_path
         self._fd: int | None = fd
 
     @property
@@ -254,12 +224,8 @@ class Claim:
 
 
 def claim(path: str | Path, *, exist_ok: bool = False) -> Claim:
-    """Claim ``path`` as this run's output (``with claim(path): ...``), so that no other
-    run, in any process, writes it meanwhile: :func:`check_writable`, then an ``flock``
-    on ``.NAME.lock``. ``FileExistsError`` (one line) while another run holds it, or,
-    unless ``exist_ok``, when ``path`` exists once the lock is held (of several runs
-    started together on a new path, one proceeds). Without ``flock`` only the existence
-    check is made."""
+    """Claim ``path`` as this run's output (an ``flock`` on ``.NAME.lock``): ``FileExistsError``
+    while another run holds it or, unless ``exist_ok``, when ``path`` exists."""
     path = Path(path)
     check_writable(path)
     lock_path = path.parent / f".{path.name}.lock"

@@ -1,9 +1,5 @@
-"""The model's records (``Params``, ``AdamState``, ``KVCache``) as JAX pytrees.
-
-microgpt_xp never imports JAX for this: a record is registered at once if JAX is loaded,
-else when microgpt_xp next resolves a backend after JAX was imported (any ``backend=``,
-``Params.to``, the JAX backend's set-up), through :func:`register_pending`.
-"""
+"""The model's records as JAX pytrees, registered once JAX is imported (never importing it):
+at once, or when a backend is next resolved (:func:`register_pending`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Namespaces, devices and host transfers, through the table of backends
-(:data:`microgpt_xp._backends.BACKENDS`): the names a user types become a namespace and a
-device; host data moves onto a backend and back; and the few questions the standard
-cannot answer (is this array lazy, which backend is it) get answered.
-"""
+"""Namespaces, devices and host transfers through the table of backends
+(:data:`microgpt_xp._backends.BACKENDS`), and the questions the standard cannot answer."""
 
 from __future__ import annotations
 
@@ -24,18 +21,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Backend names accepted by ``backend=`` arguments and the ``--backend`` option.
 BACKENDS: tuple[str, ...] = tuple(TABLE)
-
 #: The floating dtypes the model supports.
 DTYPES: tuple[str, ...] = ("float32", "float64")
-#: The entries of namespaces outside the table that have been met, by name.
-_FOREIGN: dict[str, Backend] = {}
+#: The most a count that becomes a native int (a shape, a thread count) may be.
+NATIVE_INT_MAX = 2**31 - 1
+_FOREIGN: dict[str, Backend] = {}  # entries of namespaces outside the table, by name
 
 
 def check_backend(backend: Any) -> str:
-    """The name of a backend given by name (``"numpy"``, ...) or as an Array API namespace
-    (a module, or an object as ``array_api_compat.array_namespace`` returns); a namespace
-    outside the table gets a generic entry named by its ``__name__``. ``ValueError`` for
-    an unknown name, ``TypeError`` for anything else."""
+    """The name of a backend given by name or as an Array API namespace (outside the table:
+    a generic entry); ``ValueError`` for an unknown name, ``TypeError`` for anything else."""
     if isinstance(backend, str):
         if backend in TABLE or backend in _FOREIGN:
             return backend
@@ -88,17 +83,13 @@ def _table_namespace(backend: str) -> Any:
 
 
 def namespace(backend: Any) -> Any:
-    """The Array API namespace of a backend name or namespace, imported on first use
-    (``ImportError`` saying what to install when it is missing)."""
+    """The namespace of a backend, imported on first use (``ImportError``: what to install)."""
     name = check_backend(backend)
-    if name in _FOREIGN:
-        return _FOREIGN[name].namespace_object
-    return _table_namespace(name)
+    return _FOREIGN[name].namespace_object if name in _FOREIGN else _table_namespace(name)
 
 
 def resolve_device(backend: Any, device: Any = None) -> Any:
-    """A user's device (``None``: the default; a string such as ``"cuda:0"``; an int GPU
-    index; a device object) as the backend's device object (``ValueError`` if unknown)."""
+    """A user's device (``None``, ``"cuda:0"``, a GPU index, a device) as the backend's."""
     namespace(backend)  # a missing backend is an ImportError, not an unknown device
     return entry(backend).parse_device(device)
 
@@ -106,8 +97,7 @@ def resolve_device(backend: Any, device: Any = None) -> Any:
 def asarray(
     host: Any, backend: Any, *, device: Any = None, dtype: str | None = None, chunks: Any = None
 ) -> Any:
-    """Host data (lists or a NumPy array) on ``backend``/``device`` as ``dtype`` (a name;
-    ``None`` keeps the host's), in ``chunks`` on chunked backends (default: one chunk)."""
+    """Host data on ``backend``/``device`` as ``dtype`` (``None``: the host's), in ``chunks``."""
     host = np.asarray(host) if dtype is None else np.asarray(host, dtype=dtype)
     return entry(backend).from_host(host, resolve_device(backend, device), chunks)
 
@@ -115,13 +105,11 @@ def asarray(
 def to_batch(
     tokens: Any, lengths: Any, backend: Any, *, device: Any = None, chunk_size: int | None = None
 ) -> tuple[Any, Any]:
-    """A host batch ``(tokens (B, L), lengths (B,))`` on a backend, on chunked ones in
-    chunks of ``chunk_size`` rows (default one chunk)."""
-    chunks_t = None if chunk_size is None else (chunk_size, -1)
-    chunks_l = None if chunk_size is None else (chunk_size,)
+    """A host batch ``(tokens (B, L), lengths (B,))`` on a backend, in ``chunk_size`` rows."""
+    rows = () if chunk_size is None else (chunk_size,)
     return (
-        asarray(tokens, backend, device=device, chunks=chunks_t),
-        asarray(lengths, backend, device=device, chunks=chunks_l),
+        asarray(tokens, backend, device=device, chunks=(*rows, -1) if rows else None),
+        asarray(lengths, backend, device=device, chunks=rows or None),
     )
 
 
@@ -133,10 +121,9 @@ def backend_of(x: Any) -> str:
         if spec.is_array(x):
             return name
     try:
-        xp = array_api_compat.array_namespace(x)
+        return check_backend(array_api_compat.array_namespace(x))
     except TypeError:
         raise TypeError(f"not an array of an Array API library: {type(x).__name__}") from None
-    return check_backend(xp)
 
 
 def dtype_name(x: Any) -> str:
@@ -154,8 +141,8 @@ def to_numpy(x: Any) -> np.ndarray:
 
 
 def read_scalar(x: Any, kind: Callable[[Any], Any] = float) -> Any:
-    """``kind(x)`` (``float``, ``int`` or ``bool``) of a 0-d array or a number; ``None``
-    where the value cannot be read (a tracer, a symbolic array such as ndonnx's)."""
+    """``kind(x)`` of a 0-d array or a number; ``None`` where it cannot be read (tracers,
+    symbolic arrays such as ndonnx's)."""
     if is_traced(x):
         return None
     try:
@@ -171,37 +158,27 @@ def read_int(x: Any) -> int | None:
     return read_scalar(x, int)  # type: ignore[no-any-return]
 
 
-def _laziness(x: Any) -> tuple[bool, bool]:
-    """``(lazy, traced)`` of an array; ``(False, False)`` for a number."""
+def _spec_of(x: Any) -> Backend | None:
     try:
-        spec = entry(backend_of(x))
-    except TypeError:
-        return False, False
-    traced = spec.is_traced is not None and spec.is_traced(x)
-    return spec.lazy or traced, traced
+        return entry(backend_of(x))
+    except TypeError:  # a number
+        return None
 
 
 def is_traced(x: Any) -> bool:
     """True for tracers of a compiler (``jax.jit``)."""
-    return _laziness(x)[1]
+    spec = _spec_of(x)
+    return spec is not None and spec.is_traced is not None and spec.is_traced(x)
 
 
 def is_lazy(x: Any) -> bool:
-    """True for arrays of a table backend whose values are not known without a compute
-    (Dask) or at all (tracers); False for eager arrays, numbers and unknown namespaces."""
-    return _laziness(x)[0]
-
-
-def lazy_value_check(x: Any, check: Any, message: str) -> Any:
-    """``x`` with ``check(block) -> bool`` run on its blocks when computed (``ValueError(message)``
-    if False) on chunked lazy backends; other arrays unchanged."""
-    spec = entry(backend_of(x))
-    return x if spec.attach_check is None else spec.attach_check(x, check, message)
+    """True for arrays of a table backend whose values need a compute (Dask) or a tracer."""
+    spec = _spec_of(x)
+    return spec is not None and (spec.lazy or is_traced(x))
 
 
 def persist(arrays: list[Any]) -> list[Any]:
-    """``arrays`` with the lazy ones evaluated in one computation per backend and held in
-    memory (Dask's ``persist``: a training loop's graph does not grow); others as they are."""
+    """``arrays`` with the lazy ones evaluated, one computation per backend (Dask's ``persist``)."""
     out, groups = list(arrays), dict[str, list[int]]()
     for i, a in enumerate(arrays):
         if is_lazy(a):
@@ -213,18 +190,20 @@ def persist(arrays: list[Any]) -> list[Any]:
     return out
 
 
-def check_positive_int(value: Any, name: str, *, least: int = 1) -> int:
-    """``value`` if it is an ``int`` (not a ``bool``) of at least ``least``, else
-    :class:`ArgumentValueError` about ``name``, the argument's name (``"batch_size"``)."""
+def check_positive_int(value: Any, name: str, *, least: int = 1, most: int | None = None) -> int:
+    """``value`` if an ``int`` (not a ``bool``) in ``[least, most]`` (:data:`NATIVE_INT_MAX`
+    where it becomes a native int), else :class:`ArgumentValueError` about ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         kind = "positive" if least == 1 else "non-negative"
         raise ArgumentValueError(name, f"{name} must be a {kind} int, got {value!r}")
+    if most is not None and value > most:
+        raise ArgumentValueError(name, f"{name} must be at most {most}, got {value}")
     return value
 
 
-def check_nonnegative_int(value: Any, name: str) -> int:
+def check_nonnegative_int(value: Any, name: str, *, most: int | None = None) -> int:
     """:func:`check_positive_int` for an ``int`` of at least 0 (a seed)."""
-    return check_positive_int(value, name, least=0)
+    return check_positive_int(value, name, least=0, most=most)
 
 
 def check_jit(jit: Any) -> bool | None:
@@ -235,11 +214,10 @@ def check_jit(jit: Any) -> bool | None:
 
 
 def compiler(backend: str, jit: bool | None) -> Callable[[F], F] | None:
-    """``backend``'s compiler (``fn -> compiled fn``) or ``None`` (eager): ``jit=None``
-    compiles where there is one, ``False`` never, ``True`` always (else ``ValueError``)."""
-    check_jit(jit)
+    """``backend``'s compiler or ``None`` (eager): ``jit=None`` where there is one, ``True``
+    always (else ``ValueError``)."""
     spec = entry(backend)
-    if jit is False:
+    if check_jit(jit) is False:
         return None
     if spec.compile is None:
         if jit:
@@ -255,14 +233,15 @@ def compiler(backend: str, jit: bool | None) -> Callable[[F], F] | None:
 
 @functools.cache
 def compiled(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
-    """``fn`` (a module-level function) compiled by ``backend``'s compiler, once per
-    function and backend so that the compiler's cache is kept between calls."""
+    """``fn`` compiled by ``backend``'s compiler, once (the compiler's cache is kept)."""
     compile_fn = entry(backend).compile
     assert compile_fn is not None
     return compile_fn(fn)
 
 
-_NAMESPACES: dict[type, Any] = {}
+@functools.lru_cache(maxsize=64)
+def _is_integral_cached(xp: Any, dtype: Any) -> bool:
+    return bool(xp.isdtype(dtype, "integral"))
 
 
 def is_integral(xp: Any, dtype: Any) -> bool:
@@ -273,20 +252,15 @@ def is_integral(xp: Any, dtype: Any) -> bool:
         return bool(xp.isdtype(dtype, "integral"))
 
 
-@functools.lru_cache(maxsize=64)
-def _is_integral_cached(xp: Any, dtype: Any) -> bool:
-    return bool(xp.isdtype(dtype, "integral"))
+_NAMESPACES: dict[type, Any] = {}
 
 
 def array_namespace(*arrays: Any) -> Any:
-    """``array_api_compat.array_namespace``, cached per array type (a dict hit instead of
-    ~9 µs on every block) when all arrays share one type."""
+    """``array_api_compat.array_namespace``, cached per array type (~9 µs saved a call)."""
     kind = type(arrays[0])
-    for a in arrays[1:]:
-        if type(a) is not kind:
-            return array_api_compat.array_namespace(*arrays)
-    ns = _NAMESPACES.get(kind)
-    if ns is None:
+    if any(type(a) is not kind for a in arrays[1:]):
+        return array_api_compat.array_namespace(*arrays)
+    if (ns := _NAMESPACES.get(kind)) is None:
         numpy = kind is np.ndarray
         ns = namespace("numpy") if numpy else array_api_compat.array_namespace(arrays[0])
         _NAMESPACES[kind] = ns

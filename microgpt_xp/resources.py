@@ -1,22 +1,16 @@
 """What a run takes of the machine: BLAS threads for a model's size, and the number of
 documents scored at once that fits a memory budget.
 
-**Threads.** OpenBLAS and PyTorch's CPU pool use every core by default; a second thread
-pays only when each product is big enough (measured on 2 cores: from ``tokens *
-n_embd**2`` of about 2**20), and costs dearly beside a process that keeps a core busy
-(the spec's model took 1.37 ms a step on every core beside one, 1.21 on one thread).
+**Threads.** A second BLAS thread pays only when each product is big enough (measured on 2
+cores: ``tokens * n_embd**2`` from about 2**20) and costs dearly beside a busy core.
 :func:`default_threads` gives ``tokens * n_embd**2 // WORK_PER_THREAD`` threads, at least 1,
-at most the usable cores: the same count for the same command on the same machine.
-:func:`auto_threads` (``--threads auto``) also leaves out the cores that other processes
-keep busy at the start. A library call changes the process's thread pools only when
-given ``threads=`` (:func:`use_threads`). Measured by ``python -m benchmarks.e2e threads``.
+at most the usable cores; :func:`auto_threads` (``--threads auto``) also leaves out the cores
+other processes keep busy. A library call changes thread pools only given ``threads=``.
 
-**Memory** (:func:`activation_bytes`). Scoring keeps the activations of every layer of a
-chunk until its losses are taken: per document of ``T = block_size`` tokens, ``T*C*(2 +
-16*L) + (L+1)*H*T**2 + max(5*T*C, 4*V*T)`` elements plus ``32*(T + 1)`` bytes of ids and
-masks (tracemalloc's peak: 0.95-1.05x, held within 10 % by tests/test_resources.py).
-Scoring is fastest when a chunk's activations stay near 16 MB (``python -m
-benchmarks.bench --workload score``), hence :func:`score_chunk`.
+**Memory** (:func:`activation_bytes`). Scoring keeps every layer's activations of a chunk:
+per document of ``T = block_size`` tokens, ``T*C*(2 + 16*L) + (L+1)*H*T**2 + max(5*T*C,
+4*V*T)`` elements plus ``32*(T + 1)`` bytes of ids and masks (tracemalloc's peak within 10 %,
+tests/test_resources.py). Scoring is fastest near 16 MB a chunk: :func:`score_chunk`.
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ._errors import ArgumentValueError
-from ._xp import check_dtype, check_positive_int
+from ._xp import NATIVE_INT_MAX, check_dtype, check_positive_int
 from .config import GPTConfig
 
 #: The workloads the thread policy knows: a training step, scoring, a decoding position.
@@ -46,8 +40,7 @@ FAST_SCORE_BYTES = 16 << 20
 
 
 class CpuSample(NamedTuple):
-    """Cumulative jiffies: machine ``busy`` and ``total``, and ``own`` (this process, its
-    reaped children and the given other processes)."""
+    """Cumulative jiffies: machine ``busy`` and ``total``, and ``own`` (ours and ``pids``)."""
 
     busy: int
     total: int
@@ -55,7 +48,6 @@ class CpuSample(NamedTuple):
 
 
 def _jiffies(pid: int | str, children: bool = False) -> int:
-    """User + system jiffies of process ``pid`` (plus its reaped children)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             v = f.read().rsplit(")", 1)[1].split()
@@ -65,8 +57,7 @@ def _jiffies(pid: int | str, children: bool = False) -> int:
 
 
 def cpu_sample(pids: Iterable[int] = ()) -> CpuSample | None:
-    """``/proc/stat`` and our processes' counters (``pids`` count as ours); ``None``
-    without ``/proc``."""
+    """``/proc/stat`` and our processes' counters; ``None`` without ``/proc``."""
     try:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
@@ -78,8 +69,7 @@ def cpu_sample(pids: Iterable[int] = ()) -> CpuSample | None:
 
 
 def other_cpu_share(before: CpuSample | None, after: CpuSample | None) -> float | None:
-    """Share (0..1) of the machine's CPU that other processes used between two samples;
-    ``None`` without data."""
+    """Share (0..1) of the CPU other processes used between two samples (``None``: no data)."""
     if before is None or after is None:
         return None
     total = max(after.total - before.total, 1)
@@ -95,8 +85,7 @@ def usable_cpus() -> int:
 
 
 def busy_cpus(window: float = LOAD_WINDOW) -> float:
-    """How many CPUs other processes keep busy over the next ``window`` seconds; 0.0
-    where ``/proc/stat`` cannot be read."""
+    """CPUs other processes keep busy over the next ``window`` seconds (0.0 without /proc)."""
     before = cpu_sample()
     time.sleep(window)
     share = other_cpu_share(before, cpu_sample())
@@ -106,16 +95,14 @@ def busy_cpus(window: float = LOAD_WINDOW) -> float:
 def default_threads(
     config: GPTConfig, batch_size: int, *, workload: str = "train", cpus: int | None = None
 ) -> int:
-    """The BLAS threads for ``batch_size`` rows of ``workload`` (``"train"``, ``"score"``:
-    rows of ``block_size`` tokens; ``"decode"``: one token a row) on a model of
-    ``config``: ``tokens * n_embd**2 // WORK_PER_THREAD``, at least 1, at most ``cpus``
-    (default :func:`usable_cpus`). Depends on nothing else."""
+    """The BLAS threads for ``batch_size`` rows of ``workload`` (``"decode"``: a token a row,
+    else ``block_size``): ``tokens * n_embd**2 // WORK_PER_THREAD`` in ``[1, cpus]``."""
     if workload not in WORKLOADS:
         raise ArgumentValueError(
             "workload", f"workload must be one of {', '.join(WORKLOADS)}, got {workload!r}"
         )
     check_positive_int(batch_size, "batch_size")
-    cpus = usable_cpus() if cpus is None else check_positive_int(cpus, "cpus")
+    cpus = _cpus(cpus)
     tokens = batch_size * (1 if workload == "decode" else config.block_size)
     return min(cpus, max(1, tokens * config.n_embd**2 // WORK_PER_THREAD))
 
@@ -128,15 +115,18 @@ def auto_threads(
     cpus: int | None = None,
     busy: float | None = None,
 ) -> int:
-    """:func:`default_threads` less the CPUs other processes keep busy (``busy``, default
-    :func:`busy_cpus`, sampled only when more than one thread is wanted), rounded to the
-    nearest CPU, at least 1: ``--threads auto``."""
-    cpus = usable_cpus() if cpus is None else check_positive_int(cpus, "cpus")
+    """:func:`default_threads` less the CPUs other processes keep ``busy`` (default
+    :func:`busy_cpus`, sampled only when more than one thread is wanted), at least 1."""
+    cpus = _cpus(cpus)
     wanted = default_threads(config, batch_size, workload=workload, cpus=cpus)
     if wanted == 1:
         return 1
     busy = busy_cpus() if busy is None else busy
     return max(1, min(wanted, cpus - int(busy + 0.5)))
+
+
+def _cpus(cpus: int | None) -> int:
+    return usable_cpus() if cpus is None else check_positive_int(cpus, "cpus", most=NATIVE_INT_MAX)
 
 
 def check_threads(threads: Any) -> int | str | None:
@@ -163,14 +153,9 @@ def use_threads(
     batch_size: int | None = None,
     workload: str = "train",
 ) -> Iterator[int | None]:
-    """Run the ``with`` block on ``threads`` BLAS threads (threadpoolctl) and as many
-    PyTorch threads where torch is imported, restored on exit; yields the count.
-    ``None`` changes nothing (yields ``None``); ``"auto"``: :func:`auto_threads` for
-    ``config``, ``batch_size`` and ``workload`` (then required)::
-
-        with use_threads(default_threads(config, 32)) as n:
-            ...  # train on n threads
-    """
+    """Run the ``with`` block on ``threads`` BLAS threads (threadpoolctl) and as many torch
+    threads where torch is imported, restored on exit; yields the count (``None``: nothing
+    changed). ``"auto"``: :func:`auto_threads` for ``config``, ``batch_size``, ``workload``."""
     count = check_threads(threads)
     if count == "auto":
         if config is None or batch_size is None:
@@ -194,11 +179,9 @@ def use_threads(
 
 
 def activation_bytes(config: GPTConfig, docs: int, *, dtype: str = "float32") -> int:
-    """Peak bytes of the activations that scoring ``docs`` documents of ``block_size``
-    tokens at once keeps (the formula: the module's docstring)."""
+    """Peak activation bytes of scoring ``docs`` documents at once (the module's formula)."""
     check_positive_int(docs, "docs")
     t, c, layers = config.block_size, config.n_embd, config.n_layer
-    # every layer's caches; the attention's probabilities, and its causal mask kept once
     elements = t * c * (2 + 16 * layers) + (layers + 1) * config.n_head * t * t
     elements += max(5 * t * c, 4 * config.vocab_size * t)
     itemsize = {"float32": 4, "float64": 8}[check_dtype(dtype)]
@@ -208,8 +191,7 @@ def activation_bytes(config: GPTConfig, docs: int, *, dtype: str = "float32") ->
 def chunk_for_budget(
     config: GPTConfig, *, budget_bytes: int = DEFAULT_BUDGET, dtype: str = "float32"
 ) -> int:
-    """The most documents scored at once whose activations stay within ``budget_bytes``;
-    at least 1."""
+    """The most documents (at least 1) scored at once within ``budget_bytes``."""
     check_positive_int(budget_bytes, "budget_bytes")
     return max(1, budget_bytes // activation_bytes(config, 1, dtype=dtype))
 
@@ -217,6 +199,5 @@ def chunk_for_budget(
 def score_chunk(
     config: GPTConfig, *, budget_bytes: int = DEFAULT_BUDGET, dtype: str = "float32"
 ) -> int:
-    """The default chunk of scoring: activations within :data:`FAST_SCORE_BYTES` (the
-    fastest measured) and ``budget_bytes``."""
+    """The default scoring chunk: within :data:`FAST_SCORE_BYTES` and ``budget_bytes``."""
     return chunk_for_budget(config, budget_bytes=min(budget_bytes, FAST_SCORE_BYTES), dtype=dtype)

@@ -1,9 +1,5 @@
-"""Shared fixtures: the ``backend`` fixture runs a test once per array namespace.
-
-``MICROGPT_XP_BACKENDS`` (comma-separated, e.g. ``dask`` or ``numpy,torch``) narrows the
-namespaces; by default every importable one is used. array-api-strict runs on its
-non-default device (:data:`TEST_DEVICE`).
-"""
+"""Shared fixtures: ``backend`` runs a test once per array namespace (``MICROGPT_XP_BACKENDS``,
+comma-separated, narrows them; default: every importable one)."""
 
 from __future__ import annotations
 
@@ -32,29 +28,18 @@ ROOT = Path(__file__).resolve().parent.parent
 NAMES_TXT = ROOT.parent / "shared" / "data" / "names.txt"
 
 #: The original's state-dict keys and shapes (spec §4) for V = 27, C = 16, T = 16, one layer.
-SPEC_SHAPES = {
-    "wte": (27, 16),
-    "wpe": (16, 16),
-    "lm_head": (27, 16),
-    "layer0.attn_wq": (16, 16),
-    "layer0.attn_wk": (16, 16),
-    "layer0.attn_wv": (16, 16),
-    "layer0.attn_wo": (16, 16),
-    "layer0.mlp_fc1": (64, 16),
-    "layer0.mlp_fc2": (16, 64),
-}
+SPEC_SHAPES = (
+    {"wte": (27, 16), "wpe": (16, 16), "lm_head": (27, 16)}
+    | {f"layer0.{k}": (16, 16) for k in ("attn_wq", "attn_wk", "attn_wv", "attn_wo")}
+    | {"layer0.mlp_fc1": (64, 16), "layer0.mlp_fc2": (16, 64)}
+)
 
 
 @functools.cache
 def ref_state(config: GPTConfig, seed: int) -> dict[str, list[list[float]]]:
     """A reference state dict (Gaussian, std 0.08, Python ``random``) for ``config``."""
-    return reference.init_state_dict(
-        config.vocab_size,
-        config.n_layer,
-        config.n_embd,
-        config.block_size,
-        rng=random.Random(seed),
-    )
+    c, rng = config, random.Random(seed)
+    return reference.init_state_dict(c.vocab_size, c.n_layer, c.n_embd, c.block_size, rng=rng)
 
 
 def gpu_usable(name: str) -> bool:
@@ -101,10 +86,8 @@ class Backend:
 
 @pytest.fixture(params=selected_backends())
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    """One array namespace. On JAX and Dask, the functions that a test module tags with
-    array-api-extra's ``lazy_xp_function`` run lazily in that module's tests
-    (``patch_lazy_xp_functions``): under ``jax.jit`` on JAX, and on Dask with every
-    ``compute()`` forbidden (a tag may allow some)."""
+    """One array namespace. On JAX and Dask, the functions a test module tags with
+    ``lazy_xp_function`` run lazily (under ``jax.jit``; on Dask with ``compute()`` forbidden)."""
     name = request.param
     spec = BACKENDS[name]
     if importlib.util.find_spec(spec.package) is None:
@@ -112,9 +95,8 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     if spec.needs_gpu and not gpu_usable(name):
         pytest.skip(f"{name} needs a GPU, and none is usable here")
     lazy = contextlib.nullcontext()
-    # The tags live on the function objects, so every module importing a tagged function
-    # would be patched; only the modules that tag (they import lazy_xp_function) are.
-    # Elsewhere, e.g. tests/test_validation.py, the functions run eagerly and check values.
+    # only the modules that tag (they import lazy_xp_function) are patched; elsewhere, e.g.
+    # tests/test_validation.py, the functions run eagerly and check values
     if name in ("jax", "dask") and hasattr(request.module, "lazy_xp_function"):
         from array_api_extra.testing import patch_lazy_xp_functions
 
@@ -139,11 +121,8 @@ def names_txt() -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In the non-NumPy nox sessions run only the tests that take the ``backend`` fixture;
-    the others (CLI, data, checkpoints, …) do not depend on the namespace and run once,
-    in the NumPy session. A session also runs the tests marked ``needs_<its backend>``
-    (``needs_torch``: the benchmark's PyTorch peer; ``needs_jax``: the compiled path),
-    which the NumPy session skips without that library."""
+    """In the non-NumPy nox sessions (``MICROGPT_XP_BACKEND_ONLY=1``) run only the tests that
+    take the ``backend`` fixture or are marked ``needs_<its backend>``."""
     if os.environ.get("MICROGPT_XP_BACKEND_ONLY") != "1":
         return
     markers = {f"needs_{name}" for name in selected_backends()}
@@ -153,8 +132,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return True
         return any(item.get_closest_marker(m) is not None for m in markers)
 
-    keep = [i for i in items if wanted(i)]
     drop = [i for i in items if not wanted(i)]
     if drop:
         config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+        items[:] = [i for i in items if wanted(i)]

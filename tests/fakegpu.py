@@ -36,13 +36,6 @@ class FakeGPU(numpy.lib.mixins.NDArrayOperatorsMixin):
     def __init__(self, a):
         self._a = np.asarray(a)
 
-    shape = property(lambda self: self._a.shape)
-    dtype = property(lambda self: self._a.dtype)
-    ndim = property(lambda self: self._a.ndim)
-    size = property(lambda self: self._a.size)
-    nbytes = property(lambda self: self._a.nbytes)
-    T = property(lambda self: FakeGPU(self._a.T))
-
     def __len__(self):
         return len(self._a)
 
@@ -66,7 +59,7 @@ class FakeGPU(numpy.lib.mixins.NDArrayOperatorsMixin):
         return self._a
 
     def __getattr__(self, name):
-        # every other ndarray method, its array results kept on the "device"
+        # every other ndarray attribute (shape, T, ...) and method, arrays kept on the "device"
         attr = getattr(self._a, name)
         if not callable(attr):
             return _wrap(attr)

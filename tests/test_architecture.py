@@ -5,6 +5,7 @@ backends by name, and only the primitives module and the backends table name a n
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -71,27 +72,12 @@ def _graph() -> dict[str, set[str]]:
 
 
 def test_the_import_graph_has_no_cycle() -> None:
-    graph = _graph()
     # the package's __init__ imports everything it exports; leave it out of the graph
-    graph = {k: v - {"microgpt_xp"} for k, v in graph.items() if k != "microgpt_xp"}
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> None:
-        state[node] = 1
-        path.append(node)
-        for dep in sorted(graph[node]):
-            if state.get(dep) == 1:
-                cycle = [*path[path.index(dep) :], dep]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if dep not in state:
-                visit(dep)
-        path.pop()
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node)
+    graph = {k: v - {"microgpt_xp"} for k, v in _graph().items() if k != "microgpt_xp"}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        pytest.fail("import cycle: " + " -> ".join(exc.args[1]))
     assert len(graph) > 15  # the walk saw the package
 
 
@@ -110,29 +96,14 @@ def test_the_model_knows_nothing_of_scheduling_or_backends(module: str) -> None:
 def test_only_the_table_and_the_primitives_name_a_backend(module: str) -> None:
     tree = ast.parse((PACKAGE / f"{module}.py").read_text())
     # a default argument (backend="numpy", where arrays are created) is the user's choice
-    defaults = {
-        id(d)
-        for n in ast.walk(tree)
-        if isinstance(n, ast.arguments)
-        for d in [*n.defaults, *n.kw_defaults]
-        if d is not None
+    nodes = list(ast.walk(tree))
+    skip = {
+        id(d) for n in nodes if isinstance(n, ast.arguments) for d in n.defaults + n.kw_defaults
     }
-    docstrings = defaults | {
-        id(n.body[0].value)
-        for n in ast.walk(tree)
-        if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
-        and n.body
-        and isinstance(n.body[0], ast.Expr)
-        and isinstance(n.body[0].value, ast.Constant)
-    }
-    named = {
-        n.value
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Constant)
-        and isinstance(n.value, str)
-        and id(n) not in docstrings
-        and n.value in BACKEND_NAMES
-    }
+    skip |= {id(ast.get_docstring(n, clean=False) and n.body[0].value) for n in nodes  # type: ignore[attr-defined]
+             if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))}  # fmt: skip
+    named = {n.value for n in nodes if isinstance(n, ast.Constant) and id(n) not in skip
+             and n.value in BACKEND_NAMES}  # fmt: skip
     assert not named, f"{module} names backends {named}; that belongs in {BACKEND_AWARE}"
 
 
@@ -140,21 +111,13 @@ def test_only_the_table_and_the_primitives_name_a_backend(module: str) -> None:
 DRIVER_FILES = ["train.py", "sample.py", "scoring.py", "resume.py", "export.py", "cli"]
 
 
-def _sources(entries: list[str]) -> dict[str, str]:
-    files: dict[str, str] = {}
-    for entry in entries:
-        path = PACKAGE / entry
-        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            files[str(file.relative_to(PACKAGE))] = file.read_text()
-    return files
-
-
 def test_no_driver_branches_on_a_backend_name() -> None:
     """Where arrays live is the backend; how a batch runs is the runner's: no driver
     compares a backend (or anything) with a backend's name."""
-    for name, text in _sources(DRIVER_FILES).items():
-        tree = ast.parse(text)
-        for node in ast.walk(tree):
+    paths = [PACKAGE / entry for entry in DRIVER_FILES]
+    for file in (f for p in paths for f in (sorted(p.rglob("*.py")) if p.is_dir() else [p])):
+        name = file.relative_to(PACKAGE)
+        for node in ast.walk(ast.parse(file.read_text())):
             if isinstance(node, ast.Compare):
                 names = {
                     c.value
@@ -189,17 +152,9 @@ def test_layers_are_building_blocks_not_forwards() -> None:
     the model can make itself."""
     tree = ast.parse((PACKAGE / "layers.py").read_text())
     for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
-        body = [
-            s
-            for s in fn.body
-            if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
-        ]
-        only_call = (
-            len(body) == 1
-            and isinstance(body[0], ast.Return)
-            and isinstance(body[0].value, ast.Call)
-        )
-        assert not only_call, f"layers.{fn.name} only forwards a call"
+        body = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
+        only = body[0] if len(body) == 1 else None
+        assert not (isinstance(only, ast.Return) and isinstance(only.value, ast.Call)), fn.name
 
 
 def test_every_backend_of_the_table_has_a_nox_session() -> None:

@@ -1,9 +1,5 @@
-"""Every ``>>>`` example runs: the docstrings of all microgpt_xp modules and the
-``pycon`` examples of the documentation pages (docs/*.md).
-
-A module or page whose examples need a package that is not installed (torch, jax, …)
-is skipped, not failed, so each nox session runs what its environment can.
-"""
+"""Every ``>>>`` example of the package's docstrings and of docs/*.md runs; one that needs a
+package not installed (torch, jax, ...) is skipped."""
 
 from __future__ import annotations
 
@@ -23,31 +19,18 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 #: Optional packages an example may import; without them the example is skipped.
-OPTIONAL = (
-    "torch",
-    "jax",
-    "cupy",
-    "dask",
-    "distributed",
-    "array_api_strict",
-    "matplotlib",
-    "marray",
-    "ndonnx",
-)
+OPTIONAL = ("torch", "jax", "cupy", "dask", "distributed", "array_api_strict", "matplotlib",
+            "marray", "ndonnx")  # fmt: skip
 
 
 def _modules() -> list[str]:
-    names = [microgpt_xp.__name__]
-    for info in pkgutil.walk_packages(microgpt_xp.__path__, prefix=f"{microgpt_xp.__name__}."):
-        # importing a __main__ module would run the program
-        if info.name.rsplit(".", 1)[-1] != "__main__":
-            names.append(info.name)
-    return sorted(names)
+    found = pkgutil.walk_packages(microgpt_xp.__path__, prefix="microgpt_xp.")
+    # importing a __main__ module would run the program
+    return sorted(["microgpt_xp", *(i.name for i in found if not i.name.endswith(".__main__"))])
 
 
 def _examples_text(page: Path) -> str:
-    """The page with its code fences blanked out (line numbers kept), so that a closing
-    fence is not read as expected output; only ``>>>`` lines are examples anyway."""
+    """The page with its code fences blanked out (line numbers kept): not expected output."""
     return re.sub(r"^[ \t]*(```|~~~).*$", "", page.read_text("utf-8"), flags=re.M)
 
 
@@ -63,8 +46,7 @@ def _skip_unless_importable(text: str, where: str) -> None:
 
 
 class _Checker(doctest.OutputChecker):
-    """An example expecting ``ValueError: ...`` passes on the library's subclass that names
-    the argument (``ArgumentValueError``), as ``except ValueError`` would."""
+    """``ValueError: ...`` expected passes on ``ArgumentValueError`` (as ``except`` would)."""
 
     def check_output(self, want: str, got: str, optionflags: int) -> bool:
         got = re.sub(r"^microgpt_xp\._errors\.Argument(Value|Type)Error:", r"\1Error:", got)
@@ -85,13 +67,10 @@ def test_docstring_examples(name: str) -> None:
         if exc.name and exc.name.split(".")[0] in OPTIONAL:
             pytest.skip(f"{name} needs {exc.name}")
         raise
-    finder = doctest.DocTestFinder(exclude_empty=True)
-    for test in finder.find(module, name, globs={}):
+    for test in doctest.DocTestFinder(exclude_empty=True).find(module, name, globs={}):
         _skip_unless_importable("\n".join(e.source for e in test.examples), test.name)
-        result = _run(test)
-        assert result.failed == 0, (
-            f"{result.failed} of {result.attempted} examples failed in {test.name}"
-        )
+        failed, attempted = _run(test)
+        assert failed == 0, f"{failed} of {attempted} examples failed in {test.name}"
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(DOCS)))
@@ -102,8 +81,8 @@ def test_documentation_examples(
     _skip_unless_importable(text, page.name)
     monkeypatch.chdir(tmp_path)  # an example that writes files writes them here
     test = doctest.DocTestParser().get_doctest(text, {}, page.name, str(page), 0)
-    result = _run(test)
-    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {page}"
+    failed, attempted = _run(test)
+    assert failed == 0, f"{failed} of {attempted} examples failed in {page}"
 
 
 def test_the_harness_reports_a_failing_example() -> None:

@@ -25,28 +25,28 @@ from microgpt_xp._files import (
 
 fcntl = pytest.importorskip("fcntl")  # the locks are flock locks
 
-#: Each writer waits for the ``go`` file (after its imports), then saves ``n`` times.
-WRITER = """
-import os, sys, time
-from pathlib import Path
-from microgpt_xp._files import atomic_write
-path, tag, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
-Path(f"{go}.{os.getpid()}").touch()
-while not go.exists():
-    time.sleep(0.002)
-for i in range(n):
-    atomic_write(path, f"{tag} {i}\\n" * 4000)
-"""
-
-#: Claims ``path`` when ``go`` appears; the winner writes it before releasing.
-CLAIMER = """
+#: Each process says it started (after its imports) and waits for the ``go`` file.
+READY = """
 import os, sys, time
 from pathlib import Path
 from microgpt_xp._files import atomic_write, claim
-path, tag, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+path, tag, go = sys.argv[1], sys.argv[2], Path(sys.argv[-1])
 Path(f"{go}.{os.getpid()}").touch()
 while not go.exists():
     time.sleep(0.002)
+"""
+#: Each writer saves ``n`` times.
+WRITER = (
+    READY
+    + """
+for i in range(int(sys.argv[3])):
+    atomic_write(path, f"{tag} {i}\\n" * 4000)
+"""
+)
+#: Claims ``path``; the winner writes it before releasing.
+CLAIMER = (
+    READY
+    + """
 try:
     with claim(path):
         time.sleep(0.2)
@@ -56,11 +56,11 @@ except FileExistsError as exc:
 else:
     print("claimed")
 """
+)
 
 
 def _run_together(script: str, argvs: list[list[str]], go: Path) -> list[tuple[int, str, str]]:
-    """Start one process per argument list, let them go at once, and return each one's
-    ``(status, stdout, stderr)``."""
+    """Start one process per argument list, let them go at once: ``(status, out, err)`` each."""
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", script, *argv, str(go)],
@@ -76,53 +76,36 @@ def _run_together(script: str, argvs: list[list[str]], go: Path) -> list[tuple[i
         assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
         time.sleep(0.01)
     go.touch()
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=300)
-        out.append((p.returncode, stdout, stderr))
-    return out
+    outs = [p.communicate(timeout=300) for p in procs]
+    return [(p.returncode, *out) for p, out in zip(procs, outs, strict=True)]
 
 
 def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-def test_concurrent_writers_of_one_file_never_break_each_other(tmp_path: Path) -> None:
-    path = tmp_path / "nb.npz"
-    tags = ["a", "b", "c"]
-    results = _run_together(WRITER, [[str(path), t, "150"] for t in tags], tmp_path / "go")
-    for status, _, err in results:
-        assert status == 0, err  # today: FileNotFoundError in os.replace
-    text = path.read_text()
-    first = text.split("\n", 1)[0]
-    tag, i = first.split()
-    assert tag in tags and text == f"{tag} {i}\n" * 4000  # one writer's whole file
+@pytest.mark.parametrize("names", [("nb.npz",) * 3, ("nb.npz", "nb.npz.x")])
+def test_concurrent_writers_never_break_each_other(tmp_path: Path, names: tuple[str, ...]) -> None:
+    """Writers of one file (each write whole), or of names sharing a prefix (no writer removes
+    the other's temporaries)."""
+    n, tags = 150 if len(names) == 3 else 300, "abc"[: len(names)]
+    argvs = [[str(tmp_path / name), t, str(n)] for name, t in zip(names, tags, strict=True)]
+    for status, _, err in _run_together(WRITER, argvs, tmp_path / "go"):
+        assert status == 0, err
+    for name in set(names):
+        text = (tmp_path / name).read_text()
+        tag, i = text.split("\n", 1)[0].split()
+        assert tag in tags and text == f"{tag} {i}\n" * 4000  # one writer's whole file
+        assert len(names) == 3 or int(i) == n - 1
     assert _leftovers(tmp_path) == []
 
 
-def test_writers_of_files_whose_names_share_a_prefix(tmp_path: Path) -> None:
-    short, long = tmp_path / "nb.npz", tmp_path / "nb.npz.x"
-    argvs = [[str(short), "s", "300"], [str(long), "l", "300"]]  # one writer per file
-    results = _run_together(WRITER, argvs, tmp_path / "go")
-    for status, _, err in results:
-        assert status == 0, err  # today: the temporaries of nb.npz.x are nb.npz's to remove
-    assert short.read_text() == "s 299\n" * 4000 and long.read_text() == "l 299\n" * 4000
-    assert _leftovers(tmp_path) == []
-
-
-def _hold_lock(path: Path) -> subprocess.Popen[str]:
-    """A process that creates ``path``, holds an flock on it and waits for stdin to close."""
-    script = (
-        "import fcntl, sys\n"
-        f"f = open({str(path)!r}, 'wb')\n"
-        "fcntl.flock(f, fcntl.LOCK_EX)\n"
-        "print('locked', flush=True)\n"
-        "sys.stdin.read()\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+def _hold(code: str) -> subprocess.Popen[str]:
+    """A process that runs ``code`` (taking a lock) and waits for its stdin to close."""
+    script = f"import fcntl, sys\n{code}\nprint('held', flush=True)\nsys.stdin.read()\n"
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=pipe, stdout=pipe, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
     return proc
 
 
@@ -139,7 +122,8 @@ def test_only_stale_temporaries_of_exactly_that_file_are_removed(tmp_path: Path)
     for f in keep:
         f.write_bytes(b"")
     live = tmp_path / ".nb.npz.fedcba9876543210.tmp"
-    writer = _hold_lock(live)  # a live writer in another process
+    # a live writer in another process
+    writer = _hold(f"f = open({str(live)!r}, 'wb'); fcntl.flock(f, fcntl.LOCK_EX)")
     try:
         atomic_write(path, b"new")
         assert path.read_bytes() == b"new"
@@ -218,16 +202,8 @@ def test_a_claim_is_refused_while_held_and_free_after(tmp_path: Path) -> None:
 
 def test_the_claim_of_a_killed_run_does_not_block_the_next(tmp_path: Path) -> None:
     path = tmp_path / "run.ckpt"
-    script = (
-        "import sys, time\n"
-        "from microgpt_xp._files import claim\n"
-        f"c = claim({str(path)!r})\n"
-        "print('claimed', flush=True)\n"
-        "time.sleep(120)\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = _hold(f"from microgpt_xp._files import claim; c = claim({str(path)!r})")
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == "claimed\n"
         with pytest.raises(FileExistsError, match="claimed by another run"):
             claim(path)
     finally:

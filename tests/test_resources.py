@@ -1,7 +1,5 @@
-"""Tests of microgpt_xp.resources: the thread counts (by size, and by load for "auto";
-never above the cores), ``use_threads`` setting and restoring the BLAS (and torch) limits, the
-activation formula against the allocations of a real scoring call, and the chunks it
-gives. No timings: the policy's speed is benchmarked (``python -m benchmarks.e2e threads``)."""
+"""Tests of microgpt_xp.resources: thread counts (by size, by load for "auto", capped),
+``use_threads`` setting and restoring limits, the activation formula and its chunks."""
 
 from __future__ import annotations
 
@@ -19,8 +17,10 @@ from threadpoolctl import threadpool_info, threadpool_limits
 import microgpt_xp as mx
 from microgpt_xp import GPTConfig
 from microgpt_xp import resources as R
+from microgpt_xp._xp import NATIVE_INT_MAX, check_positive_int
 from microgpt_xp.scoring import score_docs
 
+MP = pytest.MonkeyPatch
 DEFAULT = GPTConfig(27)  # the spec's model: L1 C16 T16
 TWO_LAYER = GPTConfig(27, n_layer=2, n_embd=64, n_head=4, block_size=36)
 MEDIUM = GPTConfig(27, n_layer=4, n_embd=128, n_head=4, block_size=64)
@@ -30,12 +30,8 @@ def _blas_threads() -> set[int]:
     return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
 
 
-def test_small_models_take_one_thread_without_sampling_the_load(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(
-        R, "busy_cpus", lambda *a: pytest.fail("sampled the load for a small model")
-    )
+def test_small_models_take_one_thread_without_sampling_the_load(monkeypatch: MP) -> None:
+    monkeypatch.setattr(R, "busy_cpus", lambda *a: pytest.fail("sampled the load"))
     for config, batch in ((DEFAULT, 32), (DEFAULT, 64), (TWO_LAYER, 1), (TWO_LAYER, 2)):
         assert (
             R.auto_threads(config, batch, cpus=64) == 1 == R.default_threads(config, batch, cpus=64)
@@ -44,9 +40,7 @@ def test_small_models_take_one_thread_without_sampling_the_load(
     assert R.auto_threads(DEFAULT, 2000, workload="decode", cpus=64) == 1
 
 
-def test_bigger_work_takes_more_threads_up_to_the_free_cores(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_bigger_work_takes_more_threads_up_to_the_free_cores(monkeypatch: MP) -> None:
     assert R.auto_threads(TWO_LAYER, 32, cpus=2, busy=0.0) == 2
     assert R.auto_threads(MEDIUM, 32, cpus=2, busy=0.0) == 2
     assert R.auto_threads(MEDIUM, 32, cpus=128, busy=0.0) == 64  # 2**25 of work: 64 threads' worth
@@ -65,7 +59,7 @@ def test_bigger_work_takes_more_threads_up_to_the_free_cores(
     assert R.default_threads(MEDIUM, 32, cpus=8) == 8
 
 
-def test_default_cpus_and_load_come_from_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_cpus_and_load_come_from_the_machine(monkeypatch: MP) -> None:
     assert 1 <= R.auto_threads(MEDIUM, 32) <= R.usable_cpus() <= (os.cpu_count() or 1)
     assert R.default_threads(MEDIUM, 32) == min(R.usable_cpus(), 64)
     monkeypatch.setattr(R, "busy_cpus", lambda *a: 1.0)
@@ -106,6 +100,18 @@ def test_bad_arguments(bad: object) -> None:
         pass
 
 
+def test_counts_that_become_native_ints_are_bounded() -> None:
+    assert check_positive_int(NATIVE_INT_MAX, "runners", most=NATIVE_INT_MAX) == NATIVE_INT_MAX
+    for huge in (2**31, 2**64):
+        with pytest.raises(
+            ValueError, match=f"runners must be at most {NATIVE_INT_MAX}, got {huge}"
+        ) as err:
+            check_positive_int(huge, "runners", most=NATIVE_INT_MAX)
+        assert err.value.param == "runners"  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="cpus must be at most"):
+            R.default_threads(DEFAULT, 1, cpus=huge)
+
+
 @pytest.mark.parametrize("huge", [1_000_000, 2**31, 2**64])
 def test_huge_thread_counts_are_capped_before_native_code(huge: int) -> None:
     with pytest.warns(UserWarning, match=f"threads={huge}"), R.use_threads(huge) as n:
@@ -140,25 +146,21 @@ def test_use_threads_sets_and_restores_torch_threads() -> None:
 
 def test_chunk_for_budget_is_monotone_and_within_the_budget() -> None:
     for config in (DEFAULT, TWO_LAYER, MEDIUM):
-        chunks = [
-            R.chunk_for_budget(config, budget_bytes=b)
-            for b in (10**5, 10**7, 10**8, 5 * 10**8, 10**10)
-        ]
+        budgets = (10**5, 10**7, 10**8, 5 * 10**8, 10**10)
+        chunks = [R.chunk_for_budget(config, budget_bytes=b) for b in budgets]
         assert chunks == sorted(chunks)
         for b, c in zip((10**7, 10**8, 5 * 10**8), chunks[1:4], strict=True):
             assert R.activation_bytes(config, c) <= b < R.activation_bytes(config, c + 1)
     assert R.chunk_for_budget(MEDIUM, budget_bytes=1) == 1  # one document, whatever the budget
     sizes = [R.chunk_for_budget(c) for c in (DEFAULT, TWO_LAYER, MEDIUM)]  # bigger model, fewer
     assert sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0]
-    assert (
-        abs(R.chunk_for_budget(TWO_LAYER, dtype="float64") - R.chunk_for_budget(TWO_LAYER) / 2) <= 1
-    )
+    half = R.chunk_for_budget(TWO_LAYER, dtype="float64")
+    assert abs(half - R.chunk_for_budget(TWO_LAYER) / 2) <= 1
     for config in (DEFAULT, TWO_LAYER, MEDIUM):  # the default chunk: fast, and within any budget
         assert R.score_chunk(config) <= R.chunk_for_budget(config)
         assert R.activation_bytes(config, R.score_chunk(config)) <= R.FAST_SCORE_BYTES
-        assert R.score_chunk(config, budget_bytes=10**6) == R.chunk_for_budget(
-            config, budget_bytes=10**6
-        )
+        low = R.chunk_for_budget(config, budget_bytes=10**6)
+        assert R.score_chunk(config, budget_bytes=10**6) == low
 
 
 @pytest.mark.parametrize(
@@ -170,10 +172,8 @@ def test_formula_bounds_the_allocations_of_scoring(config: GPTConfig, docs: int)
     length): within 10 %, and the formula not below it by more than a few percent."""
     rng = np.random.default_rng(0)
     tok = mx.Tokenizer("abcdefghijklmnopqrstuvwxyz")
-    text = [
-        "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), config.block_size))
-        for _ in range(docs)
-    ]
+    letters = list("abcdefghijklmnopqrstuvwxyz")
+    text = ["".join(rng.choice(letters, config.block_size)) for _ in range(docs)]
     params = mx.init_params(config, seed=0, dtype="float32")
     score_docs(params, tok, text[:4], chunk_size=4)  # caches and imports first
     tracemalloc.start()

@@ -47,6 +47,8 @@ def ints(backend: Any, host: Any) -> Any:
 
 GOOD_TOKENS = [[1, 2, 3, 0], [4, 5, 6, 6]]
 GOOD_LENGTHS = [4, 2]
+CALLS: dict[str, Any] = {"forward": forward, "loss_and_grads": loss_and_grads, "score": score}
+DOCS = ("loss_and_grads", "score")  # the calls whose rows are documents (targets included)
 
 
 def test_good_inputs_pass(backend: Any) -> None:
@@ -56,119 +58,71 @@ def test_good_inputs_pass(backend: Any) -> None:
     assert realize(backend, forward(params, tokens, lengths)).shape == (2, 4, 7)
     realize(backend, loss_and_grads(params, tokens, lengths))
     realize(backend, score(params, tokens, lengths))
+    for call in DOCS:  # documents of block_size + 1 tokens fit
+        fits = np.zeros((2, CONFIG.block_size + 1), dtype=np.int64)
+        realize(backend, CALLS[call](params, ints(backend, fits), ints(backend, [6, 2])))
 
 
-# -- token ids ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("bad", [7, -1, 100])
-@pytest.mark.parametrize("call", ["forward", "loss_and_grads", "score"])
-def test_token_ids_out_of_range(backend: Any, call: str, bad: int) -> None:
-    params = params_on(backend)
+def _bad_id(bad: int) -> np.ndarray:
     tokens = np.array(GOOD_TOKENS)
     tokens[1, 1] = bad  # a real position (row 1 has length 2)
-    fn = {"forward": forward, "loss_and_grads": loss_and_grads, "score": score}[call]
-    with pytest.raises(ValueError, match=r"token id.*outside \[0, 7\)|token ids.*\[0, 7\)"):
-        realize(backend, fn(params, ints(backend, tokens), ints(backend, GOOD_LENGTHS)))
+    return tokens
 
 
-def test_decode_step_token_out_of_range(backend: Any) -> None:
+def _zeros(*shape: int) -> np.ndarray:
+    return np.zeros(shape, dtype=np.int64)
+
+
+# (calls, tokens, lengths, error, match): host tokens and lengths (None: none), or a function
+# of the backend for tokens that are not int64
+BAD_BATCHES = [
+    *[(tuple(CALLS), _bad_id(bad), GOOD_LENGTHS, ValueError,
+       r"token id.*outside \[0, 7\)|token ids.*\[0, 7\)") for bad in (7, -1, 100)],
+    *[((call,),
+       lambda b, d=dtype: b.asarray(np.array(GOOD_TOKENS) > 2 if d == "bool" else GOOD_TOKENS, d),
+       lens, TypeError, "tokens must have an integer dtype")
+      for dtype in ("float64", "float32", "bool")
+      for call, lens in (("forward", None), ("loss_and_grads", GOOD_LENGTHS))],
+    *[(("forward",), np.ones(shape, dtype=np.int64), None, ValueError, "tokens must be 2-d")
+      for shape in ((4,), (2, 2, 2))],
+    (("forward",), _zeros(2, 6), None, ValueError, r"sequence length 6 exceeds the model's limit 5"),
+    (DOCS, _zeros(2, 7), [7, 2], ValueError, r"sequence length 7 exceeds the model's limit 6"),
+    (("forward",), _zeros(2, 0), None, ValueError, r"at least 1 token"),
+    (("loss_and_grads",), _zeros(2, 1), [1, 1], ValueError, r"at least 2 token"),
+    *[(("forward",), GOOD_TOKENS, bad, ValueError, r"lengths.*\[1, 4\]")
+      for bad in ([0, 2], [5, 2], [4, -1])],
+    *[(DOCS, GOOD_TOKENS, bad, ValueError, r"lengths.*\[2, 4\]")
+      for bad in ([1, 2], [0, 2], [5, 2])],
+    *[(("forward", "loss_and_grads"), GOOD_TOKENS, np.full(shape, 2), ValueError,
+       r"lengths must have shape \(2,\)") for shape in ((3,), (1,), (2, 1))],
+    (("forward",), GOOD_TOKENS, lambda b: b.asarray(GOOD_LENGTHS, dtype="float64"), TypeError,
+     "lengths must have an integer dtype"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("calls", "tokens", "lengths", "error", "match"), BAD_BATCHES)
+def test_bad_batches(
+    backend: Any, calls: tuple[str, ...], tokens: Any, lengths: Any, error: type, match: str
+) -> None:
     params = params_on(backend)
-    with pytest.raises(ValueError, match=r"token id.*\[0, 7\)"):
-        realize(backend, decode_step(params, ints(backend, [1, 7]), KVCache())[0])
-
-
-@pytest.mark.parametrize("dtype", ["float64", "float32", "bool"])
-def test_tokens_must_be_integers(backend: Any, dtype: str) -> None:
-    params = params_on(backend)
-    tokens = backend.asarray(np.array(GOOD_TOKENS) > 2 if dtype == "bool" else GOOD_TOKENS, dtype)
-    with pytest.raises(TypeError, match="tokens must have an integer dtype"):
-        realize(backend, forward(params, tokens))
-    with pytest.raises(TypeError, match="tokens must have an integer dtype"):
-        realize(backend, loss_and_grads(params, tokens, ints(backend, GOOD_LENGTHS)))
+    for call in calls:
+        tok = tokens(backend) if callable(tokens) else ints(backend, tokens)
+        lens = lengths if lengths is None or callable(lengths) else ints(backend, lengths)
+        lens = lengths(backend) if callable(lengths) else lens
+        with pytest.raises(error, match=match):
+            args = (params, tok) if lens is None else (params, tok, lens)
+            realize(backend, CALLS[call](*args))
 
 
 def test_tokens_must_be_an_array() -> None:
-    params = init_params(CONFIG)
     with pytest.raises(TypeError, match="tokens must be an array"):
-        forward(params, GOOD_TOKENS)
-
-
-@pytest.mark.parametrize("shape", [(4,), (2, 2, 2)])
-def test_tokens_must_be_2d(backend: Any, shape: tuple[int, ...]) -> None:
-    params = params_on(backend)
-    with pytest.raises(ValueError, match="tokens must be 2-d"):
-        realize(backend, forward(params, ints(backend, np.ones(shape, dtype=np.int64))))
-
-
-# -- sequence lengths --------------------------------------------------------------------------
-def test_forward_longer_than_block_size(backend: Any) -> None:
-    params = params_on(backend)
-    tokens = ints(backend, np.zeros((2, CONFIG.block_size + 1), dtype=np.int64))
-    with pytest.raises(ValueError, match=r"sequence length 6 exceeds the model's limit 5"):
-        realize(backend, forward(params, tokens))
-
-
-@pytest.mark.parametrize("call", ["loss_and_grads", "score"])
-def test_documents_longer_than_block_size_plus_one(backend: Any, call: str) -> None:
-    params = params_on(backend)
-    fn = {"loss_and_grads": loss_and_grads, "score": score}[call]
-    fits = np.zeros((2, CONFIG.block_size + 1), dtype=np.int64)
-    realize(backend, fn(params, ints(backend, fits), ints(backend, [6, 2])))
-    tokens = np.zeros((2, CONFIG.block_size + 2), dtype=np.int64)
-    with pytest.raises(ValueError, match=r"sequence length 7 exceeds the model's limit 6"):
-        realize(backend, fn(params, ints(backend, tokens), ints(backend, [7, 2])))
-
-
-def test_empty_sequences(backend: Any) -> None:
-    params = params_on(backend)
-    with pytest.raises(ValueError, match=r"at least 1 token"):
-        realize(backend, forward(params, ints(backend, np.zeros((2, 0), dtype=np.int64))))
-    one = ints(backend, np.zeros((2, 1), dtype=np.int64))
-    with pytest.raises(ValueError, match=r"at least 2 token"):
-        realize(backend, loss_and_grads(params, one, ints(backend, [1, 1])))
-
-
-@pytest.mark.parametrize("bad", [[0, 2], [5, 2], [4, -1]])
-def test_forward_lengths_that_do_not_fit(backend: Any, bad: list[int]) -> None:
-    params = params_on(backend)
-    with pytest.raises(ValueError, match=r"lengths.*\[1, 4\]"):
-        realize(backend, forward(params, ints(backend, GOOD_TOKENS), ints(backend, bad)))
-
-
-@pytest.mark.parametrize("bad", [[1, 2], [0, 2], [5, 2]])
-@pytest.mark.parametrize("call", ["loss_and_grads", "score"])
-def test_document_lengths_that_do_not_fit(backend: Any, call: str, bad: list[int]) -> None:
-    params = params_on(backend)
-    fn = {"loss_and_grads": loss_and_grads, "score": score}[call]
-    with pytest.raises(ValueError, match=r"lengths.*\[2, 4\]"):
-        realize(backend, fn(params, ints(backend, GOOD_TOKENS), ints(backend, bad)))
-
-
-@pytest.mark.parametrize("shape", [(3,), (1,), (2, 1)])
-def test_lengths_of_the_wrong_shape(backend: Any, shape: tuple[int, ...]) -> None:
-    params = params_on(backend)
-    lengths = ints(backend, np.full(shape, 2))
-    with pytest.raises(ValueError, match=r"lengths must have shape \(2,\)"):
-        realize(backend, forward(params, ints(backend, GOOD_TOKENS), lengths))
-    with pytest.raises(ValueError, match=r"lengths must have shape \(2,\)"):
-        realize(backend, loss_and_grads(params, ints(backend, GOOD_TOKENS), lengths))
-
-
-def test_lengths_must_be_integers(backend: Any) -> None:
-    params = params_on(backend)
-    lengths = backend.asarray(GOOD_LENGTHS, dtype="float64")
-    with pytest.raises(TypeError, match="lengths must have an integer dtype"):
-        realize(backend, forward(params, ints(backend, GOOD_TOKENS), lengths))
+        forward(init_params(CONFIG), GOOD_TOKENS)
 
 
 def test_unknown_reduction(backend: Any) -> None:
-    params = params_on(backend)
+    tokens, lengths = ints(backend, GOOD_TOKENS), ints(backend, GOOD_LENGTHS)
     with pytest.raises(ValueError, match="reduction must be 'mean' or 'token_mean'"):
-        loss_and_grads(
-            params,
-            ints(backend, GOOD_TOKENS),
-            ints(backend, GOOD_LENGTHS),
-            reduction="sum",  # type: ignore[arg-type]
-        )
+        loss_and_grads(params_on(backend), tokens, lengths, reduction="sum")  # type: ignore[arg-type]
 
 
 # -- namespaces and devices ----------------------------------------------------------------------
@@ -228,39 +182,32 @@ def test_decode_step_bad_arguments(backend: Any) -> None:
         decode_step(params, ints(backend, [1, 2]), None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="tokens must have an integer dtype"):
         decode_step(params, backend.asarray([1.0, 2.0], "float64"), KVCache())
+    with pytest.raises(ValueError, match=r"token id.*\[0, 7\)"):
+        realize(backend, decode_step(params, ints(backend, [1, 7]), KVCache())[0])
 
 
 # -- state dicts -----------------------------------------------------------------------------------
-def _state_dict() -> dict[str, np.ndarray]:
-    return init_params(CONFIG, dtype="float64").to_state_dict()
-
-
-def test_state_dict_missing_key() -> None:
-    sd = _state_dict()
-    del sd["layer0.mlp_fc2"]
-    with pytest.raises(ValueError, match=r"missing keys \['layer0.mlp_fc2'\]"):
-        Params.from_state_dict(sd, config=CONFIG)
-
-
-def test_state_dict_extra_key() -> None:
-    sd = _state_dict()
-    sd["layer0.attn_bias"] = np.zeros((8,))
-    with pytest.raises(ValueError, match=r"extra keys \['layer0.attn_bias'\]"):
-        Params.from_state_dict(sd, config=CONFIG)
-    sd = _state_dict()
-    sd["ln_f"] = np.zeros((8,))
-    with pytest.raises(ValueError, match=r"extra keys \['ln_f'\]"):
-        Params.from_state_dict(sd, config=CONFIG)
-
-
 @pytest.mark.parametrize(
-    ("key", "shape"),
-    [("wte", (7, 9)), ("wpe", (4, 8)), ("layer0.mlp_fc1", (8, 32)), ("lm_head", (7,))],
+    ("changes", "match"),
+    [
+        ({"layer0.mlp_fc2": None}, r"missing keys \['layer0.mlp_fc2'\]"),
+        ({"layer0.attn_bias": (8,)}, r"extra keys \['layer0.attn_bias'\]"),
+        ({"ln_f": (8,)}, r"extra keys \['ln_f'\]"),
+        ({"wte": (7, 9)}, r"'wte' has shape \(7,"),
+        ({"wpe": (4, 8)}, r"'wpe' has shape \(4,"),
+        ({"layer0.mlp_fc1": (8, 32)}, r"'layer0.mlp_fc1' has shape \(8,"),
+        ({"lm_head": (7,)}, r"'lm_head' has shape \(7,"),
+    ],
 )
-def test_state_dict_wrong_shape(key: str, shape: tuple[int, ...]) -> None:
-    sd = _state_dict()
-    sd[key] = np.zeros(shape)
-    with pytest.raises(ValueError, match=rf"'{key}' has shape \({shape[0]},"):
+def test_state_dict_keys_and_shapes(changes: dict[str, Any], match: str) -> None:
+    """A missing key (None), an extra key or a wrong shape (a shape) is named."""
+    sd = init_params(CONFIG, dtype="float64").to_state_dict()
+    for key, shape in changes.items():
+        if shape is None:
+            del sd[key]
+        else:
+            sd[key] = np.zeros(shape)
+    with pytest.raises(ValueError, match=match):
         Params.from_state_dict(sd, config=CONFIG)
 
 
@@ -277,19 +224,15 @@ def test_state_dict_must_be_a_mapping() -> None:
 
 # -- GPTConfig and Params ----------------------------------------------------------------------------
 @pytest.mark.parametrize("field", ["vocab_size", "n_layer", "n_embd", "n_head", "block_size"])
-@pytest.mark.parametrize("value", [0, -3])
-def test_config_non_positive(field: str, value: int) -> None:
-    kwargs = {"vocab_size": 27, field: value}
-    with pytest.raises(ValueError, match=rf"GPTConfig.{field} must be positive, got {value}"):
-        GPTConfig(**kwargs)
-
-
-@pytest.mark.parametrize("field", ["vocab_size", "n_layer", "n_embd", "n_head", "block_size"])
-@pytest.mark.parametrize("value", [16.0, "16", True, None])
-def test_config_non_int(field: str, value: Any) -> None:
-    kwargs = {"vocab_size": 27, field: value}
-    with pytest.raises(TypeError, match=rf"GPTConfig.{field} must be an int"):
-        GPTConfig(**kwargs)
+@pytest.mark.parametrize("value", [0, -3, 16.0, "16", True, None])
+def test_config_fields_are_positive_ints(field: str, value: Any) -> None:
+    error, match = (
+        (ValueError, rf"GPTConfig.{field} must be positive, got {value}")
+        if type(value) is int
+        else (TypeError, rf"GPTConfig.{field} must be an int")
+    )
+    with pytest.raises(error, match=match):
+        GPTConfig(**{"vocab_size": 27, field: value})
 
 
 def test_config_heads_must_divide_width() -> None:
@@ -325,7 +268,9 @@ def test_params_mixed_dtypes_and_integer_weights(backend: Any) -> None:
     # float16 weights could not be checkpointed: they are refused where they are made
     if not hasattr(backend.xp, "float16"):
         return  # array-api-strict has no float16
-    as_half = {k: backend.asarray(np.zeros(a.shape), dtype="float16") for k, a in p64.arrays().items()}
+    as_half = {
+        k: backend.asarray(np.zeros(a.shape), dtype="float16") for k, a in p64.arrays().items()
+    }
     with pytest.raises(TypeError, match=r"Params must be float32 or float64, got .*float16"):
         Params(CONFIG, **as_half)
 
