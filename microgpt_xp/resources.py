@@ -182,7 +182,7 @@ def activation_bytes(config: GPTConfig, docs: int, *, dtype: str = "float32") ->
     """Peak activation bytes of scoring ``docs`` documents at once (the module's formula)."""
     check_positive_int(docs, "docs")
     t, c, layers = config.block_size, config.n_embd, config.n_layer
-    elements = t * c * (2 + 16 * layers) + (layers + 1) * config.n_head * t * t
+    elements = t * c * (2 + 12 * layers) + (layers + 1) * config.n_head * t * t
     elements += max(5 * t * c, 4 * config.vocab_size * t)
     itemsize = {"float32": 4, "float64": 8}[check_dtype(dtype)]
     return docs * (elements * itemsize + 32 * (t + 1))
