@@ -9,6 +9,8 @@ from __future__ import annotations
 import codecs
 import importlib.util
 import json
+import os
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,24 +35,33 @@ def docs_from_text(text: str) -> list[str]:
 
 def read_docs(path: str | Path) -> list[str]:
     """The documents of a UTF-8 text file (:func:`docs_from_text`); a byte-order mark at the
-    start is dropped. :class:`DataError` for a missing file, bytes that are not UTF-8 or a
-    file without any document."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
+    start is dropped. :class:`DataError` for a missing file, one that is not a regular file
+    (a folder, FIFO or device: never waited on), bytes that are not UTF-8 or no document."""
+    name = repr(str(path))
+    try:  # non-blocking: opening a FIFO without a writer returns at once
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise DataError(
+                    f"cannot read data file {name}: it is not a regular file (a folder, FIFO "
+                    "or device, which might never end); save the documents to a file first"
+                )
+            with open(fd, "rb", closefd=False) as f:
+                raw = f.read()
+        finally:
+            os.close(fd)
     except OSError as exc:
-        raise DataError(f"cannot read data file {str(path)!r}: {exc.strerror or exc}") from exc
+        raise DataError(f"cannot read data file {name}: {exc.strerror or exc}") from exc
     start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
         text = str(memoryview(raw)[start:], "utf-8")  # no copy of the bytes
     except UnicodeDecodeError as exc:
         raise DataError(
-            f"data file {str(path)!r} is not UTF-8 text (undecodable byte at offset "
-            f"{start + exc.start})"
+            f"data file {name} is not UTF-8 text (undecodable byte at offset {start + exc.start})"
         ) from exc
     docs = docs_from_text(text)
     if not docs:
-        raise DataError(f"data file {str(path)!r} holds no documents (it is empty or blank)")
+        raise DataError(f"data file {name} holds no documents (it is empty or blank)")
     return docs
 
 

@@ -4,8 +4,10 @@ batches (spec §6) and the epoch-wise batch order."""
 from __future__ import annotations
 
 import json
+import os
 import string
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,9 +84,24 @@ def test_read_docs_errors_name_the_file(tmp_path: Path, content: bytes | None, m
     with pytest.raises(DataError, match=match) as info:
         read_docs(path)
     assert str(path) in str(info.value)
-    with pytest.raises(DataError, match="cannot read"):
-        read_docs(tmp_path)  # a directory
     assert issubclass(DataError, ValueError)
+
+
+def test_read_docs_never_waits_on_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no writer: a blocking open would wait forever
+    for path in (tmp_path, fifo, Path(os.devnull)):
+        got: list[BaseException] = []
+        reader = threading.Thread(target=lambda p=path, g=got: g.append(_raises(p)), daemon=True)
+        reader.start()
+        reader.join(timeout=10)
+        assert got and "not a regular file" in str(got[0]) and str(path) in str(got[0])
+
+
+def _raises(path: Path) -> BaseException:
+    with pytest.raises(DataError, match="cannot read") as info:
+        read_docs(path)
+    return info.value
 
 
 def test_read_docs_drops_a_byte_order_mark(tmp_path: Path) -> None:
