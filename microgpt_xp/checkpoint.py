@@ -150,8 +150,19 @@ def load(
     dtype, byte order, shape and SHA-256 must be its record's.
     """
     check_placement(backend, device, dtype)
-    path = Path(path)
     name = repr(str(path))
+    try:
+        return _load(Path(path), name, backend, device, dtype, config)
+    except MemoryError as exc:  # a valid file too large for this machine is not corrupt
+        raise MemoryError(
+            f"checkpoint {name} does not fit in this machine's memory (it is not corrupt): "
+            "free memory, or load it where there is more"
+        ) from exc
+
+
+def _load(
+    path: Path, name: str, backend: str, device: Any, dtype: str | None, config: GPTConfig | None
+) -> Checkpoint:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {name} does not exist")
     with path.open("rb") as f:
@@ -205,10 +216,8 @@ def _reading(name: str) -> Iterator[None]:
     """Turn the errors of reading a damaged archive into one :class:`CheckpointError`."""
     try:
         yield
-    except CheckpointError:
+    except (CheckpointError, MemoryError):
         raise
-    except MemoryError as exc:  # a valid file too large for this machine is not corrupt
-        raise MemoryError(f"checkpoint {name} does not fit in this machine's memory") from exc
     except Exception as exc:  # zipfile, zlib and the .npy reader raise many kinds on damage
         raise CheckpointError(f"checkpoint {name} is corrupt or truncated: {exc!r}") from exc
 
