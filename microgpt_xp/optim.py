@@ -103,16 +103,12 @@ def adam_update(
     config: AdamConfig | None = None,
     **changes: Any,
 ) -> tuple[Params, AdamState]:
-    """One Adam update (the spec's, §8) of ``params`` with ``grads`` under ``config`` (the
-    spec's by default; ``changes`` replace fields, e.g. ``num_steps=10``); returns the new
-    ``(params, state)`` and modifies nothing.
+    """One Adam update (spec §8) of ``params`` with ``grads`` under ``config`` (the spec's
+    by default; ``changes`` replace fields); returns the new ``(params, state)``.
 
-    With ``t = state.step``: ``m = beta1 m + (1 - beta1) g``, ``v = beta2 v + (1 - beta2)
-    g²``, ``p -= lr_t (m / (1 - beta1^(t+1))) / (sqrt(v / (1 - beta2^(t+1))) + eps)``, on
-    every weight (zero gradients too). The step's factors are computed in float64, then
-    rounded to the weights' dtype, as the original's Python floats; nothing is read to the
-    host (it traces under ``jax.jit``).
-    """
+    With ``t = state.step``: ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g²``, ``p -=
+    lr_t (m / (1 - b1^(t+1))) / (sqrt(v / (1 - b2^(t+1))) + eps)`` on every weight; the
+    factors in float64, rounded to the weights' dtype; nothing is read to the host."""
     hp = adam_config(config, **changes)
     xp, dtype = params.xp, params.dtype
     t = xp.astype(state.step, xp.float64)
@@ -194,21 +190,17 @@ class Adam:
         from ``params`` in config, namespace, device or dtype."""
         if not isinstance(grads, Params):
             raise ArgumentTypeError("grads", f"grads must be a Params, got {type(grads).__name__}")
-        if grads.config != params.config:
-            raise ArgumentValueError("grads", "grads and params have different configs")
-        if type(grads.wte) is not type(params.wte):
-            raise ArgumentTypeError(
-                "grads",
-                f"grads are {type(grads.wte).__name__} arrays but params {type(params.wte).__name__}",
-            )
-        if grads.dtype != params.dtype:
-            raise ArgumentTypeError(
-                "grads", f"grads have dtype {grads.dtype} but params {params.dtype}"
-            )
-        if str(grads.device) != str(params.device):
-            raise ArgumentValueError(
-                "grads", f"grads are on device {grads.device} but params on {params.device}"
-            )
+        for what, got, want, error in (
+            ("configs", grads.config, params.config, ArgumentValueError),
+            ("array types", type(grads.wte).__name__, type(params.wte).__name__, ArgumentTypeError),
+            ("dtypes", grads.dtype, params.dtype, ArgumentTypeError),
+            ("devices", str(grads.device), str(params.device), ArgumentValueError),
+        ):
+            if got != want:
+                raise error(
+                    "grads",
+                    f"grads and params have different {what}: grads are {got}, params {want}",
+                )
         params, state = adam_update(params, grads, self.state, self.config)
         self.advance(state)
         return params
