@@ -236,15 +236,6 @@ def test_block_size_for_reads_every_document_whole(docs: list[str]) -> None:
     assert count_cut(docs, block_size - 1) == sum(len(d) == block_size - 1 for d in docs)
 
 
-@pytest.mark.parametrize("block_size", [1, 2, 3, 5, 6, 7])
-def test_count_cut_counts_the_documents_encode_docs_cuts(block_size: int) -> None:
-    docs = ["abcde", "a", "edcba", "ab", ""]
-    tok = Tokenizer.from_docs(docs)
-    _, lengths = encode_docs(tok, docs, block_size)
-    cut = sum(n < len(d) + 2 for d, n in zip(docs, lengths, strict=True))
-    assert count_cut(docs, block_size) == cut
-
-
 def test_encode_docs_pads_right_with_bos() -> None:
     tok = Tokenizer.from_docs(["ab", "c"])
     bos = tok.bos
@@ -266,10 +257,12 @@ def test_encode_docs_pads_right_with_bos() -> None:
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 3, 5, 6, 7, 16])
-def test_encode_docs_truncates_like_the_spec(block_size: int) -> None:
-    docs = ["abcde", "a", "edcba"]
+def test_encode_docs_truncates_like_the_spec_and_count_cut_counts(block_size: int) -> None:
+    docs = ["abcde", "a", "edcba", "ab", ""]
     tok = Tokenizer.from_docs(docs)
     tokens, lengths = encode_docs(tok, docs, block_size)
+    cut = sum(n < len(d) + 2 for d, n in zip(docs, lengths, strict=True))
+    assert count_cut(docs, block_size) == cut
     for i, doc in enumerate(docs):
         full = tok.encode_doc(doc)
         n = min(block_size, len(full) - 1)  # spec §6: the number of predictions
