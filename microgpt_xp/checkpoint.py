@@ -1,13 +1,8 @@
-"""Atomic checkpoints: params, Adam state, step, config and tokenizer in one ``.npz`` file.
-
-The archive holds the weights and Adam moments as ``.npy`` members, a JSON header
-(``__header__``) and its SHA-256 (``__header_sha256__``). The header holds the format
-version, config, dtype, tokenizer, step, Adam's hyperparameters and, for every array, its
-dtype with byte order, its shape and the SHA-256 of its bytes, so that a truncated,
-corrupt, reinterpreted or mismatched file is refused. Version 1 (still read) recorded one
-dtype for every array and a SHA-256 each; its config fixes the shapes, so the same checks
-apply.
-"""
+"""Atomic checkpoints: params, Adam state, step, config and tokenizer in one ``.npz`` file:
+``.npy`` members, a JSON header (``__header__``: format version, config, dtype, tokenizer,
+step, Adam's hyperparameters and each array's dtype with byte order, shape and SHA-256)
+and the header's SHA-256 (``__header_sha256__``). Version 1 (still read) recorded one dtype
+and a SHA-256 per array; its config fixes the shapes, so the same checks apply."""
 
 from __future__ import annotations
 
@@ -48,9 +43,8 @@ class CheckpointError(ValueError):
 
 @dataclass
 class Checkpoint:
-    """What :func:`load` returns: ``params`` on the requested backend, ``adam`` (an
-    :class:`Adam` with the saved moments and step count, or ``None``), ``step`` (training
-    steps taken), ``tokenizer`` (or ``None``) and ``meta`` (JSON-able extras)."""
+    """What :func:`load` returns: ``params``, ``adam`` (with the saved moments and step
+    count, or ``None``), ``step`` (training steps), ``tokenizer`` (or ``None``), ``meta``."""
 
     params: Params
     adam: Adam | None
@@ -65,8 +59,7 @@ class Checkpoint:
 
 
 class _Record(NamedTuple):
-    """The header's record of one array: ``numpy.dtype.str`` (byte order included, e.g.
-    ``'<f8'``), shape and the SHA-256 of its C-order bytes."""
+    """One array in the header: ``numpy.dtype.str`` (e.g. ``'<f8'``), shape, SHA-256."""
 
     dtype: str
     shape: tuple[int, ...]
@@ -90,10 +83,8 @@ def save(
     tokenizer: Tokenizer | None = None,
     meta: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint atomically (:func:`microgpt_xp._files.atomic_write`: a crash
-    mid-save leaves the previous file intact) and return its path. ``TypeError`` for
-    weights or moments that are not all float32 or all float64."""
-    # one computation for lazy (Dask) records
+    """Write a checkpoint atomically (a crash mid-save leaves the previous file) and return
+    its path; ``TypeError`` unless weights and moments are all float32 or all float64."""
     records = materialize(*([params] if adam is None else [params, adam.m, adam.v]))
     arrays = {
         f"{prefix}/{k}": _xp.to_numpy(a)
@@ -141,17 +132,25 @@ def load(
 ) -> Checkpoint:
     """Read a checkpoint onto ``backend``/``device`` (``dtype=None``: the saved dtype).
 
-    A bad ``backend``, ``device`` or ``dtype`` is an ``ArgumentValueError`` naming it.
-    :class:`CheckpointError` for a missing, truncated or corrupt file, a file that is not a
-    microgpt-xp checkpoint (or of a version this release does not read), non-finite weights
-    and a config other than ``config`` (when given). Before any weight is used the header
-    must match its SHA-256, the members must be the arrays it lists, none declaring more
-    bytes than its record needs (nothing is inflated beyond that), and each array's stored
-    dtype, byte order, shape and SHA-256 must be its record's.
-    """
+    A bad ``backend``, ``device`` or ``dtype`` is an ``ArgumentValueError``;
+    :class:`CheckpointError` for a missing, truncated, corrupt or foreign file, non-finite
+    weights or a config other than ``config``: the header must match its SHA-256, the
+    members be the arrays it lists (sizes checked before inflating) with its dtypes, shapes
+    and SHA-256s. ``MemoryError`` for a valid file too large for this machine."""
     check_placement(backend, device, dtype)
-    path = Path(path)
     name = repr(str(path))
+    try:
+        return _load(Path(path), name, backend, device, dtype, config)
+    except MemoryError as exc:  # a valid file too large for this machine is not corrupt
+        raise MemoryError(
+            f"checkpoint {name} does not fit in this machine's memory (it is not corrupt): "
+            "free memory, or load it where there is more"
+        ) from exc
+
+
+def _load(
+    path: Path, name: str, backend: str, device: Any, dtype: str | None, config: GPTConfig | None
+) -> Checkpoint:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {name} does not exist")
     with path.open("rb") as f:
@@ -205,10 +204,8 @@ def _reading(name: str) -> Iterator[None]:
     """Turn the errors of reading a damaged archive into one :class:`CheckpointError`."""
     try:
         yield
-    except CheckpointError:
+    except (CheckpointError, MemoryError):
         raise
-    except MemoryError as exc:  # a valid file too large for this machine is not corrupt
-        raise MemoryError(f"checkpoint {name} does not fit in this machine's memory") from exc
     except Exception as exc:  # zipfile, zlib and the .npy reader raise many kinds on damage
         raise CheckpointError(f"checkpoint {name} is corrupt or truncated: {exc!r}") from exc
 
@@ -216,9 +213,8 @@ def _reading(name: str) -> Iterator[None]:
 def _read(
     archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, rec: _Record | None, most: int = 0
 ) -> np.ndarray:
-    """A member's array, once its declared size (before anything is inflated) and stored
-    dtype and shape are found to be the record ``rec``'s; without one, a byte string of at
-    most ``most`` bytes."""
+    """A member's array once its declared size, dtype and shape are ``rec``'s; without
+    ``rec``, a byte string of at most ``most`` bytes."""
     least, most = (rec.nbytes, rec.nbytes) if rec else (0, most)
     if not least <= info.file_size <= most + _NPY_HEADER_BYTES:
         raise CheckpointError(
@@ -269,8 +265,7 @@ def _header(raw: bytes | None, stored: bytes | None, name: str) -> dict[str, Any
 def _parse(
     header: dict[str, Any], name: str
 ) -> tuple[GPTConfig, dict[str, _Record], tuple[AdamConfig, int] | None, Tokenizer | None]:
-    """``(config, the record of each array, (Adam's config, step count) or None,
-    tokenizer)`` of a checked header; ``CheckpointError`` for anything invalid in it."""
+    """``(config, records, (Adam's config, step) or None, tokenizer)`` of a header."""
     try:
         config = GPTConfig.from_dict(header["config"])
         shapes = field_shapes(config)

@@ -1,14 +1,13 @@
-"""Documents, the character tokenizer and padded ``(tokens, lengths)`` batches.
-
-Everything here runs on the host with Python lists and NumPy arrays; batches are moved
-to a backend by the caller (``microgpt_xp._xp.asarray``).
-"""
+"""Documents, the character tokenizer and padded ``(tokens, lengths)`` batches, on the host
+(Python lists and NumPy arrays; the caller moves batches to a backend)."""
 
 from __future__ import annotations
 
 import codecs
 import importlib.util
 import json
+import os
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,30 +32,39 @@ def docs_from_text(text: str) -> list[str]:
 
 def read_docs(path: str | Path) -> list[str]:
     """The documents of a UTF-8 text file (:func:`docs_from_text`); a byte-order mark at the
-    start is dropped. :class:`DataError` for a missing file, bytes that are not UTF-8 or a
-    file without any document."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
+    start is dropped. :class:`DataError` for a missing file, one that is not a regular file
+    (a folder, FIFO or device: never waited on), bytes that are not UTF-8 or no document."""
+    name = repr(str(path))
+    try:  # non-blocking: opening a FIFO without a writer returns at once
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise DataError(
+                    f"cannot read data file {name}: it is not a regular file (a folder, FIFO "
+                    "or device, which might never end); save the documents to a file first"
+                )
+            with open(fd, "rb", closefd=False) as f:
+                raw = f.read()
+        finally:
+            os.close(fd)
     except OSError as exc:
-        raise DataError(f"cannot read data file {str(path)!r}: {exc.strerror or exc}") from exc
+        raise DataError(f"cannot read data file {name}: {exc.strerror or exc}") from exc
     start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
         text = str(memoryview(raw)[start:], "utf-8")  # no copy of the bytes
     except UnicodeDecodeError as exc:
         raise DataError(
-            f"data file {str(path)!r} is not UTF-8 text (undecodable byte at offset "
-            f"{start + exc.start})"
+            f"data file {name} is not UTF-8 text (undecodable byte at offset {start + exc.start})"
         ) from exc
     docs = docs_from_text(text)
     if not docs:
-        raise DataError(f"data file {str(path)!r} holds no documents (it is empty or blank)")
+        raise DataError(f"data file {name} holds no documents (it is empty or blank)")
     return docs
 
 
 def default_docs() -> list[str]:
-    """The embedded default corpus: the English first names of the MIT-licensed ``mimesis``
-    package (about 3,300), lowercased, deduplicated, a–z only, sorted."""
+    """The default corpus: ``mimesis``'s English first names (about 3,300), lowercased,
+    deduplicated, a–z only, sorted."""
     spec = importlib.util.find_spec("mimesis")  # found, not imported (its import is slow)
     if spec is None or spec.origin is None:
         raise DataError(
@@ -75,9 +83,9 @@ def _quote(text: str, limit: int = 40) -> str:
 
 
 def split_docs(docs: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """``(train, held_out)``, each in corpus order: ``round(fraction * len(docs))`` documents
-    (at least one) held out by a permutation of ``numpy.random.default_rng([seed, 1])``.
-    ``DataError`` unless ``0 < fraction < 1`` leaves a document on each side."""
+    """``(train, held_out)`` in corpus order: ``round(fraction * len(docs))`` documents (at
+    least one) held out by ``numpy.random.default_rng([seed, 1])``; ``DataError`` unless
+    ``0 < fraction < 1`` leaves a document on each side."""
     if not 0.0 < fraction < 1.0:
         raise DataError(f"the held-out fraction must lie in (0, 1), got {fraction!r}")
     n = len(docs)
@@ -118,8 +126,7 @@ def check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
 
 class Tokenizer:
     """microgpt's character tokenizer: ids ``0..len(chars)-1`` for the sorted distinct
-    characters, then ``bos = len(chars)``, which marks both the start and the end of a
-    document; ``vocab_size = len(chars) + 1``."""
+    characters, then ``bos = len(chars)`` (start and end of a document)."""
 
     def __init__(self, chars: Iterable[str]) -> None:
         chars = sorted(set(chars))
@@ -148,8 +155,8 @@ class Tokenizer:
         return len(self.chars) + 1
 
     def encode(self, doc: str) -> list[int]:
-        """Character ids of ``doc`` (no BOS); ``ValueError`` naming the first character
-        outside the vocabulary, its position and (the start of) the document."""
+        """Character ids of ``doc`` (no BOS); ``ValueError`` naming the first unknown
+        character, its position and the document."""
         try:
             return [self._ids[ch] for ch in doc]
         except KeyError as exc:
@@ -212,28 +219,23 @@ def block_size_for(docs: Iterable[str]) -> int:
 
 
 def default_block_size(docs: Iterable[str]) -> int:
-    """The block size a run takes by default: the spec's 16, or more where 16 would cut a
-    document (:func:`block_size_for`)."""
+    """The spec's 16, or more where 16 would cut a document (:func:`block_size_for`)."""
     return max(16, block_size_for(docs))
 
 
 def count_cut(docs: Iterable[str], block_size: int) -> int:
-    """How many documents :func:`encode_docs` cuts at ``block_size`` (those longer than
-    ``block_size - 1`` characters lose their end)."""
+    """How many documents :func:`encode_docs` cuts at ``block_size`` (longer than
+    ``block_size - 1`` characters)."""
     return sum(len(d) >= block_size for d in docs)
 
 
 def encode_docs(
     tokenizer: Tokenizer, docs: Sequence[str], block_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded ``(tokens (N, L) int64, lengths (N,) int64)`` of documents.
-
-    Each row is ``BOS, chars…, BOS`` cut to ``block_size + 1`` tokens (the spec's ``n =
-    min(block_size, len - 1)`` predictions) and padded with BOS; ``L`` is the longest row
-    and ``lengths`` counts the real tokens. Each document is cut *before* it is encoded,
-    so memory follows what is kept and only the characters kept must be in the vocabulary
-    (``ValueError`` otherwise). The cut is silent (see :func:`count_cut`).
-    """
+    """Right-padded ``(tokens (N, L) int64, lengths (N,) int64)``: each row ``BOS, chars…,
+    BOS`` cut to ``block_size + 1`` tokens (silently, see :func:`count_cut`) and padded with
+    BOS. Documents are cut before encoding: only the characters kept must be in the
+    vocabulary (``ValueError`` otherwise)."""
     if not docs:
         raise DataError("no documents to encode")
     rows = [tokenizer.encode_doc(d[:block_size])[: block_size + 1] for d in docs]
@@ -245,12 +247,9 @@ def encode_docs(
 
 
 def batch_indices(num_docs: int, batch_size: int, step: int, seed: int) -> np.ndarray:
-    """Indices of the documents of training step ``step`` (0-based), ``(batch_size,)``.
-
-    The corpus is read in epochs, each a permutation drawn from
-    ``numpy.random.default_rng([seed, epoch])``; step ``s`` takes positions ``s*B ..
-    s*B + B - 1`` of the concatenated epochs, so a resumed run sees the same batches.
-    """
+    """Indices ``(batch_size,)`` of training step ``step`` (0-based): positions ``s*B ..
+    s*B + B - 1`` of epochs, each a permutation by ``numpy.random.default_rng([seed,
+    epoch])``, so a resumed run sees the same batches."""
     if batch_size < 1:
         raise DataError(f"batch size must be at least 1, got {batch_size}")
     if num_docs < batch_size:

@@ -1,11 +1,7 @@
-"""microgpt-exact mode: replay the original script's run, step for step, on any array type.
-
-Python's own ``random`` seeded with 42 shuffles the documents and draws the 4192 initial
-weights in the original's order; training takes one document per step in the shuffled
-order in float64 with the spec's Adam; sampling draws each token with the standard
-library's ``choices`` from the same generator, so the printed losses and names are the
-original's.
-"""
+"""microgpt-exact mode: replay the original script's run step for step on any array type:
+``random.Random(42)`` shuffles the documents, draws the initial weights in the original's
+order and each sampled token (``choices``); training takes one document per step in
+float64 with the spec's Adam, so the printed losses and names are the original's."""
 
 from __future__ import annotations
 
@@ -31,10 +27,9 @@ INFERENCE_HEADER = "--- inference (new, hallucinated names) ---"
 
 @dataclass
 class ExactRun:
-    """What :func:`run_exact` returns: the printed ``lines`` (without line ends), the step
-    ``losses``, the ``samples``, the trained ``params`` and ``adam``, the ``tokenizer``, and
-    the generator's state when sampling began (``sample_rng_state``, for
-    :func:`sample_exact`)."""
+    """What :func:`run_exact` returns: printed ``lines``, step ``losses``, ``samples``, the
+    trained ``params``, ``adam``, ``tokenizer`` and the generator's state after the
+    initialisation (``sample_rng_state``)."""
 
     lines: list[str] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -74,9 +69,8 @@ def sample_exact(
     num_samples: int = NUM_SAMPLES,
     temperature: float = TEMPERATURE,
 ) -> list[str]:
-    """Sample as the original does: one name at a time from BOS with a fresh KV cache,
-    ``probs = softmax(logits * temperature**-1)``, each token drawn by ``rng.choices(range(V),
-    weights=probs)`` (one ``random()`` per token, the final BOS included), until BOS or
+    """Sample as the original: each name from BOS with a fresh KV cache, each token by
+    ``rng.choices(range(V), weights=softmax(logits * temperature**-1))``, until BOS or
     ``block_size`` tokens."""
     if not temperature > 0:
         raise ArgumentValueError(
@@ -115,13 +109,9 @@ def run_exact(
     print_fn: Callable[[str, str], None] | None = _print,
     newlines: bool = False,
 ) -> ExactRun:
-    """Replay the original microgpt run on ``docs`` (the lines of ``input.txt``) in float64.
-
-    Prints through ``print_fn(text, end)`` what the original prints: ``num docs``, ``vocab
-    size``, ``num params``, a ``step    s / 1000 | loss x.xxxx`` line per step (ended by
-    ``"\\r"``, or ``"\\n"`` with ``newlines=True``), the inference header and ``sample  i:
-    name`` lines. ``max_steps`` stops early, keeping the ``num_steps`` schedule.
-    """
+    """Replay the original run on ``docs`` (the lines of ``input.txt``) in float64,
+    printing through ``print_fn(text, end)`` what it prints (step lines end in ``"\\r"``, or
+    ``"\\n"`` with ``newlines``). ``max_steps`` stops early, keeping the schedule."""
     if not docs:
         raise ArgumentValueError("docs", "microgpt-exact needs at least one document")
     run = ExactRun()

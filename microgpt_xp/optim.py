@@ -10,11 +10,11 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from . import _pytree
+from . import _pytree, _xp
 from . import primitives as P
 from ._errors import ArgumentTypeError, ArgumentValueError
 from ._xp import check_positive_int
-from .params import Params, flatten, unflatten
+from .params import FIELDS, Params, flatten, unflatten
 
 #: The spec's hyperparameters.
 LR, BETA1, BETA2, EPS, NUM_STEPS = 0.01, 0.85, 0.99, 1e-8, 1000
@@ -22,9 +22,10 @@ LR, BETA1, BETA2, EPS, NUM_STEPS = 0.01, 0.85, 0.99, 1e-8, 1000
 
 @dataclass(frozen=True)
 class AdamState:
-    """Adam's moments ``m`` and ``v``, each a flat ``(num_params,)`` vector in
-    :func:`~microgpt_xp.params.flatten`'s layout on the weights' namespace, device and
-    dtype, and ``step``, a 0-d int64 array counting the updates taken (a JAX pytree)."""
+    """Adam's moments ``m`` and ``v`` on the weights' namespace, device and dtype, each a
+    flat ``(num_params,)`` vector in :func:`~microgpt_xp.params.flatten`'s layout (eager
+    arrays) or a :class:`Params` (chunked arrays, which are updated per weight, never
+    concatenated), and ``step``, a 0-d int64 array counting the updates (a JAX pytree)."""
 
     m: Any
     v: Any
@@ -40,7 +41,10 @@ def adam_init(params: Params) -> AdamState:
     """The state before the first update: zero moments, ``step = 0``."""
     if not isinstance(params, Params):
         raise ArgumentTypeError("params", f"adam_init needs a Params, got {type(params).__name__}")
-    zeros = P.full((params.config.num_params,), 0.0, params.wte)
+    if _xp.is_lazy(params.wte):
+        zeros = params.map(lambda a: P.full(tuple(a.shape), 0.0, a), check=False)
+    else:
+        zeros = P.full((params.config.num_params,), 0.0, params.wte)
     return AdamState(zeros, zeros, P.full((), 0, params.wte, dtype=params.xp.int64))
 
 
@@ -99,26 +103,31 @@ def adam_update(
     config: AdamConfig | None = None,
     **changes: Any,
 ) -> tuple[Params, AdamState]:
-    """One Adam update (the spec's, §8) of ``params`` with ``grads`` under ``config`` (the
-    spec's by default; ``changes`` replace fields, e.g. ``num_steps=10``); returns the new
-    ``(params, state)`` and modifies nothing.
+    """One Adam update (spec §8) of ``params`` with ``grads`` under ``config`` (the spec's
+    by default; ``changes`` replace fields); returns the new ``(params, state)``.
 
-    With ``t = state.step``: ``m = beta1 m + (1 - beta1) g``, ``v = beta2 v + (1 - beta2)
-    g²``, ``p -= lr_t (m / (1 - beta1^(t+1))) / (sqrt(v / (1 - beta2^(t+1))) + eps)``, on
-    every weight (zero gradients too). The step's factors are computed in float64, then
-    rounded to the weights' dtype, as the original's Python floats; nothing is read to the
-    host (it traces under ``jax.jit``).
-    """
+    With ``t = state.step``: ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g²``, ``p -=
+    lr_t (m / (1 - b1^(t+1))) / (sqrt(v / (1 - b2^(t+1))) + eps)`` on every weight; the
+    factors in float64, rounded to the weights' dtype; nothing is read to the host."""
     hp = adam_config(config, **changes)
     xp, dtype = params.xp, params.dtype
     t = xp.astype(state.step, xp.float64)
     lr_t = xp.astype(hp.lr * (1.0 - t / hp.num_steps), dtype)
     bc1 = xp.astype(1.0 - hp.beta1 ** (t + 1.0), dtype)
     bc2 = xp.astype(1.0 - hp.beta2 ** (t + 1.0), dtype)
-    p, g = flatten(params), flatten(grads)
-    m = hp.beta1 * state.m + (1 - hp.beta1) * g
-    v = hp.beta2 * state.v + (1 - hp.beta2) * (g * g)
-    p = p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + hp.eps)
+
+    def update(p: Any, g: Any, m: Any, v: Any) -> tuple[Any, Any, Any]:
+        m = hp.beta1 * m + (1 - hp.beta1) * g
+        v = hp.beta2 * v + (1 - hp.beta2) * (g * g)
+        return p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + hp.eps), m, v
+
+    if isinstance(state.m, Params):  # per weight: no concatenation of differing chunks
+        new = {
+            f: update(*(getattr(r, f) for r in (params, grads, state.m, state.v))) for f in FIELDS
+        }
+        p, m, v = (Params.trusted(params.config, {f: new[f][i] for f in FIELDS}) for i in range(3))
+        return p, AdamState(m, v, state.step + 1)
+    p, m, v = update(flatten(params), flatten(grads), state.m, state.v)
     return unflatten(p, params.config), AdamState(m, v, state.step + 1)
 
 
@@ -146,12 +155,14 @@ class Adam:
     @property
     def m(self) -> Params:
         """The first moments (views of the state's flat vector where the namespace has them)."""
-        return unflatten(self.state.m, self.model)
+        m = self.state.m
+        return m if isinstance(m, Params) else unflatten(m, self.model)
 
     @property
     def v(self) -> Params:
         """The second moments."""
-        return unflatten(self.state.v, self.model)
+        v = self.state.v
+        return v if isinstance(v, Params) else unflatten(v, self.model)
 
     def restore(self, m: Params, v: Params, t: int) -> None:
         """Take the moments ``m``, ``v`` (:class:`Params` of the model's config) and step
@@ -161,7 +172,9 @@ class Adam:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= self.num_steps:
             raise ArgumentValueError("t", f"t must be an int in [0, {self.num_steps}], got {t!r}")
         step = P.full((), t, m.wte, dtype=m.xp.int64)
-        self.state, self.t = AdamState(flatten(m), flatten(v), step), t
+        if not isinstance(self.state.m, Params):
+            m, v = flatten(m), flatten(v)
+        self.state, self.t = AdamState(m, v, step), t
 
     def lr_at(self, t: int) -> float:
         """The learning rate of the ``t``-th step (0-based)."""
@@ -177,21 +190,17 @@ class Adam:
         from ``params`` in config, namespace, device or dtype."""
         if not isinstance(grads, Params):
             raise ArgumentTypeError("grads", f"grads must be a Params, got {type(grads).__name__}")
-        if grads.config != params.config:
-            raise ArgumentValueError("grads", "grads and params have different configs")
-        if type(grads.wte) is not type(params.wte):
-            raise ArgumentTypeError(
-                "grads",
-                f"grads are {type(grads.wte).__name__} arrays but params {type(params.wte).__name__}",
-            )
-        if grads.dtype != params.dtype:
-            raise ArgumentTypeError(
-                "grads", f"grads have dtype {grads.dtype} but params {params.dtype}"
-            )
-        if str(grads.device) != str(params.device):
-            raise ArgumentValueError(
-                "grads", f"grads are on device {grads.device} but params on {params.device}"
-            )
+        for what, got, want, error in (
+            ("configs", grads.config, params.config, ArgumentValueError),
+            ("array types", type(grads.wte).__name__, type(params.wte).__name__, ArgumentTypeError),
+            ("dtypes", grads.dtype, params.dtype, ArgumentTypeError),
+            ("devices", str(grads.device), str(params.device), ArgumentValueError),
+        ):
+            if got != want:
+                raise error(
+                    "grads",
+                    f"grads and params have different {what}: grads are {got}, params {want}",
+                )
         params, state = adam_update(params, grads, self.state, self.config)
         self.advance(state)
         return params

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -16,15 +15,13 @@ from . import _pytree, _xp
 from ._errors import ArgumentTypeError, ArgumentValueError
 from .config import GPTConfig
 
-#: Global weights, then per-layer weights (stacked along a leading ``n_layer`` axis), in
-#: the spec's state-dict order.
+#: Global weights, then per-layer weights (stacked on a leading ``n_layer`` axis), in the
+#: spec's state-dict order.
 GLOBAL_FIELDS: tuple[str, ...] = ("wte", "wpe", "lm_head")
 LAYER_FIELDS: tuple[str, ...] = ("attn_wq", "attn_wk", "attn_wv", "attn_wo", "mlp_fc1", "mlp_fc2")
 FIELDS: tuple[str, ...] = GLOBAL_FIELDS + LAYER_FIELDS
-
 #: The entry in which an exported state dict carries its tokenizer (``{"chars": ...}``).
 TOKENIZER_KEY = "tokenizer"
-
 #: Standard deviation of the initial Gaussian weights (the spec's 0.08).
 INIT_STD = 0.08
 
@@ -32,20 +29,19 @@ INIT_STD = 0.08
 def field_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Shape of every ``Params`` field for ``config`` (matrices are ``[n_out, n_in]``)."""
     v, c, t, n = config.vocab_size, config.n_embd, config.block_size, config.n_layer
-    square = (n, c, c)
-    return {
-        "wte": (v, c),
-        "wpe": (t, c),
-        "lm_head": (v, c),
-        **dict.fromkeys(("attn_wq", "attn_wk", "attn_wv", "attn_wo"), square),
-        "mlp_fc1": (n, 4 * c, c),
-        "mlp_fc2": (n, c, 4 * c),
-    }
+    sq = (n, c, c)
+    return dict(
+        zip(
+            FIELDS,
+            [(v, c), (t, c), (v, c), sq, sq, sq, sq, (n, 4 * c, c), (n, c, 4 * c)],
+            strict=True,
+        )
+    )
 
 
 def state_dict_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """The original's state-dict keys in its order (``wte, wpe, lm_head, layer0.attn_wq, …,
-    layer0.mlp_fc2, layer1.attn_wq, …``) with their shapes."""
+    layer1.attn_wq, …``) with their shapes."""
     shapes = field_shapes(config)
     out = {name: shapes[name] for name in GLOBAL_FIELDS}
     for i in range(config.n_layer):
@@ -59,9 +55,8 @@ def state_dict_keys(config: GPTConfig) -> list[str]:
 
 
 def check_placement(backend: Any, device: Any = None, dtype: str | None = None) -> str:
-    """The name of ``backend`` (a table name or an Array API namespace), once it, ``device``
-    and ``dtype`` (a name; ``None`` passes) are usable: otherwise an ``ArgumentValueError``
-    or ``ArgumentTypeError`` naming the one that is not (raised by :mod:`microgpt_xp._xp`)."""
+    """The name of ``backend`` (a table name or a namespace) once it, ``device`` and
+    ``dtype`` (``None`` passes) are usable; else the argument error of :mod:`._xp`."""
     name = _xp.check_backend(backend)
     _xp.resolve_device(name, device)
     if dtype is not None:
@@ -69,17 +64,19 @@ def check_placement(backend: Any, device: Any = None, dtype: str | None = None) 
     return name
 
 
+def _config(config: Any, what: str) -> None:
+    if not isinstance(config, GPTConfig):
+        raise ArgumentTypeError(
+            "config", f"{what} must be a GPTConfig, got {type(config).__name__}"
+        )
+
+
 @dataclass(frozen=True)
 class Params:
-    """microgpt's weights, every field an array of one namespace, device and dtype
-    (float32 or float64).
-
-    Fields (``V`` vocab, ``T`` block_size, ``C`` n_embd, ``L`` n_layer):
-    ``wte [V, C]``, ``wpe [T, C]``, ``lm_head [V, C]``, ``attn_wq/attn_wk/attn_wv/attn_wo
-    [L, C, C]``, ``mlp_fc1 [L, 4C, C]``, ``mlp_fc2 [L, C, 4C]``. Matrices are ``[n_out,
-    n_in]`` as in the original (``y = x @ W.T``). The same record holds gradients and Adam
-    moments; it is immutable (see :meth:`map`).
-    """
+    """microgpt's weights, arrays of one namespace, device and dtype (float32 or float64):
+    ``wte [V, C]``, ``wpe [T, C]``, ``lm_head [V, C]``, ``attn_wq/wk/wv/wo [L, C, C]``,
+    ``mlp_fc1 [L, 4C, C]``, ``mlp_fc2 [L, C, 4C]`` (matrices ``[n_out, n_in]``, ``y = x @
+    W.T``). The same immutable record holds gradients and Adam moments (see :meth:`map`)."""
 
     config: GPTConfig
     wte: Any
@@ -93,29 +90,21 @@ class Params:
     mlp_fc2: Any
 
     def __post_init__(self) -> None:
-        if not isinstance(self.config, GPTConfig):
-            raise ArgumentTypeError(
-                "config", f"Params.config must be a GPTConfig, got {type(self.config).__name__}"
-            )
+        _config(self.config, "Params.config")
         arrays = list(self.arrays().values())
         try:
             xp = _xp.array_namespace(*arrays)
         except TypeError as exc:
             raise TypeError(f"Params fields must be arrays of one namespace: {exc}") from exc
         for name, shape in field_shapes(self.config).items():
-            got = tuple(getattr(self, name).shape)
-            if got != shape:
-                raise ArgumentValueError(
-                    name,
-                    f"Params.{name} has shape {got}, but the config needs {shape} ({self.config})",
-                )
-        dtypes = {str(a.dtype) for a in arrays}
-        if len(dtypes) > 1:
+            if (got := tuple(getattr(self, name).shape)) != shape:
+                msg = f"Params.{name} has shape {got}, but the config needs {shape} ({self.config})"
+                raise ArgumentValueError(name, msg)
+        if len(dtypes := {str(a.dtype) for a in arrays}) > 1:
             raise TypeError(f"Params fields must share one dtype, got {sorted(dtypes)}")
         if arrays[0].dtype not in (xp.float32, xp.float64):
             raise TypeError(f"Params must be float32 or float64, got {arrays[0].dtype}")
-        devices = {str(array_api_compat.device(a)) for a in arrays}
-        if len(devices) > 1:
+        if len(devices := {str(array_api_compat.device(a)) for a in arrays}) > 1:
             raise ValueError(f"Params fields must share one device, got {sorted(devices)}")
 
     @property
@@ -145,15 +134,13 @@ class Params:
     def map(self, fn: Callable[..., Any], *others: Params, check: bool = True) -> Params:
         """A new ``Params`` whose field ``f`` is ``fn(self.f, other1.f, …)``; ``check=False``
         skips validating the result (elementwise updates in hot loops)."""
-        arrays = {
-            name: fn(getattr(self, name), *(getattr(o, name) for o in others)) for name in FIELDS
-        }
-        return Params(self.config, **arrays) if check else Params.trusted(self.config, arrays)
+        new = {f: fn(getattr(self, f), *(getattr(o, f) for o in others)) for f in FIELDS}
+        return Params(self.config, **new) if check else Params.trusted(self.config, new)
 
     @classmethod
     def trusted(cls, config: GPTConfig, arrays: Mapping[str, Any]) -> Params:
-        """A record of ``arrays`` (a mapping with every field) without validation: only for
-        arrays known to fit ``config`` (results of the model's own computations)."""
+        """A record of ``arrays`` (every field) without validation: only for arrays known
+        to fit ``config`` (results of the model's own computations)."""
         obj = object.__new__(cls)
         object.__setattr__(obj, "config", config)
         for name in FIELDS:
@@ -161,9 +148,9 @@ class Params:
         return obj
 
     def to(self, backend: Any = None, *, device: Any = None, dtype: str | None = None) -> Params:
-        """A copy on another backend (a table name or an Array API namespace), device and/or
-        dtype, through host NumPy arrays. ``backend=None`` keeps the backend and, unless
-        ``device`` is given, the device; ``dtype=None`` keeps the dtype."""
+        """A copy on another backend (a table name or a namespace), device and/or dtype,
+        through host NumPy arrays; ``None`` keeps each (the device only if the backend is
+        kept)."""
         if backend is None and device is None:
             device = self.device
         return from_host(
@@ -175,9 +162,8 @@ class Params:
         )
 
     def to_state_dict(self) -> dict[str, np.ndarray]:
-        """The weights in the original's layout, keys and order, as NumPy arrays:
-        ``"wte" [V, C]``, ``"wpe" [T, C]``, ``"lm_head" [V, C]``, ``"layer{i}.attn_wq" [C, C]``,
-        …, ``"layer{i}.mlp_fc2" [C, 4C]``."""
+        """The weights in the original's keys, order and layout as NumPy arrays: ``"wte"
+        [V, C]``, …, ``"layer{i}.attn_wq" [C, C]``, …, ``"layer{i}.mlp_fc2" [C, 4C]``."""
         host = {name: _xp.to_numpy(a) for name, a in self.arrays().items()}
         out = {name: host[name] for name in GLOBAL_FIELDS}
         for i in range(self.config.n_layer):
@@ -195,50 +181,45 @@ class Params:
         dtype: str | None = None,
     ) -> Params:
         """``Params`` from the original's state dict (nested lists or arrays of any
-        namespace) on ``backend`` and ``device``.
-
-        Without ``config`` it is inferred from the shapes with the default ``n_head`` (4).
-        ``dtype=None`` keeps a float32/float64 input dtype, float64 otherwise. A
-        ``"tokenizer"`` entry is passed over. Missing or extra keys, wrong shapes and
-        non-finite values raise ``ValueError``.
-        """
+        namespace) on ``backend`` and ``device``. Without ``config`` it is inferred from the
+        shapes (``n_head`` 4); ``dtype=None`` keeps float32/float64, else float64. A
+        ``"tokenizer"`` entry is passed over; missing or extra keys, wrong shapes and
+        non-finite values raise ``ValueError``."""
         if not isinstance(state_dict, Mapping):
-            raise ArgumentTypeError(
-                "state_dict", f"state_dict must be a mapping, got {type(state_dict).__name__}"
-            )
+            got = type(state_dict).__name__
+            raise ArgumentTypeError("state_dict", f"state_dict must be a mapping, got {got}")
         host = {
             k: np.asarray(_xp.to_numpy(v) if array_api_compat.is_array_api_obj(v) else v)
             for k, v in state_dict.items()
             if k != TOKENIZER_KEY
         }
+
+        def refuse(msg: str) -> ArgumentValueError:
+            return ArgumentValueError("state_dict", msg)
+
         if config is None:
             for key in ("wte", "wpe"):
                 if key not in host or host[key].ndim != 2:
-                    raise ArgumentValueError(
-                        "state_dict", f"state dict needs a 2-d {key!r} entry to infer the config"
-                    )
+                    raise refuse(f"state dict needs a 2-d {key!r} entry to infer the config")
             (v, c), t = host["wte"].shape, host["wpe"].shape[0]
-            layers = {k.split(".")[0] for k in host if k.startswith("layer")}
-            config = GPTConfig(int(v), n_layer=max(len(layers), 1), n_embd=int(c), block_size=t)
+            n = len({k.split(".")[0] for k in host if k.startswith("layer")})
+            config = GPTConfig(int(v), n_layer=max(n, 1), n_embd=int(c), block_size=t)
         expected = state_dict_shapes(config)
-        missing = [k for k in expected if k not in host]
-        extra = [k for k in host if k not in expected]
+        missing, extra = (
+            [k for k in expected if k not in host],
+            [k for k in host if k not in expected],
+        )
         if missing or extra:
-            raise ArgumentValueError(
-                "state_dict",
-                f"state dict does not match {config}: missing keys {missing}, extra keys {extra}",
+            raise refuse(
+                f"state dict does not match {config}: missing keys {missing}, extra keys {extra}"
             )
         for key, want in expected.items():
             if host[key].shape != want:
-                raise ArgumentValueError(
-                    "state_dict",
-                    f"state dict entry {key!r} has shape {host[key].shape}, expected {want}",
+                raise refuse(
+                    f"state dict entry {key!r} has shape {host[key].shape}, expected {want}"
                 )
-        bad = [k for k in expected if not np.isfinite(host[k].astype(np.float64)).all()]
-        if bad:
-            raise ArgumentValueError(
-                "state_dict", f"state dict entries {bad} are not finite (NaN or inf)"
-            )
+        if bad := [k for k in expected if not np.isfinite(host[k].astype(np.float64)).all()]:
+            raise refuse(f"state dict entries {bad} are not finite (NaN or inf)")
         if dtype is None:
             kinds = {str(host[k].dtype) for k in expected}
             dtype = kinds.pop() if kinds in ({"float32"}, {"float64"}) else "float64"
@@ -258,12 +239,12 @@ _pytree.register(
 def from_host(
     host: Mapping[str, np.ndarray], config: GPTConfig, *, backend: Any, device: Any, dtype: str
 ) -> Params:
-    """``Params`` of layer-stacked host arrays (``name -> array``), placed on ``backend``,
+    """``Params`` of layer-stacked host arrays (``name -> array``) placed on ``backend``,
     ``device`` and ``dtype`` (checked by :func:`check_placement`)."""
     backend = check_placement(backend, device, dtype)
+    place = _xp.asarray
     return Params(
-        config,
-        **{name: _xp.asarray(host[name], backend, device=device, dtype=dtype) for name in FIELDS},
+        config, **{f: place(host[f], backend, device=device, dtype=dtype) for f in FIELDS}
     )
 
 
@@ -275,16 +256,10 @@ def init_params(
     device: Any = None,
     dtype: str = "float32",
 ) -> Params:
-    """Fresh weights drawn from N(0, 0.08²) by ``numpy.random.default_rng(seed)`` on the host,
-    placed on ``backend`` (a table name or an Array API namespace), ``device`` and ``dtype``.
-
-    One flat draw of ``config.num_params`` values is split over the state-dict keys in the
-    spec's order, so a seed gives the same weights everywhere (up to the dtype's rounding).
-    """
-    if not isinstance(config, GPTConfig):
-        raise ArgumentTypeError(
-            "config", f"config must be a GPTConfig, got {type(config).__name__}"
-        )
+    """Fresh weights from N(0, 0.08²) by ``numpy.random.default_rng(seed)`` on the host, on
+    ``backend``, ``device`` and ``dtype``: one flat draw of ``config.num_params`` values
+    split over the state-dict keys in order, so a seed gives the same weights everywhere."""
+    _config(config, "config")
     flat = np.random.default_rng(seed).normal(0.0, INIT_STD, size=config.num_params)
     state, offset = {}, 0
     for key, shape in state_dict_shapes(config).items():
@@ -293,18 +268,8 @@ def init_params(
     return Params.from_state_dict(state, config=config, backend=backend, device=device, dtype=dtype)
 
 
-@functools.cache
-def layout(config: GPTConfig) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
-    """``(name, start, stop, shape)`` of every field in :func:`flatten`'s vector."""
-    out, offset = [], 0
-    for name, shape in field_shapes(config).items():
-        out.append((name, offset, offset + math.prod(shape), shape))
-        offset += math.prod(shape)
-    return tuple(out)
-
-
 def flatten(record: Params) -> Any:
-    """The fields of ``record`` one after another (in :data:`FIELDS` order, each row-major)
+    """The fields of ``record`` one after another (:data:`FIELDS` order, each row-major)
     as one ``(num_params,)`` array of its namespace."""
     return record.xp.concat(list(record.arrays().values()), axis=None)
 
@@ -312,8 +277,12 @@ def flatten(record: Params) -> Any:
 def unflatten(flat: Any, config: GPTConfig) -> Params:
     """The inverse of :func:`flatten`: ``Params`` of reshaped slices of ``flat (num_params,)``
     (views where the namespace has them)."""
-    xp = _xp.array_namespace(flat)
-    fields = {name: xp.reshape(flat[lo:hi], shape) for name, lo, hi, shape in layout(config)}
+    xp, fields, lo = _xp.array_namespace(flat), {}, 0
+    for name, shape in field_shapes(config).items():
+        fields[name], lo = (
+            xp.reshape(flat[lo : lo + math.prod(shape)], shape),
+            lo + math.prod(shape),
+        )
     return Params.trusted(config, fields)
 
 
@@ -328,27 +297,32 @@ def materialize(*items: Any) -> tuple[Any, ...]:
     return tuple(_rebuild(item, done) for item in items)
 
 
-def _leaves(item: Any) -> Iterator[Any]:
+def _parts(item: Any) -> dict[str, Any] | tuple[Any, ...] | None:
+    """The children of a record or tuple; ``None`` for a leaf."""
     if isinstance(item, Params):
-        yield from item.arrays().values()
-    elif dataclasses.is_dataclass(item) and not isinstance(item, type):
-        for f in dataclasses.fields(item):
-            yield from _leaves(getattr(item, f.name))
-    elif isinstance(item, tuple):
-        for x in item:
-            yield from _leaves(x)
-    else:
+        return item.arrays()
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
+    return item if isinstance(item, tuple) else None
+
+
+def _leaves(item: Any) -> Iterator[Any]:
+    parts = _parts(item)
+    if parts is None:
         yield item
+    for x in parts.values() if isinstance(parts, dict) else parts or ():
+        yield from _leaves(x)
 
 
 def _rebuild(item: Any, done: Iterator[Any]) -> Any:
-    if isinstance(item, Params):
-        return Params.trusted(item.config, {name: next(done) for name in FIELDS})
-    if dataclasses.is_dataclass(item) and not isinstance(item, type):
-        fields = dataclasses.fields(item)
-        return dataclasses.replace(
-            item, **{f.name: _rebuild(getattr(item, f.name), done) for f in fields}
-        )
-    if isinstance(item, tuple):
-        return tuple(_rebuild(x, done) for x in item)
-    return next(done)
+    parts = _parts(item)
+    if parts is None:
+        return next(done)
+    if isinstance(parts, tuple):
+        return tuple(_rebuild(x, done) for x in parts)
+    new = {k: _rebuild(x, done) for k, x in parts.items()}
+    return (
+        Params.trusted(item.config, new)
+        if isinstance(item, Params)
+        else dataclasses.replace(item, **new)
+    )

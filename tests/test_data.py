@@ -4,8 +4,10 @@ batches (spec §6) and the epoch-wise batch order."""
 from __future__ import annotations
 
 import json
+import os
 import string
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,9 +84,24 @@ def test_read_docs_errors_name_the_file(tmp_path: Path, content: bytes | None, m
     with pytest.raises(DataError, match=match) as info:
         read_docs(path)
     assert str(path) in str(info.value)
-    with pytest.raises(DataError, match="cannot read"):
-        read_docs(tmp_path)  # a directory
     assert issubclass(DataError, ValueError)
+
+
+def test_read_docs_never_waits_on_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no writer: a blocking open would wait forever
+    for path in (tmp_path, fifo, Path(os.devnull)):
+        got: list[BaseException] = []
+        reader = threading.Thread(target=lambda p=path, g=got: g.append(_raises(p)), daemon=True)
+        reader.start()
+        reader.join(timeout=10)
+        assert got and "not a regular file" in str(got[0]) and str(path) in str(got[0])
+
+
+def _raises(path: Path) -> BaseException:
+    with pytest.raises(DataError, match="cannot read") as info:
+        read_docs(path)
+    return info.value
 
 
 def test_read_docs_drops_a_byte_order_mark(tmp_path: Path) -> None:
@@ -219,15 +236,6 @@ def test_block_size_for_reads_every_document_whole(docs: list[str]) -> None:
     assert count_cut(docs, block_size - 1) == sum(len(d) == block_size - 1 for d in docs)
 
 
-@pytest.mark.parametrize("block_size", [1, 2, 3, 5, 6, 7])
-def test_count_cut_counts_the_documents_encode_docs_cuts(block_size: int) -> None:
-    docs = ["abcde", "a", "edcba", "ab", ""]
-    tok = Tokenizer.from_docs(docs)
-    _, lengths = encode_docs(tok, docs, block_size)
-    cut = sum(n < len(d) + 2 for d, n in zip(docs, lengths, strict=True))
-    assert count_cut(docs, block_size) == cut
-
-
 def test_encode_docs_pads_right_with_bos() -> None:
     tok = Tokenizer.from_docs(["ab", "c"])
     bos = tok.bos
@@ -249,10 +257,12 @@ def test_encode_docs_pads_right_with_bos() -> None:
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 3, 5, 6, 7, 16])
-def test_encode_docs_truncates_like_the_spec(block_size: int) -> None:
-    docs = ["abcde", "a", "edcba"]
+def test_encode_docs_truncates_like_the_spec_and_count_cut_counts(block_size: int) -> None:
+    docs = ["abcde", "a", "edcba", "ab", ""]
     tok = Tokenizer.from_docs(docs)
     tokens, lengths = encode_docs(tok, docs, block_size)
+    cut = sum(n < len(d) + 2 for d, n in zip(docs, lengths, strict=True))
+    assert count_cut(docs, block_size) == cut
     for i, doc in enumerate(docs):
         full = tok.encode_doc(doc)
         n = min(block_size, len(full) - 1)  # spec §6: the number of predictions

@@ -4,6 +4,7 @@ reference (tests/reference.py, which follows the original operation by operation
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,6 +30,12 @@ def _quiet(text: str, end: str) -> None:
 def small_docs() -> list[str]:
     # a few hundred names of the embedded corpus: fast, and always available
     return default_docs()[::10]
+
+
+@pytest.fixture(scope="module")
+def run5(small_docs: list[str]) -> Any:
+    """Five steps and two samples, the weights, generator state and tokenizer kept."""
+    return run_exact(small_docs, max_steps=5, num_samples=2, print_fn=_quiet)
 
 
 def test_initial_weights_are_the_references(small_docs: list[str]) -> None:
@@ -71,7 +78,7 @@ def test_output_format(small_docs, capsys) -> None:
     assert "step    2 / 1000 | loss " in out.splitlines()[4]
 
 
-def test_trained_weights_match_the_reference(small_docs) -> None:
+def test_trained_weights_match_the_reference(small_docs, run5) -> None:
     """Beyond printed digits: the float64 weights after a few steps agree to ~1e-13."""
     docs = list(small_docs)
     rng = random.Random(42)
@@ -84,9 +91,7 @@ def test_trained_weights_match_the_reference(small_docs) -> None:
         tokens = [bos] + [chars.index(c) for c in docs[step]] + [bos]
         _, grads = reference.loss_and_grads(sd, tokens)
         reference.adam_step(sd, grads, m, v, step)
-    run = run_exact(small_docs, max_steps=5, num_samples=0, print_fn=_quiet)
-    assert run.params is not None
-    ours = state_dict_arrays(run.params)
+    ours = state_dict_arrays(run5.params)
     assert list(ours) == list(sd)
     float64_on_numpy = np.zeros((), dtype=np.float64)  # what the exact mode computes in
     for key, a in ours.items():
@@ -95,9 +100,8 @@ def test_trained_weights_match_the_reference(small_docs) -> None:
         )
 
 
-def test_sample_exact_uses_one_draw_per_token(small_docs) -> None:
-    run = run_exact(small_docs, max_steps=3, num_samples=2, print_fn=_quiet)
-    assert run.params is not None and run.tokenizer is not None
+def test_sample_exact_uses_one_draw_per_token(run5) -> None:
+    run = run5
     rng = random.Random()
     rng.setstate(run.sample_rng_state)
     again = sample_exact(run.params, run.tokenizer, rng, num_samples=2)
@@ -111,15 +115,13 @@ def test_sample_exact_uses_one_draw_per_token(small_docs) -> None:
     assert check.getstate() == rng.getstate()
 
 
-def test_export_round_trips_through_the_original_layout(small_docs) -> None:
-    run = run_exact(small_docs, max_steps=1, num_samples=0, print_fn=_quiet)
-    assert run.params is not None
-    exported = export_state_dict(run.params)
+def test_export_round_trips_through_the_original_layout(run5) -> None:
+    exported = export_state_dict(run5.params)
     assert all(isinstance(row, list) and isinstance(row[0], float) for row in exported["wte"])
     assert list(exported) == reference.state_dict_keys(1)
     again = Params.from_state_dict(exported)
     for name, a in again.arrays().items():
-        xp_assert_close(a, getattr(run.params, name), rtol=0, what=name)
+        xp_assert_close(a, getattr(run5.params, name), rtol=0, what=name)
 
 
 @pytest.mark.slow
