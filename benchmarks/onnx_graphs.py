@@ -14,6 +14,7 @@ optimizer (``static``). Ratio = NumPy's time / onnxruntime's, median of the per-
 ratios (interleaved rounds, rounds where other processes used the CPUs dropped).
 
     python -m benchmarks.onnx_graphs [--rounds 7] [--threads 2] [--cases forward,generate,train]
+        [--cpu-time]   # CPU seconds of this process instead of the wall clock
 """
 
 from __future__ import annotations
@@ -69,8 +70,43 @@ def _copy(model: Any) -> Any:
     return m
 
 
+def compare_cpu(
+    numpy_fn: Callable[[], Any], ort_fns: dict[str, Callable[[], Any]], args: Any
+) -> str:
+    """Interleaved rounds timed by this process's CPU time (all its threads): on a loaded
+    machine the figure that other processes distort least (use with ``--threads 1``:
+    with more, threads that spin would count)."""
+    import time
+
+    fns = {"numpy": numpy_fn, **ort_fns}
+    for f in fns.values():
+        f()
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds):
+        order = list(fns) if r % 2 == 0 else list(fns)[::-1]
+        m = {}
+        for name in order:
+            reps, start = 0, time.process_time()
+            while True:
+                fns[name]()
+                reps += 1
+                spent = time.process_time() - start
+                if spent >= 0.2:
+                    break
+            m[name] = spent / reps
+        rounds.append(m)
+    parts = [f"numpy {1e3 * summary([m['numpy'] for m in rounds])['median']:.2f} ms"]
+    for k in ort_fns:
+        q = summary([m["numpy"] / m[k] for m in rounds])
+        ms = 1e3 * summary([m[k] for m in rounds])["median"]
+        parts.append(f"{k} {ms:.2f} ms = {q['median']:.2f}x ({q['q1']:.2f}..{q['q3']:.2f})")
+    return "; ".join(parts) + f" [CPU time, {len(rounds)} rounds]"
+
+
 def compare(numpy_fn: Callable[[], Any], ort_fns: dict[str, Callable[[], Any]], args: Any) -> str:
-    contenders = [Timed("numpy", numpy_fn)] + [Timed(k, f) for k, f in ort_fns.items()]
+    if args.cpu_time:
+        return compare_cpu(numpy_fn, ort_fns, args)
+    contenders = [Timed("numpy", numpy_fn), *(Timed(k, f) for k, f in ort_fns.items())]
     for t in contenders:
         calibrate(t, warmup=2, min_time=0.2)
     rounds = interleave(contenders, args.rounds, max_other=args.max_other)
@@ -154,8 +190,10 @@ def train_case(args: Any) -> str:
     tok = Tokenizer.from_docs(docs)
     rng = np.random.default_rng(0)
     b = 32
-    rows = [[tok.bos] + tok.encode(docs[i])[: cfg.block_size - 1] + [tok.bos]
-            for i in rng.integers(0, len(docs), b)]  # fmt: skip
+    rows = [
+        [tok.bos, *tok.encode(docs[i])[: cfg.block_size - 1], tok.bos]
+        for i in rng.integers(0, len(docs), b)
+    ]
     t = cfg.block_size + 1
     tokens = np.array([r + [0] * (t - len(r)) for r in rows], dtype=np.int64)
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
@@ -189,6 +227,11 @@ def main() -> None:
     ap.add_argument("--gen-batch", type=int, default=10_000)
     ap.add_argument("--cases", default="forward,generate,train")
     ap.add_argument("--max-other", type=float, default=0.05)
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time by this process's CPU time, not the wall clock (loaded machines)",
+    )
     args = ap.parse_args()
     threads = set_threads(args.threads)
     print(f"BLAS threads {threads['blas_threads']}, onnxruntime intra-op threads {args.threads}")

@@ -26,9 +26,10 @@ each ``new_X`` back as the next call's ``X``. Adam's settings are fixed at expor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from .model import KVCache, _train_step
+from .model import KVCache, Reduction, _train_step
 from .optim import AdamConfig, AdamState, adam_init
 from .params import FIELDS, Params
 from .sample import LOGIT_BOUND, _position
@@ -71,7 +72,6 @@ def generate_graph(params: Params, ndx: Any, *, bos: int | None = None) -> Graph
 
     The loop carries ``(token, done, keys_0.., values_0.., pos)`` and scans out each
     position's recorded ``row``; its condition is "some row has not drawn BOS yet"."""
-    op = _spox_ops()
     cfg = params.config
     xp = ndx
     s = cfg.block_size
@@ -86,7 +86,9 @@ def generate_graph(params: Params, ndx: Any, *, bos: int | None = None) -> Graph
     token0 = xp.astype(xp.zeros_like(column), xp.int64) + bos
     done0 = token0 != token0
     zeros = xp.zeros_like(column)[None, None, :] * xp.zeros((s, cfg.n_embd, 1), dtype=dtype)
-    cache0 = KVCache((zeros,) * cfg.n_layer, (zeros,) * cfg.n_layer, ndx.asarray(0, dtype=ndx.int64))
+    cache0 = KVCache(
+        (zeros,) * cfg.n_layer, (zeros,) * cfg.n_layer, ndx.asarray(0, dtype=ndx.int64)
+    )
     bos_id = ndx.asarray(bos, dtype=ndx.int64)
     n = cfg.n_layer
 
@@ -127,7 +129,7 @@ def greedy_below(dtype: str) -> float:
     return LOGIT_BOUND / float(np.finfo(dtype).max)
 
 
-STATE = tuple(FIELDS) + ("adam_m", "adam_v", "adam_step")
+STATE = (*FIELDS, "adam_m", "adam_v", "adam_step")
 
 
 def train_step_graph(
@@ -135,7 +137,7 @@ def train_step_graph(
     ndx: Any,
     *,
     optimizer: AdamConfig | None = None,
-    reduction: str = "mean",
+    reduction: Reduction = "mean",
     batch: int | None = None,
     time: int | None = None,
 ) -> Graph:
@@ -160,11 +162,21 @@ def train_step_graph(
     new_params, new_state, loss = _train_step(
         state_in, AdamState(m, v, step), tokens, lengths, reduction=reduction, optimizer=hp
     )
-    inputs = {"tokens": tokens, "lengths": lengths, **weights,
-              "adam_m": m, "adam_v": v, "adam_step": step}
-    outputs = {"loss": loss, **{f"new_{k}": a for k, a in new_params.arrays().items()},
-               "new_adam_m": new_state.m, "new_adam_v": new_state.v,
-               "new_adam_step": new_state.step}
+    inputs = {
+        "tokens": tokens,
+        "lengths": lengths,
+        **weights,
+        "adam_m": m,
+        "adam_v": v,
+        "adam_step": step,
+    }
+    outputs = {
+        "loss": loss,
+        **{f"new_{k}": a for k, a in new_params.arrays().items()},
+        "new_adam_m": new_state.m,
+        "new_adam_v": new_state.v,
+        "new_adam_step": new_state.step,
+    }
     shapes: dict[str, tuple[int | str, ...]] = {"loss": ()}
     shapes.update({f"new_{k}": tuple(a.shape) for k, a in params.arrays().items()})
     shapes.update({"new_adam_m": (n,), "new_adam_v": (n,), "new_adam_step": ()})
@@ -216,7 +228,7 @@ def patch_model_for_graphs() -> None:
     M._stack_layers = _stack_layers
     G.weight_grad = weight_grad
     P.weight_grad = weight_grad
-    M._patched_for_graphs = True
+    M._patched_for_graphs = True  # type: ignore[attr-defined]
 
 
 def initial_state(params: Params) -> dict[str, Any]:
@@ -260,7 +272,11 @@ def _unguard_graph(graph: Any, keep: set[str]) -> None:
         from onnx import numpy_helper
 
         t = consts.get(name)
-        return t is not None and numpy_helper.to_array(t).size == 1 and not numpy_helper.to_array(t).any()
+        return (
+            t is not None
+            and numpy_helper.to_array(t).size == 1
+            and not numpy_helper.to_array(t).any()
+        )
 
     def from_sizes(name: str) -> bool:
         n = producer.get(name)
@@ -302,6 +318,7 @@ def _unguard_graph(graph: Any, keep: set[str]) -> None:
 def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
     """``nodes`` without those whose results nothing uses (subgraphs' uses of outer
     names included)."""
+
     def used_names(node: Any) -> set[str]:
         names = set(node.input)
         for attr in node.attribute:
@@ -320,7 +337,10 @@ def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
 
 
 # -- the prototype of export_onnx's new graphs (phase 2: export.onnx_model's _BUILDERS) -------
-BUILDERS = {"generate": generate_graph, "train_step": train_step_graph}
+BUILDERS: dict[str, Callable[..., Graph]] = {
+    "generate": generate_graph,
+    "train_step": train_step_graph,
+}
 
 
 def onnx_graph(
@@ -333,8 +353,8 @@ def onnx_graph(
 ) -> Any:
     """The ``onnx.ModelProto`` of ``graph`` (``"generate"`` or ``"train_step"``) as
     :func:`microgpt_xp.export.onnx_model` builds its graphs (weights as initializers, the
-    documented output shapes, ``microgpt_xp.*`` metadata), then :func:`unguard`-ed where
-    ``clean``. ``options`` go to the builder (``bos=``; ``optimizer=``,
+    documented output shapes, ``microgpt_xp.*`` metadata), then cleaned where ``clean``
+    (:func:`unguard`, :func:`drop_nan_checks`). ``options`` go to the builder (``bos=``; ``optimizer=``,
     ``batch=``, ``time=``). Adam's settings go into the metadata as
     ``microgpt_xp.optimizer``."""
     import dataclasses
@@ -360,7 +380,7 @@ def onnx_graph(
     export._constants_to_initializers(model.graph, onnx)
     export._declare_output_shapes(model.graph, shapes)
     if clean:
-        unguard(model)
+        drop_nan_checks(unguard(model))
         _drop_unused_initializers(model.graph)
     onnx.helper.set_model_props(model, {**export._props(model), **props})
     onnx.checker.check_model(model, full_check=True)
@@ -404,3 +424,51 @@ def initial_state_model(params: Params) -> Any:
     model.ir_version = 10
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def drop_nan_checks(model: Any) -> Any:
+    """Remove ndonnx's NaN check around every float ``max`` over an axis, in place (the
+    whole graph, ``Loop`` bodies too): ``Where(ReduceMax(IsNaN(x)), NaN, ReduceMax(x))``
+    becomes ``ReduceMax(x)``. (ONNX's ``ReduceMax`` need not propagate a NaN; a NaN in
+    ``x`` still reaches the results through ``x - max``.) Run after :func:`unguard`."""
+    _drop_nan_graph(model.graph)
+    return model
+
+
+def _drop_nan_graph(graph: Any) -> None:
+    from onnx import helper, numpy_helper
+
+    producer = {o: n for n in graph.node for o in n.output}
+    nan_consts = set()
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            v = numpy_helper.to_array(n.attribute[0].t)
+            if v.size == 1 and v.dtype.kind == "f" and bool(np_isnan(v)):
+                nan_consts.add(n.output[0])
+
+    def through(name: str) -> Any:
+        n = producer.get(name)
+        while n is not None and n.op_type in ("Identity", "Squeeze", "Unsqueeze", "Cast"):
+            n = producer.get(n.input[0])
+        return n
+
+    new = []
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == attr.GRAPH:
+                _drop_nan_graph(attr.g)
+        if node.op_type == "Where" and node.input[1] in nan_consts:
+            red = through(node.input[0])
+            src = through(red.input[0]) if red is not None and red.op_type == "ReduceMax" else None
+            if src is not None and src.op_type == "IsNaN":
+                new.append(helper.make_node("Identity", [node.input[2]], [node.output[0]]))
+                continue
+        new.append(node)
+    del graph.node[:]
+    graph.node.extend(_live(new, {o.name for o in graph.output}))
+
+
+def np_isnan(v: Any) -> Any:
+    import numpy as np
+
+    return np.isnan(v).all()

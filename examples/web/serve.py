@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import http.server
 import json
@@ -71,8 +72,7 @@ def write_model(
         "block_size": cfg.block_size,
         "vocab_size": cfg.vocab_size,
         "config": cfg.to_dict(),
-        "optimizer": {"lr": hp.lr, "beta1": hp.beta1, "beta2": hp.beta2, "eps": hp.eps,
-                      "num_steps": hp.num_steps},  # fmt: skip
+        "optimizer": dataclasses.asdict(hp),
         "docs": docs,
     }
     (folder / "meta.json").write_text(json.dumps(meta))
@@ -97,7 +97,7 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         return super().translate_path(path)
 
     def guess_type(self, path: Any) -> str:
-        return TYPES.get(Path(str(path)).suffix, None) or super().guess_type(path)
+        return TYPES.get(Path(str(path)).suffix) or super().guess_type(path)
 
     def end_headers(self) -> None:
         self.send_header("Cross-Origin-Opener-Policy", "same-origin")
@@ -105,7 +105,7 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         super().end_headers()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -152,10 +152,8 @@ def main(argv: list[str] | None = None) -> None:
                              num_steps=args.steps)  # fmt: skip
         with serving(folder, args.port) as url:
             print(f"serving {url} (127.0.0.1 only); Ctrl-C stops", flush=True)
-            try:
+            with contextlib.suppress(KeyboardInterrupt):
                 threading.Event().wait()
-            except KeyboardInterrupt:
-                pass
     shutil.rmtree(tmp, ignore_errors=True)
 
 
