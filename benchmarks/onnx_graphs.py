@@ -15,6 +15,7 @@ ratios (interleaved rounds, rounds where other processes used the CPUs dropped).
 
     python -m benchmarks.onnx_graphs [--rounds 7] [--threads 2] [--cases forward,generate,train]
         [--cpu-time]   # CPU seconds of this process instead of the wall clock
+        [--ndonnx-proto]   # export with microgpt_xp._ndonnx_proto's overrides
 """
 
 from __future__ import annotations
@@ -232,7 +233,16 @@ def main() -> None:
         action="store_true",
         help="time by this process's CPU time, not the wall clock (loaded machines)",
     )
+    ap.add_argument(
+        "--ndonnx-proto",
+        action="store_true",
+        help="export with microgpt_xp._ndonnx_proto's plain-ONNX overrides installed",
+    )
     args = ap.parse_args()
+    if args.ndonnx_proto:
+        from microgpt_xp import _ndonnx_proto
+
+        _ndonnx_proto.install()
     threads = set_threads(args.threads)
     print(f"BLAS threads {threads['blas_threads']}, onnxruntime intra-op threads {args.threads}")
     cases = {"forward": forward_case, "generate": generate_case, "train": train_case}
