@@ -379,12 +379,45 @@ def onnx_graph(
     model = ndx.build(inputs, outputs)
     export._constants_to_initializers(model.graph, onnx)
     export._declare_output_shapes(model.graph, shapes)
+    _hoist_subgraph_constants(model.graph)
     if clean:
         drop_nan_checks(unguard(model))
         _drop_unused_initializers(model.graph)
     onnx.helper.set_model_props(model, {**export._props(model), **props})
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def _hoist_subgraph_constants(graph: Any, min_size: int = 16) -> None:
+    """Move the tensors of the ``Constant`` nodes of subgraphs (the ``Loop`` body's
+    weights: ndonnx computes ``qkv_weight``'s concatenation and the transposes of
+    constants while the body is traced, so they land in the body) with at least
+    ``min_size`` elements into the main graph's initializers, where ONNX tools look for
+    weights (a subgraph reads the outer scope's names)."""
+    import onnx
+
+    def walk(g: Any) -> None:
+        kept = []
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == attr.GRAPH:
+                    walk(attr.g)
+            value = node.attribute[0] if node.op_type == "Constant" and node.attribute else None
+            if g is not graph and value is not None and value.name == "value":
+                size = 1
+                for d in value.t.dims:
+                    size *= d
+                if size >= min_size:
+                    tensor = onnx.TensorProto()
+                    tensor.CopyFrom(value.t)
+                    tensor.name = node.output[0]
+                    graph.initializer.append(tensor)
+                    continue
+            kept.append(node)
+        del g.node[:]
+        g.node.extend(kept)
+
+    walk(graph)
 
 
 def _drop_unused_initializers(graph: Any) -> None:
