@@ -225,7 +225,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--samples", type=int, default=10_000)
-    ap.add_argument("--gen-batch", type=int, default=10_000)
+    ap.add_argument("--gen-batch", type=int, default=1_000, help="rows per generate call")
     ap.add_argument("--cases", default="forward,generate,train")
     ap.add_argument("--max-other", type=float, default=0.05)
     ap.add_argument(

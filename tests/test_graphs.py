@@ -30,21 +30,28 @@ def session(model: Any) -> Any:
 
 
 @functools.cache
-def generate(config: mx.GPTConfig, dtype: str, clean: bool) -> tuple[Any, Any, Any]:
+def generate(
+    config: mx.GPTConfig, dtype: str, clean: bool, drop_ended: bool = False
+) -> tuple[Any, Any, Any]:
     params = mx.init_params(config, seed=1, dtype=dtype)
-    model = _graphs.onnx_graph(params, "generate", clean=clean)
+    model = _graphs.onnx_graph(params, "generate", clean=clean, drop_ended=drop_ended)
     return params, model, session(model)
 
 
 @pytest.mark.parametrize(
-    ("config", "dtype", "clean"),
-    [(DEFAULT, "float32", True), (TWO, "float32", True), (DEFAULT, "float64", False)],
+    ("config", "dtype", "clean", "drop_ended"),
+    [
+        (DEFAULT, "float32", True, False),
+        (TWO, "float32", True, False),
+        (DEFAULT, "float64", False, False),
+        (DEFAULT, "float32", True, True),
+    ],
 )
 @pytest.mark.parametrize("temperature", [0.5, 1.0])
 def test_generate_equals_sample(
-    config: mx.GPTConfig, dtype: str, clean: bool, temperature: float
+    config: mx.GPTConfig, dtype: str, clean: bool, drop_ended: bool, temperature: float
 ) -> None:
-    params, _, sess = generate(config, dtype, clean)
+    params, _, sess = generate(config, dtype, clean, drop_ended)
     u = row_uniforms(5, 0, 1000, config.block_size)
     (ids,) = sess.run(
         None, {"uniforms": u.astype(dtype), "temperature": np.asarray(temperature, dtype=dtype)}
