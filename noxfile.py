@@ -7,36 +7,30 @@ nox -s lint typecheck
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
-def _backends() -> dict[str, object]:
-    """The package's table of backends (microgpt_xp/_backends.py, stdlib-only), loaded by
-    path: nox runs outside the environments it builds."""
-    path = Path(__file__).parent / "microgpt_xp" / "_backends.py"
-    spec = importlib.util.spec_from_file_location("_microgpt_xp_backends", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while building
-    spec.loader.exec_module(module)
-    return dict(module.BACKENDS)
-
-
-BACKENDS = _backends()
+#: One ``tests-<backend>`` session per backend of microgpt_xp._backends.BACKENDS: the
+#: extras it installs, and what goes in first (a CPU build pinned where a plain install
+#: would pull a GPU one). tests/conftest.py holds the device each runs on.
+BACKENDS = {
+    "numpy": ("test,dask,plot", ()),
+    "dask": ("test,dask", ()),
+    "cupy": ("test,cupy", ()),
+    "array_api_strict": ("test,strict", ()),
+    "torch": ("test", ("torch==2.13.0",)),
+    "jax": ("test,jax", ()),
+}
 
 
 def _tests(session: nox.Session, backend: str) -> None:
     """Run the tests on one array namespace (``MICROGPT_XP_BACKENDS=<backend>``)."""
-    spec = BACKENDS[backend]
-    if spec.test_install:  # type: ignore[attr-defined]
-        session.install(*spec.test_install)  # type: ignore[attr-defined]
-    session.install("-e", f".[{spec.test_extras}]")  # type: ignore[attr-defined]
+    extras, first = BACKENDS[backend]
+    if first:
+        session.install(*first)
+    session.install("-e", f".[{extras}]")
     env = {"MICROGPT_XP_BACKENDS": backend}
     if backend != "numpy":
         env["MICROGPT_XP_BACKEND_ONLY"] = "1"
@@ -44,24 +38,21 @@ def _tests(session: nox.Session, backend: str) -> None:
 
 
 for _backend in BACKENDS:
-    nox.session(name=f"tests-{_backend}")(
-        lambda session, _b=_backend: _tests(session, _b)
-    )
+    nox.session(name=f"tests-{_backend}")(lambda session, _b=_backend: _tests(session, _b))
 
 
-#: Namespaces outside the backends table, each tested through the public API alone
-#: (tests/test_any_namespace.py): the extra or package that brings it.
-FOREIGN = {"ndonnx": ".[test,onnx]", "marray": "marray"}
+#: Namespaces outside the backends table, tested through the public API alone: what
+#: they install, and the test files.
+FOREIGN = {
+    "ndonnx": ((".[test,onnx]",), ["tests/test_any_namespace.py", "tests/test_export.py"]),
+    "marray": ((".[test]", "marray"), ["tests/test_any_namespace.py"]),
+}
 
 
 def _foreign(session: nox.Session, name: str) -> None:
     """The generic code path on a namespace the backends table does not know."""
-    session.install("-e", ".[test,onnx]" if name == "ndonnx" else ".[test]")
-    if FOREIGN[name] != ".[test,onnx]":
-        session.install(FOREIGN[name])
-    files = ["tests/test_any_namespace.py"]
-    if name == "ndonnx":
-        files.append("tests/test_export.py")
+    packages, files = FOREIGN[name]
+    session.install("-e", *packages)
     session.run("pytest", *files, *session.posargs, env={"MICROGPT_XP_FOREIGN": name})
 
 

@@ -181,17 +181,26 @@ def rss_mb(reset: bool = False) -> float:
 
 def _scorers(args: argparse.Namespace, client: Any) -> dict[str, Callable[[int], float]]:
     """The ways to score the corpus (each takes a chunk size, returns the mean loss)."""
-    from microgpt_xp.scale import ShuffledRepeat, score_corpus, score_docs
+    import dask
+
+    from microgpt_xp.corpus import ShuffledRepeat
+    from microgpt_xp.runners import DaskTasks
+    from microgpt_xp.scoring import score_docs
 
     base = mx.read_docs(args.data or NAMES) if args.data or NAMES.is_file() else mx.default_docs()
     tok = mx.Tokenizer.from_docs(base)
     params = mx.init_params(mx.GPTConfig(tok.vocab_size), seed=0, dtype="float32")
     corpus = ShuffledRepeat(tuple(base), args.n_docs, seed=0)
     print(f"corpus: {len(corpus):,} documents from {len(base):,} names; BLAS threads {blas_threads()}")
+
+    def on(scheduler: Any, c: int) -> float:
+        with dask.config.set(scheduler=scheduler):
+            return score_docs(params, tok, corpus, chunk_size=c, runner=DaskTasks(c)).mean
+
     return {
         "numpy": lambda c: score_docs(params, tok, corpus, chunk_size=c).mean,
-        "threads": lambda c: score_corpus(params, tok, corpus, chunk_size=c).compute(scheduler="threads").mean,
-        "cluster": lambda c: score_corpus(params, tok, corpus, chunk_size=c).compute(scheduler=client.get).mean,
+        "threads": lambda c: on("threads", c),
+        "cluster": lambda c: on(client.get, c),
     }
 
 

@@ -1,20 +1,10 @@
-"""Checks of a batch at the edge of the model, done once before any model code runs.
+"""Checks of a batch at the edge of the model, once before any model code runs.
 
-What is checked, by kind of array:
-
-- **always**: that tokens (and lengths) are arrays of the params' namespace and device
-  (a non-array, or arrays of two libraries, is a ``TypeError`` naming both), integer
-  dtypes, 2-d tokens, and the sizes that are known: a non-empty batch, a sequence length
-  within the model's limit, lengths of the batch's size;
-- **values that can be read** (NumPy, PyTorch, CuPy, eager JAX, array-api-strict, and any
-  namespace whose 0-d arrays convert with ``bool()``/``int()``, as the standard asks of
-  eager libraries): ids in ``[0, V)`` at real positions and lengths in range, computed
-  in the arrays' own namespace and read as a few scalars;
-- **Dask**: the value checks ride along with the graph and raise when it is computed;
-- **values that cannot be read** (tracers under ``jax.jit``, symbolic arrays such as
-  ndonnx's lazy ones, whose batch and time may be unknown too): no value check — an id
-  out of range then gives meaningless logits, as an out-of-range index does in the
-  library's own ``take``.
+Always: tokens (and lengths) are integer arrays of the params' namespace and device,
+2-d tokens, and the sizes that are known. Where values can be read (eager arrays): ids in
+``[0, V)`` at real positions and lengths in range. On Dask the value checks ride along
+with the graph; where values cannot be read (tracers, symbolic arrays such as ndonnx's),
+none are made, and an out-of-range id gives meaningless logits, as in ``take``.
 """
 
 from __future__ import annotations
@@ -25,6 +15,7 @@ from array_api_compat import device
 
 from . import _xp
 from . import primitives as P
+from ._errors import ArgumentTypeError, ArgumentValueError
 from ._xp import array_namespace
 from .params import Params
 
@@ -38,54 +29,61 @@ def _describe(a: Any) -> str:
 def _check_same_place(params: Params, arrays: dict[str, Array]) -> Any:
     for name, a in arrays.items():
         if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-            raise TypeError(
+            raise ArgumentTypeError(
+                name,
                 f"{name} must be an array of the params' namespace ({_describe(params.wte)}), "
-                f"got {_describe(a)}"
+                f"got {_describe(a)}",
             )
         try:
             xp = array_namespace(a, params.wte)
         except TypeError:
-            raise TypeError(
+            raise ArgumentTypeError(
+                name,
                 f"{name} and params are arrays of different namespaces ({name}: "
-                f"{_describe(a)}, params: {_describe(params.wte)})"
+                f"{_describe(a)}, params: {_describe(params.wte)})",
             ) from None
         # traced (jax.jit) arrays have no device; they are placed by the tracer
-        if (
-            device(a) is not None
-            and params.device is not None
-            and str(device(a)) != str(params.device)
-        ):
-            raise ValueError(f"{name} is on device {device(a)} but params are on {params.device}")
+        where, home = device(a), params.device
+        if where is not None and home is not None and str(where) != str(home):
+            raise ArgumentValueError(name, f"{name} is on device {where} but params are on {home}")
     return xp
 
 
 def check_tokens(
     params: Params, tokens: Array, lengths: Array | None, *, max_len: int, min_length: int
 ) -> tuple[Array, Array | None]:
-    """Validate ``tokens (B, T)`` / ``lengths (B,)`` (``None``: every row is ``T`` long) and
-    return them (on Dask with their value checks attached). See the module's docstring
-    for what is checked on which arrays."""
+    """``tokens (B, T)`` and ``lengths (B,)`` (``None``: rows of ``T``) checked (the
+    module's docstring), on Dask with their value checks attached."""
     xp = _check_same_place(params, {"tokens": tokens})
     if not _xp.is_integral(xp, tokens.dtype):
-        raise TypeError(f"tokens must have an integer dtype, got {tokens.dtype}")
+        raise ArgumentTypeError("tokens", f"tokens must have an integer dtype, got {tokens.dtype}")
     if tokens.ndim != 2:
-        raise ValueError(f"tokens must be 2-d (batch, time), got shape {tuple(tokens.shape)}")
+        raise ArgumentValueError(
+            "tokens", f"tokens must be 2-d (batch, time), got shape {tuple(tokens.shape)}"
+        )
     b, t = tokens.shape
     if b == 0:
-        raise ValueError(f"an empty batch: tokens of shape {tuple(tokens.shape)} hold no rows")
+        raise ArgumentValueError(
+            "tokens", f"an empty batch: tokens of shape {tuple(tokens.shape)} hold no rows"
+        )
     if isinstance(t, int) and t > max_len:
-        raise ValueError(f"sequence length {t} exceeds the model's limit {max_len}")
+        raise ArgumentValueError(
+            "tokens", f"sequence length {t} exceeds the model's limit {max_len}"
+        )
     if isinstance(t, int) and t < min_length:
-        raise ValueError(f"sequences need at least {min_length} tokens, got {t}")
+        raise ArgumentValueError("tokens", f"sequences need at least {min_length} tokens, got {t}")
     if lengths is not None:
         _check_same_place(params, {"lengths": lengths})
         if not _xp.is_integral(xp, lengths.dtype):
-            raise TypeError(f"lengths must have an integer dtype, got {lengths.dtype}")
+            raise ArgumentTypeError(
+                "lengths", f"lengths must have an integer dtype, got {lengths.dtype}"
+            )
         if lengths.ndim != 1 or (
             isinstance(b, int) and isinstance(lengths.shape[0], int) and lengths.shape[0] != b
         ):
-            raise ValueError(
-                f"lengths must have shape ({b},) to match tokens, got {tuple(lengths.shape)}"
+            raise ArgumentValueError(
+                "lengths",
+                f"lengths must have shape ({b},) to match tokens, got {tuple(lengths.shape)}",
             )
     if _xp.is_lazy(tokens) or (lengths is not None and _xp.is_lazy(lengths)):
         return _attach_checks(params, tokens, lengths, min_length)
@@ -96,17 +94,17 @@ def check_tokens(
 def _check_values(
     xp: Any, vocab: int, tokens: Array, lengths: Array | None, min_length: int
 ) -> None:
-    """The value checks, in the arrays' namespace, where values can be read (nothing is
-    checked where :func:`microgpt_xp._xp.read_scalar` cannot read them)."""
+    """The value checks, in the arrays' namespace, where :func:`_xp.read_scalar` reads."""
     b, t = tokens.shape
     if not (isinstance(b, int) and isinstance(t, int)):
         return  # symbolic arrays: their values are not there to read
     if lengths is not None:
         out = _xp.read_scalar(xp.any((lengths < min_length) | (lengths > t)), bool)
         if out:
-            raise ValueError(
+            raise ArgumentValueError(
+                "lengths",
                 f"lengths must lie in [{min_length}, {t}] for tokens of shape "
-                f"{tuple(tokens.shape)}, got min {int(xp.min(lengths))} max {int(xp.max(lengths))}"
+                f"{tuple(tokens.shape)}, got min {int(xp.min(lengths))} max {int(xp.max(lengths))}",
             )
     # cheap first: only look for the position when some id is out of range
     if not _xp.read_scalar(xp.any((tokens < 0) | (tokens >= vocab)), bool):
@@ -119,8 +117,9 @@ def _check_values(
         return
     index = int(xp.argmax(xp.astype(flat, xp.int8)))
     row, col = divmod(index, t)
-    raise ValueError(
-        f"token id {int(xp.reshape(tokens, (-1,))[index])} at [{row}, {col}] is outside [0, {vocab})"
+    raise ArgumentValueError(
+        "tokens",
+        f"token id {int(xp.reshape(tokens, (-1,))[index])} at [{row}, {col}] is outside [0, {vocab})",
     )
 
 

@@ -1,25 +1,16 @@
-"""Files the project writes: atomic writes, a claim on a new output, and checks made
-before the work.
+"""Files the project writes: atomic writes, a claim on an output, checks before the work.
 
-A write goes to a temporary file in the target's folder and is renamed over the target,
-so a reader sees the old file (or none) or the complete new one, never a part.
+A write goes to a temporary file ``.NAME.<16 hex digits>.tmp`` in the target's folder and
+is renamed over the target, so a reader sees the old file (or none) or the whole new one.
+Its writer holds an exclusive ``flock`` on it until after the rename; a lock dies with its
+process, so a temporary file whose lock can be taken is stale (its writer is gone), and
+after each write the stale temporary files of exactly that target are removed. A cleaner
+locks a file before removing it, and a writer checks, once it holds the lock on its new
+file, that the name still leads to it, so a live writer's file is never removed. Without
+``flock`` (some file systems, Windows) no other writer's file is removed.
 
-**Temporary files and concurrent writers.** The temporary file of ``NAME`` is
-``.NAME.<16 hex digits>.tmp``; its writer holds an exclusive ``flock`` on it from its
-creation until after the rename. A lock dies with its process, so a temporary file
-whose lock can be taken is *provably stale*: its writer is gone (crashed, killed). After
-each successful write, the stale temporary files of exactly that target (a name that
-matches the pattern in full, so ``.nb.npz.x.*.tmp`` is not ``nb.npz``'s) are removed;
-those of live writers, in this process or another, on this machine or over NFS, are
-left alone. A cleaner locks a file before removing it, and a writer checks, once it
-holds the lock on its new file, that the name still leads to it (else it starts again
-with another name), so a file is never removed between its creation and its lock. On a
-file system without ``flock`` (or on Windows) no other writer's file is removed.
-
-**Claims.** :func:`claim` stops two runs from writing one output: it holds an ``flock``
-on ``.NAME.lock`` next to the target while the run lives, and refuses (one-line
-``FileExistsError``) while another process holds it. A run that dies releases its claim
-with its process; the lock file it leaves is reused by the next claim.
+:func:`claim` holds an ``flock`` on ``.NAME.lock`` next to the target while the run lives,
+so that two runs never write one output; a dead run releases it with its process.
 """
 
 from __future__ import annotations
@@ -31,39 +22,28 @@ import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Literal, overload
+from typing import IO, Any
 
 try:
     import fcntl
 except ImportError:  # Windows: no flock
     fcntl = None  # type: ignore[assignment]
 
-#: ``(st_dev, st_ino)`` of the files this process holds a lock on (its temporary files in
-#: flight, its claims): skipped by this process's cleaners and claims without opening
-#: them (closing any descriptor of a file drops a process's POSIX locks, which is what
-#: ``flock`` is over NFS).
+#: ``(st_dev, st_ino)`` of the files this process holds locked: its cleaners and claims
+#: skip them unopened (closing any descriptor drops a process's POSIX locks, which is
+#: what ``flock`` is over NFS).
 _HELD: set[tuple[int, int]] = set()
 
 
 class NotWritableError(OSError):
-    """A path that a save could not write (a folder, a read-only folder, a path under a
-    regular file, a missing folder that cannot be created)."""
+    """A path that a save could not write (a folder, a path under a file, a read-only or
+    missing folder)."""
 
 
-# -- checks before the work ---------------------------------------------------------------
 def check_writable(path: str | Path, *, make_parents: bool = True) -> Path:
-    """Fail now, not after the work, if ``path`` cannot be written by :func:`atomic_write`.
-
-    Creates (and removes) a temporary file in the target's folder, as a save does, after
-    creating missing folders when ``make_parents`` (as :func:`atomic_write` does; folders
-    made are kept). Returns the path.
-
-    Raises :class:`NotWritableError` (an ``OSError``), one line naming the path, when
-    ``path`` is a folder, a folder on its way is a regular file, the folder cannot be
-    created, or no file can be created in it (read-only, permissions); when
-    ``make_parents`` is false and the folder does not exist, the message says so.
-    """
+    """``path``, once a temporary file could be created (and removed) in its folder, as a
+    save does (missing folders made first when ``make_parents``); else
+    :class:`NotWritableError`, one line naming the path and why."""
     path = Path(path)
     if path.is_dir():
         raise NotWritableError(f"cannot write {str(path)!r}: it is a folder")
@@ -82,9 +62,8 @@ def check_writable(path: str | Path, *, make_parents: bool = True) -> Path:
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
-    """Whether ``a`` and ``b`` are one existing file (same device and inode, through links
-    and other spellings); ``False`` when either does not exist. Use it to refuse an
-    output that would replace an input."""
+    """Whether ``a`` and ``b`` are one existing file (through links and other spellings):
+    an output that would replace an input."""
     try:
         return os.path.samestat(os.stat(a), os.stat(b))
     except (OSError, ValueError):
@@ -115,34 +94,14 @@ def _folder(path: Path, make_parents: bool) -> Path:
     return folder
 
 
-# -- atomic writes --------------------------------------------------------------------------
-@overload
-def atomic_open(
-    path: str | Path, mode: Literal["w"] = "w", *, make_parents: bool = True
-) -> contextlib.AbstractContextManager[IO[str]]: ...
-
-
-@overload
-def atomic_open(
-    path: str | Path, mode: Literal["wb"], *, make_parents: bool = True
-) -> contextlib.AbstractContextManager[IO[bytes]]: ...
-
-
 def atomic_open(
     path: str | Path, mode: str = "w", *, make_parents: bool = True
 ) -> contextlib.AbstractContextManager[IO[Any]]:
-    """A file to write ``path`` through, atomically and durably: ``with atomic_open(path)
-    as f: f.write(...)``.
-
-    ``mode`` ``"w"`` (UTF-8 text) or ``"wb"``. The file is a temporary one in the same
-    folder (see the module's doc); when the block ends without an error it is flushed,
-    fsynced, renamed over ``path`` and the folder fsynced; when the block raises
-    (``KeyboardInterrupt`` included) it is removed and ``path`` is left as it was. The
-    new file gets the mode ``open()`` gives (``0o666`` less the umask). Missing folders
-    are created when ``make_parents``; otherwise a missing folder raises
-    :class:`NotWritableError` before the block runs. After the rename, the stale
-    temporary files of ``path`` (their writers gone) are removed.
-    """
+    """``with atomic_open(path) as f: f.write(...)`` writes ``path`` atomically and durably
+    (``mode`` ``"w"``, UTF-8, or ``"wb"``): the temporary file is fsynced and renamed over
+    ``path`` when the block ends, removed when it raises (``path`` left as it was). Its
+    mode is ``open()``'s; missing folders are made when ``make_parents``, else
+    :class:`NotWritableError` before the block runs."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open writes with mode 'w' or 'wb', not {mode!r}")
     return _atomic_open(Path(path), mode, make_parents)
@@ -153,8 +112,7 @@ def _atomic_open(path: Path, mode: str, make_parents: bool) -> Iterator[IO[Any]]
     _folder(path, make_parents)
     fd, tmp = _new_temp(path)
     try:
-        # the file object gets its own descriptor: closing it keeps the lock, which
-        # lives on ``fd`` until the rename is done
+        # the file object gets its own descriptor: the lock on ``fd`` outlives its close
         encoding = None if "b" in mode else "utf-8"
         with os.fdopen(os.dup(fd), mode, encoding=encoding) as f:
             yield f
@@ -172,9 +130,7 @@ def _atomic_open(path: Path, mode: str, make_parents: bool) -> Iterator[IO[Any]]
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:
-    """Write ``data`` (text is UTF-8 encoded) to ``path`` atomically and durably, through
-    :func:`atomic_open` (missing folders are created). A crash at any moment leaves
-    ``path`` as it was. Returns the path."""
+    """Write ``data`` (text as UTF-8) to ``path`` through :func:`atomic_open`; returns it."""
     path = Path(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     with atomic_open(path, "wb") as f:
@@ -183,18 +139,15 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
 
 
 def _new_temp(path: Path) -> tuple[int, Path]:
-    """A new temporary file for ``path``, created and locked: ``(descriptor, its path)``.
-    Release it with :func:`_release`."""
+    """A new temporary file for ``path``, created and locked (release with :func:`_release`)."""
     while True:
         tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
         # 0o666: the kernel applies the umask, as open() does
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
         _lock(fd, blocking=True)
-        # a cleaner may have taken the lock and removed the file before we locked it:
-        # the file is ours only if its name still leads to it
+        # a cleaner may have removed it before we locked it
         if _still_named(fd, tmp):
-            st = os.fstat(fd)
-            _HELD.add((st.st_dev, st.st_ino))
+            _HELD.add(_key(os.fstat(fd)))
             return fd, tmp
         os.close(fd)
 
@@ -210,12 +163,11 @@ def _remove_stale_temps(path: Path) -> None:
     for name in names:
         candidate = path.parent / name
         with contextlib.suppress(OSError):  # gone already, or not ours to open
-            st = os.stat(candidate)
-            if (st.st_dev, st.st_ino) in _HELD:
+            if _key(os.stat(candidate)) in _HELD:
                 continue  # this process writes it now
             fd = os.open(candidate, os.O_RDONLY)
             try:
-                if _lock(fd, blocking=False) and os.path.samestat(os.fstat(fd), os.stat(candidate)):
+                if _lock(fd, blocking=False) and _still_named(fd, candidate):
                     candidate.unlink()
             finally:
                 os.close(fd)
@@ -232,10 +184,9 @@ def _fsync_dir(folder: Path) -> None:
         os.close(dir_fd)
 
 
-# -- locks and claims -----------------------------------------------------------------------
 def _lock(fd: int, *, blocking: bool) -> bool | None:
-    """``flock(fd, LOCK_EX)``: ``True`` once held, ``False`` when another open file holds
-    it (only when not ``blocking``), ``None`` where the file system has no ``flock``."""
+    """``flock(fd, LOCK_EX)``: ``True`` once held, ``False`` when held elsewhere (only when
+    not ``blocking``), ``None`` without ``flock``."""
     if fcntl is None:
         return None
     try:
@@ -250,28 +201,27 @@ def _lock(fd: int, *, blocking: bool) -> bool | None:
 
 
 def _still_named(fd: int, path: Path) -> bool:
-    """Whether ``path`` still leads to the open file ``fd`` (not removed or replaced since
-    it was opened)."""
+    """Whether ``path`` still leads to the open file ``fd``."""
     try:
         return os.path.samestat(os.fstat(fd), os.stat(path))
     except FileNotFoundError:
         return False
 
 
+def _key(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
 def _release(fd: int) -> None:
     """Forget and close a descriptor this process locked (closing drops the lock)."""
     with contextlib.suppress(OSError):
-        st = os.fstat(fd)
-        _HELD.discard((st.st_dev, st.st_ino))
+        _HELD.discard(_key(os.fstat(fd)))
     os.close(fd)
 
 
 class Claim:
-    """A held claim on an output path (see :func:`claim`); a context manager.
-
-    ``path`` is the claimed target. :meth:`release` (or leaving the ``with`` block)
-    gives it up; the death of the process does too.
-    """
+    """A claim on the output ``path`` (see :func:`claim`), given up by :meth:`release`,
+    by leaving its ``with`` block, or by the process's death."""
 
     def __init__(self, path: Path, lock_path: Path, fd: int) -> None:
         self.path = path
@@ -287,8 +237,7 @@ class Claim:
         """Give up the claim and remove its lock file (again: nothing)."""
         if self._fd is None:
             return
-        # removed while locked: a claimer that opened the old file finds, once it gets
-        # the lock, that the name no longer leads to it, and starts again
+        # removed while locked: a claimer holding the old file sees it unnamed and retries
         with contextlib.suppress(FileNotFoundError):
             self._lock_path.unlink()
         fd, self._fd = self._fd, None
@@ -297,12 +246,7 @@ class Claim:
     def __enter__(self) -> Claim:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     def __repr__(self) -> str:
@@ -310,21 +254,12 @@ class Claim:
 
 
 def claim(path: str | Path, *, exist_ok: bool = False) -> Claim:
-    """Claim ``path`` as this run's output until :meth:`Claim.release`, so that no other
-    run (process, or claim in this process) writes it meanwhile.
-
-    Checks the path first (:func:`check_writable`, which creates missing folders), then
-    takes an exclusive ``flock`` on ``.NAME.lock`` in its folder. With ``exist_ok``
-    false, an existing ``path`` is refused once the lock is held, so of several runs
-    started together on a new path exactly one proceeds. Hold the claim for the whole
-    run (``with claim(path): ...``): a run that dies releases it with its process (its
-    lock file stays, and the next claim reuses it). On a file system without ``flock``
-    only the existence check is made.
-
-    Raises ``FileExistsError`` (one line) when another run holds the claim or, unless
-    ``exist_ok``, when ``path`` exists; :class:`NotWritableError` as
-    :func:`check_writable` does.
-    """
+    """Claim ``path`` as this run's output (``with claim(path): ...``), so that no other
+    run, in any process, writes it meanwhile: :func:`check_writable`, then an ``flock``
+    on ``.NAME.lock``. ``FileExistsError`` (one line) while another run holds it, or,
+    unless ``exist_ok``, when ``path`` exists once the lock is held (of several runs
+    started together on a new path, one proceeds). Without ``flock`` only the existence
+    check is made."""
     path = Path(path)
     check_writable(path)
     lock_path = path.parent / f".{path.name}.lock"
@@ -334,21 +269,16 @@ def claim(path: str | Path, *, exist_ok: bool = False) -> Claim:
     )
     while True:
         with contextlib.suppress(FileNotFoundError):
-            st = os.stat(lock_path)
-            if (st.st_dev, st.st_ino) in _HELD:
+            if _key(os.stat(lock_path)) in _HELD:
                 raise busy
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-        locked = _lock(fd, blocking=False)
-        if locked is False:
+        if _lock(fd, blocking=False) is False:
             os.close(fd)
             raise busy
-        # the holder may have released (and removed) the file before we locked it
-        current = _still_named(fd, lock_path)
-        st = os.fstat(fd)
-        if current:
+        if _still_named(fd, lock_path):  # else its holder released (removed) it meanwhile
             break
         os.close(fd)
-    _HELD.add((st.st_dev, st.st_ino))
+    _HELD.add(_key(os.fstat(fd)))
     held = Claim(path, lock_path, fd)
     if not exist_ok and path.exists():
         held.release()

@@ -1,12 +1,7 @@
-"""Namespaces, devices and host transfers, through the table of backends.
-
-Everything else in microgpt_xp takes its namespace and device from its input arrays
-(:func:`array_namespace`, ``array_api_compat.device``). The functions here turn the
-names a user types (``"numpy"``, ``"dask"``, ...) into a namespace and a device, move host
-(NumPy) data onto a backend and back, and answer the few questions that cannot be asked
-through the standard (is this array lazy, which backend is it). What differs between
-backends is in :data:`microgpt_xp._backends.BACKENDS`; the only backend named here is
-NumPy, in two fast paths for its arrays.
+"""Namespaces, devices and host transfers, through the table of backends
+(:data:`microgpt_xp._backends.BACKENDS`): the names a user types become a namespace and a
+device; host data moves onto a backend and back; and the few questions the standard
+cannot answer (is this array lazy, which backend is it) get answered.
 """
 
 from __future__ import annotations
@@ -20,8 +15,10 @@ from typing import Any, TypeVar
 import array_api_compat
 import numpy as np
 
+from . import _pytree
 from ._backends import BACKENDS as TABLE
 from ._backends import Backend, generic_backend
+from ._errors import ArgumentTypeError, ArgumentValueError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,36 +27,31 @@ BACKENDS: tuple[str, ...] = tuple(TABLE)
 
 #: The floating dtypes the model supports.
 DTYPES: tuple[str, ...] = ("float32", "float64")
-
-
 #: The entries of namespaces outside the table that have been met, by name.
 _FOREIGN: dict[str, Backend] = {}
 
 
 def check_backend(backend: Any) -> str:
-    """The name of a backend given as a table name (``"numpy"``, ``"dask"``, ...) or as an
-    Array API namespace (a module such as ``numpy`` or ``ndonnx``, or a namespace object
-    such as ``array_api_compat.array_namespace`` returns). A namespace of a table backend
-    is that backend; any other namespace gets a generic entry
-    (:func:`microgpt_xp._backends.generic_backend`), named by its ``__name__``. Raises
-    ``ValueError`` for an unknown name and ``TypeError`` for anything else."""
+    """The name of a backend given by name (``"numpy"``, ...) or as an Array API namespace
+    (a module, or an object as ``array_api_compat.array_namespace`` returns); a namespace
+    outside the table gets a generic entry named by its ``__name__``. ``ValueError`` for
+    an unknown name, ``TypeError`` for anything else."""
     if isinstance(backend, str):
         if backend in TABLE or backend in _FOREIGN:
             return backend
-        raise ValueError(
+        raise ArgumentValueError(
+            "backend",
             f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}, or pass an "
-            "Array API namespace (a module such as ndonnx)"
+            "Array API namespace (a module such as ndonnx)",
         )
-    if not _is_namespace(backend):
-        raise TypeError(
+    if not all(hasattr(backend, a) for a in ("asarray", "float32", "float64", "int64")):
+        raise ArgumentTypeError(
+            "backend",
             f"backend must be a backend name or an Array API namespace, got "
-            f"{type(backend).__name__} {backend!r}"
+            f"{type(backend).__name__} {backend!r}",
         )
-    for name, spec in TABLE.items():
+    for name, spec in {**TABLE, **_FOREIGN}.items():
         if spec.is_namespace(backend):
-            return name
-    for name, spec in _FOREIGN.items():
-        if spec.namespace_object is backend:
             return name
     spec = generic_backend(backend)
     if spec.name in _FOREIGN or spec.name in TABLE:  # another namespace of that name
@@ -68,22 +60,17 @@ def check_backend(backend: Any) -> str:
     return spec.name
 
 
-def _is_namespace(obj: Any) -> bool:
-    """Whether ``obj`` looks like an Array API namespace (it has ``asarray`` and the
-    standard's dtypes)."""
-    return all(hasattr(obj, attr) for attr in ("asarray", "float32", "float64", "int64"))
-
-
 def check_dtype(dtype: str) -> str:
-    """Return ``dtype`` if it is a supported floating dtype name, else raise ``ValueError``."""
+    """``dtype`` if it names a supported floating dtype, else ``ValueError``."""
     if dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        message = f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}"
+        raise ArgumentValueError("dtype", message)
     return dtype
 
 
 def entry(backend: Any) -> Backend:
-    """The table entry of a backend name or namespace (``ValueError`` for an unknown
-    name); a generic entry for a namespace the table does not know."""
+    """The entry of a backend name or namespace (a generic one outside the table)."""
+    _pytree.register_pending()  # JAX may have been imported since the records were
     name = check_backend(backend)
     return TABLE[name] if name in TABLE else _FOREIGN[name]
 
@@ -92,7 +79,7 @@ def entry(backend: Any) -> Backend:
 def _table_namespace(backend: str) -> Any:
     spec = TABLE[backend]
     try:
-        module = importlib.import_module(spec.namespace_module())
+        module = importlib.import_module(spec.namespace)
     except ImportError as exc:
         raise ImportError(f"backend {backend!r} is not installed: {spec.install} ({exc})") from exc
     if spec.setup is not None:
@@ -101,11 +88,8 @@ def _table_namespace(backend: str) -> Any:
 
 
 def namespace(backend: Any) -> Any:
-    """The Array API namespace for a backend name or namespace (imported on first use).
-
-    Raises ``ValueError`` for an unknown name and ``ImportError`` (saying what to install)
-    when the backend's package is missing.
-    """
+    """The Array API namespace of a backend name or namespace, imported on first use
+    (``ImportError`` saying what to install when it is missing)."""
     name = check_backend(backend)
     if name in _FOREIGN:
         return _FOREIGN[name].namespace_object
@@ -113,12 +97,8 @@ def namespace(backend: Any) -> Any:
 
 
 def resolve_device(backend: Any, device: Any = None) -> Any:
-    """Turn a user's device (``None``, a string such as ``"cpu"``/``"cuda:0"``/``"device1"``,
-    an int GPU index, or a backend device object) into the backend's device object.
-
-    ``None`` means the backend's default device. Raises ``ValueError`` for a device the
-    backend does not have.
-    """
+    """A user's device (``None``: the default; a string such as ``"cuda:0"``; an int GPU
+    index; a device object) as the backend's device object (``ValueError`` if unknown)."""
     namespace(backend)  # a missing backend is an ImportError, not an unknown device
     return entry(backend).parse_device(device)
 
@@ -126,12 +106,8 @@ def resolve_device(backend: Any, device: Any = None) -> Any:
 def asarray(
     host: Any, backend: Any, *, device: Any = None, dtype: str | None = None, chunks: Any = None
 ) -> Any:
-    """Move host data (nested lists or a NumPy array) onto ``backend``/``device``.
-
-    ``dtype`` is a dtype name (``"float32"``, ``"int64"``, ...); ``None`` keeps the
-    host dtype. On chunked backends (Dask), ``chunks`` sets the chunking (default: one
-    chunk).
-    """
+    """Host data (lists or a NumPy array) on ``backend``/``device`` as ``dtype`` (a name;
+    ``None`` keeps the host's), in ``chunks`` on chunked backends (default: one chunk)."""
     host = np.asarray(host) if dtype is None else np.asarray(host, dtype=dtype)
     return entry(backend).from_host(host, resolve_device(backend, device), chunks)
 
@@ -139,8 +115,8 @@ def asarray(
 def to_batch(
     tokens: Any, lengths: Any, backend: Any, *, device: Any = None, chunk_size: int | None = None
 ) -> tuple[Any, Any]:
-    """Move a host batch ``(tokens (B, L), lengths (B,))`` to a backend; on Dask, chunk it
-    along the batch axis (``chunk_size`` rows per chunk; default one chunk)."""
+    """A host batch ``(tokens (B, L), lengths (B,))`` on a backend, on chunked ones in
+    chunks of ``chunk_size`` rows (default one chunk)."""
     chunks_t = None if chunk_size is None else (chunk_size, -1)
     chunks_l = None if chunk_size is None else (chunk_size,)
     return (
@@ -150,11 +126,8 @@ def to_batch(
 
 
 def backend_of(x: Any) -> str:
-    """The backend name of an array (``"numpy"``, ``"dask"``, ..., or the name of a
-    namespace outside the table, such as ``"ndonnx"``)."""
-    if isinstance(x, np.ndarray):
-        # first: a freshly started Dask worker may still be importing dask.array, and
-        # the Dask check would then fail on the half-imported module
+    """The backend name of an array (``"numpy"``, ..., or a namespace's, e.g. ``"ndonnx"``)."""
+    if isinstance(x, np.ndarray):  # first: a new Dask worker may be importing dask.array
         return "numpy"
     for name, spec in TABLE.items():
         if spec.is_array(x):
@@ -167,8 +140,7 @@ def backend_of(x: Any) -> str:
 
 
 def dtype_name(x: Any) -> str:
-    """The name of an array's floating dtype, ``"float32"`` or ``"float64"`` (``TypeError``
-    for any other)."""
+    """``"float32"`` or ``"float64"``, an array's dtype (``TypeError`` for any other)."""
     xp = array_namespace(x)
     for name in DTYPES:
         if x.dtype == getattr(xp, name):
@@ -177,14 +149,13 @@ def dtype_name(x: Any) -> str:
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """Copy any supported array (computing it if lazy) to a NumPy array on the host."""
+    """A NumPy copy of any supported array (computing a lazy one)."""
     return np.asarray(entry(backend_of(x)).to_host(x))
 
 
 def read_scalar(x: Any, kind: Callable[[Any], Any] = float) -> Any:
-    """``kind(x)`` (``float``, ``int`` or ``bool``) of a 0-d array, or ``None`` where its
-    value cannot be read: a tracer under a compiler, or a symbolic array (such as
-    ndonnx's lazy ones) whose library refuses. Python numbers pass through ``kind``."""
+    """``kind(x)`` (``float``, ``int`` or ``bool``) of a 0-d array or a number; ``None``
+    where the value cannot be read (a tracer, a symbolic array such as ndonnx's)."""
     if is_traced(x):
         return None
     try:
@@ -200,83 +171,72 @@ def read_int(x: Any) -> int | None:
     return read_scalar(x, int)  # type: ignore[no-any-return]
 
 
-def _entry_of(x: Any) -> Backend | None:
-    """The entry of an array's backend, ``None`` for anything else (a Python number)."""
+def _laziness(x: Any) -> tuple[bool, bool]:
+    """``(lazy, traced)`` of an array; ``(False, False)`` for a number."""
     try:
-        return entry(backend_of(x))
+        spec = entry(backend_of(x))
     except TypeError:
-        return None
+        return False, False
+    traced = spec.is_traced is not None and spec.is_traced(x)
+    return spec.lazy or traced, traced
+
+
+def is_traced(x: Any) -> bool:
+    """True for tracers of a compiler (``jax.jit``)."""
+    return _laziness(x)[1]
 
 
 def is_lazy(x: Any) -> bool:
     """True for arrays of a table backend whose values are not known without a compute
-    (Dask) or at all (tracers under a compiler such as ``jax.jit``); False for eager
-    arrays and Python numbers. (Whether an array of a namespace outside the table can be
-    read is only known by trying: :func:`read_scalar`.)"""
-    spec = _entry_of(x)
-    if spec is None:
-        return False
-    return spec.lazy or (spec.is_traced is not None and spec.is_traced(x))
-
-
-def is_traced(x: Any) -> bool:
-    """True for tracers of a compiler (``jax.jit``), whose values cannot be read at all."""
-    spec = _entry_of(x)
-    return spec is not None and spec.is_traced is not None and spec.is_traced(x)
+    (Dask) or at all (tracers); False for eager arrays, numbers and unknown namespaces."""
+    return _laziness(x)[0]
 
 
 def lazy_value_check(x: Any, check: Any, message: str) -> Any:
-    """Attach a value check to a lazy chunked array (Dask) so that it raises
-    ``ValueError(message)`` when the data is computed; other arrays are returned
-    unchanged. ``check`` takes one block and returns True when the block is valid."""
+    """``x`` with ``check(block) -> bool`` run on its blocks when computed (``ValueError(message)``
+    if False) on chunked lazy backends; other arrays unchanged."""
     spec = entry(backend_of(x))
     return x if spec.attach_check is None else spec.attach_check(x, check, message)
 
 
 def persist(arrays: list[Any]) -> list[Any]:
-    """Evaluate the lazy arrays among ``arrays`` in one computation per backend and keep the
-    results as arrays of that backend held in memory (Dask's ``persist``), so that the
-    graph of a training loop does not grow step after step; everything else (eager arrays,
-    Python numbers) is returned as it is."""
-    out = list(arrays)
-    lazy = {i: backend_of(a) for i, a in enumerate(arrays) if is_lazy(a)}
-    for name in set(lazy.values()):
-        spec = entry(name)
-        if spec.persist is None:
-            continue
-        picked = [i for i, b in lazy.items() if b == name]
-        for i, done in zip(picked, spec.persist([arrays[i] for i in picked]), strict=True):
-            out[i] = done
+    """``arrays`` with the lazy ones evaluated in one computation per backend and held in
+    memory (Dask's ``persist``: a training loop's graph does not grow); others as they are."""
+    out, groups = list(arrays), dict[str, list[int]]()
+    for i, a in enumerate(arrays):
+        if is_lazy(a):
+            groups.setdefault(backend_of(a), []).append(i)
+    for name, picked in groups.items():
+        if (run := entry(name).persist) is not None:
+            for i, done in zip(picked, run([arrays[i] for i in picked]), strict=True):
+                out[i] = done
     return out
 
 
-def check_positive_int(value: Any, what: str) -> int:
-    """Return ``value`` if it is an ``int`` (not a ``bool``) of at least 1, else raise
-    ``ValueError`` naming it as ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
+def check_positive_int(value: Any, name: str, *, least: int = 1) -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) of at least ``least``, else
+    :class:`ArgumentValueError` about ``name``, the argument's name (``"batch_size"``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "positive" if least == 1 else "non-negative"
+        raise ArgumentValueError(name, f"{name} must be a {kind} int, got {value!r}")
     return value
 
 
-def check_nonnegative_int(value: Any, what: str) -> int:
-    """Return ``value`` if it is an ``int`` (not a ``bool``) of at least 0 (a seed, a
-    count that may be zero), else raise ``ValueError`` naming it as ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{what} must be a non-negative int, got {value!r}")
-    return value
+def check_nonnegative_int(value: Any, name: str) -> int:
+    """:func:`check_positive_int` for an ``int`` of at least 0 (a seed)."""
+    return check_positive_int(value, name, least=0)
 
 
 def check_jit(jit: Any) -> bool | None:
-    """Return ``jit`` if it is ``None``, ``True`` or ``False``, else raise ``TypeError``."""
+    """``jit`` if it is ``None``, ``True`` or ``False``, else ``TypeError``."""
     if jit is not None and not isinstance(jit, bool):
-        raise TypeError(f"jit must be None, True or False, got {jit!r}")
+        raise ArgumentTypeError("jit", f"jit must be None, True or False, got {jit!r}")
     return jit
 
 
 def compiler(backend: str, jit: bool | None) -> Callable[[F], F] | None:
-    """The compiler to use for ``backend`` (``fn -> compiled fn``), or ``None`` to run
-    eagerly: ``jit=None`` compiles where the backend has a compiler, ``False`` never,
-    ``True`` always (``ValueError`` on a backend without one)."""
+    """``backend``'s compiler (``fn -> compiled fn``) or ``None`` (eager): ``jit=None``
+    compiles where there is one, ``False`` never, ``True`` always (else ``ValueError``)."""
     check_jit(jit)
     spec = entry(backend)
     if jit is False:
@@ -295,9 +255,8 @@ def compiler(backend: str, jit: bool | None) -> Callable[[F], F] | None:
 
 @functools.cache
 def compiled(fn: Callable[..., Any], backend: str) -> Callable[..., Any]:
-    """``fn`` compiled by ``backend``'s compiler, built once per function and backend (so
-    that the compiler's cache of traced shapes is kept between calls). Only for
-    module-level functions; ``backend`` must have a compiler."""
+    """``fn`` (a module-level function) compiled by ``backend``'s compiler, once per
+    function and backend so that the compiler's cache is kept between calls."""
     compile_fn = entry(backend).compile
     assert compile_fn is not None
     return compile_fn(fn)
@@ -307,8 +266,7 @@ _NAMESPACES: dict[type, Any] = {}
 
 
 def is_integral(xp: Any, dtype: Any) -> bool:
-    """``xp.isdtype(dtype, "integral")``, cached per namespace and dtype (the model asks
-    it of every input, and array-api-compat's answer costs microseconds)."""
+    """``xp.isdtype(dtype, "integral")``, cached (array-api-compat's answer costs µs)."""
     try:
         return _is_integral_cached(xp, dtype)
     except TypeError:  # an unhashable dtype
@@ -321,22 +279,15 @@ def _is_integral_cached(xp: Any, dtype: Any) -> bool:
 
 
 def array_namespace(*arrays: Any) -> Any:
-    """``array_api_compat.array_namespace`` with a per-type cache.
-
-    The model calls this on every block; the cache turns a ~9 µs lookup into a dict hit
-    when all arrays share one type (the namespace depends only on the array type).
-    Mixed types go through ``array_api_compat.array_namespace``, which raises for arrays
-    of different libraries.
-    """
+    """``array_api_compat.array_namespace``, cached per array type (a dict hit instead of
+    ~9 µs on every block) when all arrays share one type."""
     kind = type(arrays[0])
     for a in arrays[1:]:
         if type(a) is not kind:
             return array_api_compat.array_namespace(*arrays)
     ns = _NAMESPACES.get(kind)
     if ns is None:
-        if kind is np.ndarray:
-            ns = namespace("numpy")
-        else:
-            ns = array_api_compat.array_namespace(arrays[0])
+        numpy = kind is np.ndarray
+        ns = namespace("numpy") if numpy else array_api_compat.array_namespace(arrays[0])
         _NAMESPACES[kind] = ns
     return ns

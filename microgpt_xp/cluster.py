@@ -1,11 +1,8 @@
 """Connecting to (or starting) a ``dask.distributed`` cluster, with clear errors.
 
-:func:`connect` returns a ``distributed.Client`` that is the default scheduler of every
-Dask computation until it is closed (use it as a context manager). :func:`computing`
-turns the errors of a computation whose scheduler went away into one
-:class:`ClusterError` naming the scheduler.
-
-Needs the ``dask`` extra (``pip install 'microgpt-xp[dask]'``).
+:func:`connect` returns a ``distributed.Client``, the default scheduler of every Dask
+computation until it is closed; :func:`computing` turns the errors of a computation whose
+scheduler went away into one :class:`ClusterError`. Needs the ``dask`` extra.
 """
 
 from __future__ import annotations
@@ -21,14 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ._backends import install_extra
+from ._errors import ArgumentValueError
 from ._xp import check_nonnegative_int, check_positive_int
 
 #: The address that means "start a LocalCluster on this machine".
 LOCAL = "local"
-
-#: Seconds past ``timeout`` that the handshake check waits, so that a connection that
-#: never opens is reported by distributed's own connect timeout (as unreachable).
-_HANDSHAKE_GRACE = 1.0
+_TIMEOUTS = (OSError, asyncio.TimeoutError, concurrent.futures.TimeoutError)
 
 
 class ClusterError(RuntimeError):
@@ -59,86 +54,62 @@ def connect(
     Args:
         address: a scheduler address (``"tcp://host:8786"``, ``"host:8786"``), the path
             of a scheduler file written by ``dask scheduler --scheduler-file``, or
-            ``None``/``"local"`` to start a ``LocalCluster`` on this machine.
+            ``None``/``"local"`` to start a ``LocalCluster`` here (its dashboard on a free
+            port).
         n_workers, threads_per_worker, processes: the shape of a new ``LocalCluster``
-            (workers as processes by default; ``None`` lets Dask choose from the CPU
-            count). Ignored, and refused if given, when connecting to an address.
-        timeout: seconds to wait for the scheduler and for ``min_workers`` workers; also
-            how long the client tries to reconnect to a lost scheduler before it gives up.
-        min_workers: wait until the scheduler has at least this many workers (a
-            computation on a cluster without workers would wait forever).
+            (``None``: Dask's choice); refused with an address.
+        timeout: seconds to wait for the scheduler, its handshake (a service that never
+            answers, or answers in another protocol, is refused then) and ``min_workers``
+            workers; also how long a client tries to reconnect to a lost scheduler.
+        min_workers: wait until the scheduler has at least this many workers.
 
-    Returns:
-        The client, set as Dask's default scheduler. Close it (``with connect(...) as
-        client:``); a client that started a ``LocalCluster`` closes that cluster too. The
-        local cluster's dashboard listens on a random free port (``:0``), so that several
-        clusters on one machine do not clash.
-
-    Before the client is made, a first connection must complete Dask's handshake within
-    about ``timeout``: a service that accepts connections and never answers, or answers
-    in another protocol (an HTTP server, a scheduler's dashboard), is refused then rather
-    than waited on forever (distributed puts no timeout on its handshake).
-
-    Raises:
-        ClusterError: the scheduler cannot be reached within ``timeout``, what listens at
-            the address is not a Dask scheduler, the scheduler file cannot be read or is
-            not one, or fewer than ``min_workers`` workers joined it.
-        ValueError: bad arguments (a malformed or empty address, cluster options with an
-            address).
+    Returns the client, set as Dask's default scheduler (close it: ``with connect(...) as
+    client:``; one that started a ``LocalCluster`` closes it too). Raises
+    :class:`ClusterError` (one line) for a scheduler that cannot be reached or is not
+    one, an unreadable scheduler file, or too few workers; ``ValueError`` for bad
+    arguments.
     """
     distributed = _distributed()
     if not timeout > 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}")
+        raise ArgumentValueError("timeout", f"timeout must be positive, got {timeout!r}")
     check_nonnegative_int(min_workers, "min_workers")
-    local = address is None or address == LOCAL
-    if local:
-        for name, value in (("n_workers", n_workers), ("threads_per_worker", threads_per_worker)):
-            if value is not None:
-                check_positive_int(value, name)
-        kwargs: dict[str, Any] = {"processes": processes, "dashboard_address": ":0"}
-        if n_workers is not None:
-            kwargs["n_workers"] = n_workers
-        if threads_per_worker is not None:
-            kwargs["threads_per_worker"] = threads_per_worker
-        where = "a new LocalCluster"
-        try:
-            # Client(**kwargs) starts the LocalCluster itself, so client.close() closes it.
-            client = distributed.Client(timeout=timeout, **kwargs)
-        except (OSError, asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
-            _close_failed_client(distributed, exc)
-            raise ClusterError(f"could not start a local Dask cluster: {exc}") from exc
+    if address is None or address == LOCAL:
+        shape = {"n_workers": n_workers, "threads_per_worker": threads_per_worker}
+        shape = {k: check_positive_int(v, k) for k, v in shape.items() if v is not None}
+        where, target = "a new LocalCluster", None
+        kwargs: dict[str, Any] = {"processes": processes, "dashboard_address": ":0", **shape}
     else:
-        assert address is not None
         if not isinstance(address, str) or not address.strip():
-            raise ValueError(f"the scheduler address must be a non-empty string, got {address!r}")
-        if n_workers is not None or threads_per_worker is not None:
-            raise ValueError(
-                "n_workers/threads_per_worker shape a new local cluster; "
-                f"they cannot be given with a scheduler address ({address!r})"
+            raise ArgumentValueError(
+                "address", f"the scheduler address must be a non-empty string, got {address!r}"
             )
+        if n_workers is not None or threads_per_worker is not None:
+            raise ArgumentValueError(
+                "n_workers",
+                "n_workers/threads_per_worker shape a new local cluster; "
+                f"they cannot be given with a scheduler address ({address!r})",
+            )
+        target, where = address, f"the Dask scheduler at {address!r}"
         if address.endswith(".json"):
             target = _read_scheduler_file(address)
             where = f"the Dask scheduler at {target!r} (from scheduler file {address!r})"
-        else:
-            target = address
-            where = f"the Dask scheduler at {address!r}"
-        unreachable = (
-            f"cannot reach {where} within {timeout:g} s "
-            "(is a scheduler running there, e.g. `dask scheduler`?)"
-        )
-        _handshake(distributed, target, timeout, where, unreachable)
-        try:
-            client = distributed.Client(target, timeout=timeout)
-        except ValueError as exc:  # a malformed address: no port, an unknown scheme
-            _close_failed_client(distributed, exc)
+        kwargs = {}
+        _handshake(distributed, target, timeout, where)
+    try:
+        client = distributed.Client(target, timeout=timeout, **kwargs)
+    except (ValueError, *_TIMEOUTS) as exc:
+        _close_failed_client(distributed, exc)
+        if target is None:
+            if isinstance(exc, ValueError):
+                raise
+            raise ClusterError(f"could not start a local Dask cluster: {exc}") from exc
+        if isinstance(exc, ValueError):  # a malformed address: no port, an unknown scheme
             raise ValueError(f"invalid Dask scheduler address {target!r}: {exc}") from exc
-        except (OSError, asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
-            _close_failed_client(distributed, exc)
-            raise ClusterError(f"{unreachable}: {exc}") from exc
+        raise ClusterError(f"{_unreachable(where, timeout)}: {exc}") from exc
     if min_workers:
         try:
             client.wait_for_workers(min_workers, timeout=timeout)
-        except (OSError, asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
+        except _TIMEOUTS as exc:
             have = len(client.scheduler_info(n_workers=-1).get("workers", {}))
             client.close()
             raise ClusterError(
@@ -149,17 +120,12 @@ def connect(
 
 
 def _read_scheduler_file(path: str) -> str:
-    """The scheduler address that a scheduler file (``dask scheduler --scheduler-file``,
-    a JSON object with an ``"address"``) holds; :class:`ClusterError` otherwise."""
+    """The ``"address"`` of a scheduler file; :class:`ClusterError` otherwise."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        info = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ClusterError(f"scheduler file {path!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ClusterError(f"cannot read scheduler file {path!r}: {exc}") from exc
-    try:
-        info = json.loads(text)
-    except ValueError:
+    except (OSError, UnicodeDecodeError, ValueError):
         info = None
     address = info.get("address") if isinstance(info, dict) else None
     if not isinstance(address, str) or not address.strip():
@@ -170,27 +136,18 @@ def _read_scheduler_file(path: str) -> str:
     return address
 
 
-def _handshake(
-    distributed: Any, address: str, timeout: float, where: str, unreachable: str
-) -> None:
+def _handshake(distributed: Any, address: str, timeout: float, where: str) -> None:
     """Connect to ``address`` and complete Dask's handshake within ``timeout`` seconds
-    (plus a grace), then hang up; raise :class:`ClusterError` (``ValueError`` for a
-    malformed address) if that fails.
-
-    Runs in a thread of its own with its own event loop, so that it also works when the
-    caller runs inside an event loop (a notebook).
-    """
+    (plus one, so that a connection that never opens is reported as unreachable), then
+    hang up; on a thread of its own, so that it works inside a running event loop."""
 
     async def shake() -> None:
         comm = await distributed.comm.connect(address, timeout=timeout)
         await comm.close()
 
-    async def bounded() -> None:
-        await asyncio.wait_for(shake(), timeout + _HANDSHAKE_GRACE)
-
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dask-handshake") as pool:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
         try:
-            pool.submit(asyncio.run, bounded()).result()
+            pool.submit(asyncio.run, asyncio.wait_for(shake(), timeout + 1.0)).result()
         except ValueError as exc:  # a malformed address: no port, an unknown scheme
             raise ValueError(f"invalid Dask scheduler address {address!r}: {exc}") from exc
         except (asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
@@ -199,75 +156,51 @@ def _handshake(
                 f"within {timeout:g} s; is it one?"
             ) from exc
         except OSError as exc:
-            raise ClusterError(f"{unreachable}: {exc}") from exc
+            raise ClusterError(f"{_unreachable(where, timeout)}: {exc}") from exc
         except Exception as exc:  # an answer in another protocol read as Dask frames
             raise ClusterError(
                 f"{where} answered, but not as a Dask scheduler (its reply is not Dask's "
-                "protocol); is the address a scheduler's, not its dashboard's or another "
-                "service's?"
+                "protocol); is the address a scheduler's, not its dashboard's?"
             ) from exc
 
 
-def _close_failed_client(distributed: Any, exc: BaseException) -> None:
-    """Close, here and now, the half-started ``Client`` whose constructor raised ``exc``
-    (found in the traceback).
+def _unreachable(where: str, timeout: float) -> str:
+    return f"cannot reach {where} within {timeout:g} s (is a scheduler running there, e.g. `dask scheduler`?)"
 
-    Left alone it is closed by its ``__del__`` whenever the garbage collector gets to it,
-    and that close stops the event-loop runner that all clients of the process share: run
-    while the next Client starts that runner, it made the start fail (``assert loop is not
-    None``) or deadlock on the runner's lock. Once closed here, ``__del__`` does nothing.
-    A failure of this close is not reported: the caller raises the connection error.
-    """
+
+def _close_failed_client(distributed: Any, exc: BaseException) -> None:
+    """Close now the half-started ``Client`` whose constructor raised ``exc``: left to its
+    ``__del__``, that close stops the event-loop runner all clients share, whenever the
+    garbage collector runs it (the next Client's start then fails or deadlocks)."""
     for frame, _ in traceback.walk_tb(exc.__traceback__):
-        if frame.f_code is distributed.Client.__init__.__code__:
-            client = frame.f_locals.get("self")
-            if isinstance(client, distributed.Client):
-                with contextlib.suppress(Exception):
-                    client.close()
+        client = frame.f_locals.get("self")
+        if frame.f_code is distributed.Client.__init__.__code__ and client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
             return
+
+
+def scheduler_address(client: Any = None) -> str | None:
+    """The address of ``client``'s scheduler (default: the active distributed client), or
+    ``None`` without one (threaded or synchronous Dask)."""
+    client = _current_client(client)
+    return None if client is None or client.scheduler is None else str(client.scheduler.address)
 
 
 def _current_client(client: Any = None) -> Any:
     if client is not None:
         return client
     try:
-        distributed = _distributed()
-        return distributed.get_client()
+        return _distributed().get_client()
     except (ImportError, ValueError):
         return None
-
-
-def scheduler_address(client: Any = None) -> str | None:
-    """The address of ``client``'s scheduler (default: the current default client), or
-    ``None`` when no distributed client is active (threaded or synchronous Dask)."""
-    client = _current_client(client)
-    if client is None or client.scheduler is None:
-        return None
-    return str(client.scheduler.address)
-
-
-def _scheduler_lost(client: Any, exc: BaseException) -> bool:
-    """Whether ``exc``, raised by a computation on ``client``, means the scheduler went away
-    (rather than a task failing with an error of its own)."""
-    if getattr(exc, "reason", None) == "scheduler-connection-lost":
-        return True
-    from distributed.comm.core import CommClosedError
-
-    # A task's own OSError, or a cancellation by the user, arrives while the client is
-    # still connected; after a lost scheduler the client is reconnecting or closed.
-    lost_kinds = (CommClosedError, concurrent.futures.CancelledError, OSError)
-    return isinstance(exc, lost_kinds) and client.status != "running"
 
 
 @contextmanager
 def computing(client: Any = None) -> Iterator[None]:
     """Run a Dask computation inside ``with computing():`` to turn the errors of a lost
-    scheduler (cancelled futures, closed connections) into a :class:`ClusterError`
-    that names the scheduler. Other errors (a bad document, a failing task) pass through.
-
-    ``client`` defaults to the active distributed client; without one (threaded Dask)
-    the context does nothing.
-    """
+    scheduler into a :class:`ClusterError` naming it; other errors pass through.
+    ``client``: the active distributed client by default (none: nothing to do)."""
     client = _current_client(client)
     if client is None:
         yield
@@ -276,7 +209,12 @@ def computing(client: Any = None) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if not _scheduler_lost(client, exc):
+        from distributed.comm.core import CommClosedError
+
+        # a task's own OSError, or a user's cancel, arrives while the client is connected
+        lost_kinds = (CommClosedError, concurrent.futures.CancelledError, OSError)
+        lost = isinstance(exc, lost_kinds) and client.status != "running"
+        if not (lost or getattr(exc, "reason", None) == "scheduler-connection-lost"):
             raise
         raise ClusterError(
             f"lost the Dask scheduler at {address} during the computation "

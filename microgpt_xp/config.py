@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from ._errors import ArgumentTypeError, ArgumentValueError
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """microgpt's hyperparameters (the spec's defaults: one layer, 16 channels, 4 heads,
-    16 positions).
-
-    Attributes:
-        vocab_size: V, number of token ids (characters + BOS; 27 for names).
-        n_layer: L, number of transformer blocks.
-        n_embd: C, width of the residual stream; must be divisible by ``n_head``.
-        n_head: H, attention heads; each has ``head_dim = n_embd // n_head`` channels.
-        block_size: T, the longest sequence (number of positions) the model reads.
-
-    Raises ``ValueError`` for non-positive sizes, ``vocab_size < 2`` or ``n_embd % n_head
-    != 0``, and ``TypeError`` for non-integers.
-    """
+    """microgpt's hyperparameters, the spec's by default: ``vocab_size`` V (characters +
+    BOS, at least 2), ``n_layer`` L blocks, ``n_embd`` C channels (divisible by ``n_head``),
+    ``n_head`` H heads and ``block_size`` T positions. ``TypeError`` for non-integers,
+    ``ValueError`` for other values out of range."""
 
     vocab_size: int
     n_layer: int = 1
@@ -29,20 +22,21 @@ class GPTConfig:
     block_size: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layer", "n_embd", "n_head", "block_size"):
-            value = getattr(self, name)
+        for name, value in asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"GPTConfig.{name} must be an int, got {value!r}")
+                raise ArgumentTypeError(name, f"GPTConfig.{name} must be an int, got {value!r}")
             if value < 1:
-                raise ValueError(f"GPTConfig.{name} must be positive, got {value}")
+                raise ArgumentValueError(name, f"GPTConfig.{name} must be positive, got {value}")
         if self.vocab_size < 2:
-            raise ValueError(
+            raise ArgumentValueError(
+                "vocab_size",
                 f"GPTConfig.vocab_size must be at least 2 (BOS and one character), got "
-                f"{self.vocab_size}"
+                f"{self.vocab_size}",
             )
         if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
+            raise ArgumentValueError(
+                "n_head",
+                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})",
             )
 
     @property
@@ -63,7 +57,7 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
-        unknown = set(d) - {"vocab_size", "n_layer", "n_embd", "n_head", "block_size"}
+        unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown GPTConfig keys: {sorted(unknown)}")
         return cls(**d)

@@ -1,5 +1,5 @@
-"""Corpora that hand out documents by position, so that a chunk's task can produce its
-own documents, and the encoding of a chunk of them."""
+"""Corpora that hand out documents by position, so that a worker's task can make its own
+documents, and the encoding of a chunk of them."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from .data import DataError, Tokenizer, encode_docs
 
 @runtime_checkable
 class Corpus(Protocol):
-    """A corpus that hands out documents by position, so that a chunk's task can produce
-    its own documents. It must be cheap to pickle (it travels to every worker once)."""
+    """A corpus that hands out documents by position, so that a task can make its own
+    documents. It must be cheap to pickle (it travels with every task)."""
 
     def __len__(self) -> int:
         """Number of documents."""
@@ -33,9 +33,7 @@ class ShuffledRepeat:
     :func:`microgpt_xp.data.batch_indices`): document ``i`` is
     ``base[perm_{i // n}[i % n]]`` with ``n = len(base)``.
 
-    Only ``base`` is held; :meth:`docs` builds a slice on demand, so a corpus of a
-    million documents costs the memory of ``base``.
-    """
+    Only ``base`` is held; :meth:`docs` builds a slice on demand."""
 
     base: tuple[str, ...]
     num_docs: int
@@ -90,25 +88,9 @@ def check_source(source: Any) -> int:
     return n
 
 
-def docs_of(source: Source, start: int, stop: int) -> list[str]:
-    """Documents ``start .. stop - 1`` of a :class:`Corpus` or a sequence."""
-    if is_corpus(source):
-        return source.docs(start, stop)  # type: ignore[union-attr]
-    return list(source[start:stop])  # type: ignore[index]
-
-
-def chunk_docs(spec: Any, corpus: Any) -> tuple[int, int, list[str]]:
-    start, stop, docs = spec[0]
-    if docs is None:
-        docs = corpus.docs(start, stop)
-    if len(docs) != stop - start:
-        raise DataError(
-            f"the corpus returned {len(docs)} documents for positions {start}..{stop - 1}"
-        )
-    return start, stop, docs
-
-
 def encode(tokenizer: Tokenizer, docs: list[str], block_size: int, start: int) -> Any:
+    """:func:`~microgpt_xp.data.encode_docs` of corpus documents ``start..``, a
+    :class:`~microgpt_xp.data.DataError` naming those positions if one cannot be encoded."""
     try:
         return encode_docs(tokenizer, docs, block_size)
     except ValueError as exc:

@@ -15,28 +15,26 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import ArgumentTypeError
+
 
 class DataError(ValueError):
     """A corpus or batch request that cannot be used (empty, undecodable, too small)."""
 
 
-# -- corpora ----------------------------------------------------------------------------
 def docs_from_text(text: str) -> list[str]:
-    """Documents from text as the spec reads ``input.txt``: one per line, surrounding
-    whitespace stripped, empty lines dropped, file order kept."""
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    r"""Documents from text as the spec reads ``input.txt``: one per line (ended by ``\n``,
+    ``\r\n`` or ``\r``, as ``open()`` reads lines), surrounding whitespace stripped, empty
+    lines dropped, in order."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return [doc for line in text.split("\n") if (doc := line.strip())]
 
 
 def read_docs(path: str | Path) -> list[str]:
-    """Read a UTF-8 text file of one document per line (see :func:`docs_from_text`).
-
-    A UTF-8 byte-order mark at the start of the file is not text and is dropped (as
-    Python's ``utf-8-sig`` codec does), so it never becomes a character of the
-    vocabulary.
-
-    Raises :class:`DataError` for a missing file, bytes that are not UTF-8, or a file
-    without any document.
-    """
+    """The documents of a UTF-8 text file (:func:`docs_from_text`); a byte-order mark at the
+    start is dropped. :class:`DataError` for a missing file, bytes that are not UTF-8 or a
+    file without any document."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -57,35 +55,29 @@ def read_docs(path: str | Path) -> list[str]:
 
 
 def default_docs() -> list[str]:
-    """The embedded default corpus: the English first names that the MIT-licensed
-    ``mimesis`` package ships (about 3,300 names), lowercased, deduplicated, a–z only,
-    sorted. Needs no download and no file of this repository."""
-    # find_spec locates the package without importing it (mimesis' import is slow).
-    spec = importlib.util.find_spec("mimesis")
+    """The embedded default corpus: the English first names of the MIT-licensed ``mimesis``
+    package (about 3,300), lowercased, deduplicated, a–z only, sorted."""
+    spec = importlib.util.find_spec("mimesis")  # found, not imported (its import is slow)
     if spec is None or spec.origin is None:
         raise DataError(
             "the embedded default corpus needs the 'mimesis' package: pip install mimesis"
         )
     data = (Path(spec.origin).parent / "datasets" / "en" / "person.json").read_text("utf-8")
-    names = json.loads(data)["names"]
-    docs = {n.strip().lower() for group in names.values() for n in group}
+    docs = {n.strip().lower() for group in json.loads(data)["names"].values() for n in group}
     return sorted(d for d in docs if d and d.isascii() and d.isalpha())
 
 
-def short_repr(text: str, limit: int = 40) -> str:
-    """``repr(text)``, or for text longer than ``limit`` characters the ``repr`` of its
-    first ``limit``, ``…`` and its length: what an error message quotes of a document
-    (a 10 MB line is not printed whole)."""
+def _quote(text: str, limit: int = 40) -> str:
+    """``repr(text)``, cut to its first ``limit`` characters and its length when longer."""
     if len(text) <= limit:
         return repr(text)
     return f"{text[:limit]!r}… ({len(text):,} characters)"
 
 
 def split_docs(docs: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """``(train, held_out)``: ``round(fraction * len(docs))`` documents (at least one)
-    held out, chosen by a permutation of ``numpy.random.default_rng([seed, 1])`` (so a
-    seed gives the same split), each part in corpus order. ``DataError`` unless ``0 <
-    fraction < 1`` leaves at least one document on each side."""
+    """``(train, held_out)``, each in corpus order: ``round(fraction * len(docs))`` documents
+    (at least one) held out by a permutation of ``numpy.random.default_rng([seed, 1])``.
+    ``DataError`` unless ``0 < fraction < 1`` leaves a document on each side."""
     if not 0.0 < fraction < 1.0:
         raise DataError(f"the held-out fraction must lie in (0, 1), got {fraction!r}")
     n = len(docs)
@@ -95,46 +87,45 @@ def split_docs(docs: Sequence[str], fraction: float, seed: int) -> tuple[list[st
             f"holding out {held} of {n} documents leaves none to train on: a smaller "
             "fraction, or more documents"
         )
-    chosen = np.zeros(n, dtype=bool)
-    chosen[np.random.default_rng([seed, 1]).permutation(n)[:held]] = True
-    return [d for d, c in zip(docs, chosen, strict=True) if not c], [
-        d for d, c in zip(docs, chosen, strict=True) if c
-    ]
+    chosen = set(np.random.default_rng([seed, 1]).permutation(n)[:held].tolist())
+    return (
+        [d for i, d in enumerate(docs) if i not in chosen],
+        [d for i, d in enumerate(docs) if i in chosen],
+    )
 
 
 def check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
-    """The corpus ``docs`` (``None``: :func:`default_docs`) as a list of strings;
-    ``DataError``/``TypeError`` (naming the argument ``what``) otherwise."""
+    """The corpus ``docs`` (``None``: :func:`default_docs`) as a list of strings; else
+    ``DataError`` or ``ArgumentTypeError`` naming the argument ``what``."""
     if docs is None:
         return default_docs()
     if isinstance(docs, (str, bytes)):
-        raise TypeError(
+        raise ArgumentTypeError(
+            what,
             f"{what} must be a sequence of documents, not one string (a string would be read "
-            "as one-character documents): pass [text] or text.splitlines()"
+            "as one-character documents): pass [text] or text.splitlines()",
         )
     docs = list(docs)
     if not docs:
         raise DataError(f"{what}: the corpus holds no documents")
     bad = next((d for d in docs if not isinstance(d, str)), None)
     if bad is not None:
-        raise TypeError(f"documents must be strings, got {type(bad).__name__}: {bad!r}")
+        raise ArgumentTypeError(
+            what, f"documents must be strings, got {type(bad).__name__}: {bad!r}"
+        )
     return docs
 
 
-# -- tokenizer ---------------------------------------------------------------------------
 class Tokenizer:
     """microgpt's character tokenizer: ids ``0..len(chars)-1`` for the sorted distinct
-    characters, then one ``BOS`` id (``= len(chars)``) that marks both the start and the
-    end of a document.
-
-    ``vocab_size = len(chars) + 1``.
-    """
+    characters, then ``bos = len(chars)``, which marks both the start and the end of a
+    document; ``vocab_size = len(chars) + 1``."""
 
     def __init__(self, chars: Iterable[str]) -> None:
         chars = sorted(set(chars))
         for ch in chars:
             if not isinstance(ch, str) or len(ch) != 1:
-                got = short_repr(ch) if isinstance(ch, str) else repr(ch)
+                got = _quote(ch) if isinstance(ch, str) else repr(ch)
                 raise ValueError(f"tokenizer characters must be single characters, got {got}")
         if not chars:
             raise ValueError("a tokenizer needs at least one character")
@@ -143,7 +134,7 @@ class Tokenizer:
 
     @classmethod
     def from_docs(cls, docs: Iterable[str]) -> Tokenizer:
-        """The tokenizer of a corpus: every character that occurs in it."""
+        """The tokenizer of every character that occurs in ``docs``."""
         return cls(set().union(*docs))  # no joined copy of the corpus
 
     @property
@@ -157,15 +148,14 @@ class Tokenizer:
         return len(self.chars) + 1
 
     def encode(self, doc: str) -> list[int]:
-        """Character ids of ``doc`` (no BOS). Raises ``ValueError`` naming the first
-        character outside the vocabulary, its position and the document (at most its
-        first 40 characters, see :func:`short_repr`)."""
+        """Character ids of ``doc`` (no BOS); ``ValueError`` naming the first character
+        outside the vocabulary, its position and (the start of) the document."""
         try:
             return [self._ids[ch] for ch in doc]
         except KeyError as exc:
             ch = exc.args[0]
             raise ValueError(
-                f"character {ch!r} at position {doc.index(ch)} of {short_repr(doc)} is not in "
+                f"character {ch!r} at position {doc.index(ch)} of {_quote(doc)} is not in "
                 "the tokenizer's vocabulary"
             ) from None
 
@@ -174,22 +164,12 @@ class Tokenizer:
         return [self.bos, *self.encode(doc), self.bos]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of character ids; BOS ids are skipped. Raises ``ValueError`` for ids outside
+        """Text of character ids, BOS ids skipped; ``ValueError`` for ids outside
         ``[0, vocab_size)``."""
-        out = []
-        for i in ids:
-            i = int(i)
-            if i == self.bos:
-                continue
-            if not 0 <= i < self.bos:
-                raise ValueError(f"token id {i} is outside [0, {self.vocab_size})")
-            out.append(self.chars[i])
-        return "".join(out)
+        return self.decode_rows(np.array([[int(i) for i in ids]], dtype=np.int64))[0]
 
     def decode_rows(self, ids: np.ndarray) -> list[str]:
-        """:meth:`decode` of every row of a ``(N, T)`` integer array, as the sampler
-        returns them. Rows whose BOS ids all come at the end (the sampler's layout) are
-        decoded in one vectorized pass; others row by row."""
+        """:meth:`decode` of every row of a ``(N, T)`` integer array (BOS skipped)."""
         ids = np.asarray(ids)
         if ids.ndim != 2:
             raise ValueError(f"decode_rows takes a (N, T) array, got shape {ids.shape}")
@@ -200,11 +180,12 @@ class Tokenizer:
             return [""] * ids.shape[0]
         is_bos = ids == self.bos
         if "\0" not in self._ids and np.all(is_bos[:, 1:] >= is_bos[:, :-1]):
-            # BOS -> NUL; a fixed-width NumPy string drops its trailing NULs
+            # BOS only at the ends of rows (the sampler's layout): BOS -> NUL, which a
+            # fixed-width NumPy string drops, in one vectorized pass
             table = np.array([*self.chars, "\0"])
             rows = np.ascontiguousarray(table[ids]).view(f"<U{ids.shape[1]}")
             return rows[:, 0].tolist()  # type: ignore[no-any-return]
-        return [self.decode(row) for row in ids]
+        return ["".join(self.chars[i] for i in row if i != self.bos) for row in ids.tolist()]
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able description (for checkpoints)."""
@@ -225,44 +206,33 @@ class Tokenizer:
         return f"Tokenizer(chars={''.join(self.chars)!r})"
 
 
-# -- batches -------------------------------------------------------------------------------
 def block_size_for(docs: Iterable[str]) -> int:
-    """The block size (positions) that reads every document whole, BOS to BOS:
-    ``len(longest) + 1``."""
+    """The block size that reads every document whole, BOS to BOS: ``len(longest) + 1``."""
     return max(map(len, docs), default=0) + 1
 
 
-#: The spec's block size: the least a default block size is.
-SPEC_BLOCK_SIZE = 16
-
-
 def default_block_size(docs: Iterable[str]) -> int:
-    """The block size a run takes by default (the library's ``train`` and the CLI's):
-    the spec's 16, or more where that would cut a document (:func:`block_size_for`)."""
-    return max(SPEC_BLOCK_SIZE, block_size_for(docs))
+    """The block size a run takes by default: the spec's 16, or more where 16 would cut a
+    document (:func:`block_size_for`)."""
+    return max(16, block_size_for(docs))
 
 
 def count_cut(docs: Iterable[str], block_size: int) -> int:
-    """How many documents a model of ``block_size`` positions reads cut (longer than
-    ``block_size - 1`` characters: :func:`encode_docs` keeps their first ``block_size``
-    characters, and never their end)."""
+    """How many documents :func:`encode_docs` cuts at ``block_size`` (those longer than
+    ``block_size - 1`` characters lose their end)."""
     return sum(len(d) >= block_size for d in docs)
 
 
 def encode_docs(
     tokenizer: Tokenizer, docs: Sequence[str], block_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Encode documents into a right-padded ``(tokens (N, L) int64, lengths (N,) int64)``.
+    """Right-padded ``(tokens (N, L) int64, lengths (N,) int64)`` of documents.
 
-    Each row is ``BOS, chars…, BOS`` truncated to ``block_size + 1`` tokens (the spec's
-    ``n = min(block_size, len - 1)`` predictions) and padded with BOS; ``L`` is the
-    longest row. ``lengths`` counts the real tokens. The cut is silent here: callers that
-    choose the block size say how many documents it cuts (:func:`count_cut`) or choose
-    one that cuts none (:func:`block_size_for`).
-
-    Each document is cut to its first ``block_size`` characters *before* it is encoded,
-    so memory follows what is kept (a 200 MB line costs ``block_size`` ids), and only
-    the characters kept must be in the vocabulary (``ValueError`` otherwise).
+    Each row is ``BOS, chars…, BOS`` cut to ``block_size + 1`` tokens (the spec's ``n =
+    min(block_size, len - 1)`` predictions) and padded with BOS; ``L`` is the longest row
+    and ``lengths`` counts the real tokens. Each document is cut *before* it is encoded,
+    so memory follows what is kept and only the characters kept must be in the vocabulary
+    (``ValueError`` otherwise). The cut is silent (see :func:`count_cut`).
     """
     if not docs:
         raise DataError("no documents to encode")
@@ -275,12 +245,11 @@ def encode_docs(
 
 
 def batch_indices(num_docs: int, batch_size: int, step: int, seed: int) -> np.ndarray:
-    """Indices of the documents of training step ``step`` (0-based).
+    """Indices of the documents of training step ``step`` (0-based), ``(batch_size,)``.
 
-    The corpus is read in epochs, each a fresh permutation drawn from
-    ``numpy.random.default_rng([seed, epoch])``; step ``s`` takes positions
-    ``s*B .. s*B + B - 1`` of the concatenated epochs. The batch of a step depends only on
-    ``(num_docs, batch_size, step, seed)``, so a resumed run sees the same batches.
+    The corpus is read in epochs, each a permutation drawn from
+    ``numpy.random.default_rng([seed, epoch])``; step ``s`` takes positions ``s*B ..
+    s*B + B - 1`` of the concatenated epochs, so a resumed run sees the same batches.
     """
     if batch_size < 1:
         raise DataError(f"batch size must be at least 1, got {batch_size}")

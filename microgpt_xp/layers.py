@@ -1,16 +1,10 @@
 """The model's building blocks as forward/backward pairs, written once against the Array API.
 
-Each ``*_forward(...)`` returns ``(out, cache)`` and each ``*_backward(dout, cache)``
-returns the gradients of its inputs, in the style of llm.c's ``train_gpt2``. Every
-function takes its namespace from its arguments (``array_namespace``), creates arrays
-only on its inputs' device, never mutates an array, and never branches on array values,
-so the same code runs eagerly (NumPy, CuPy, PyTorch, array-api-strict), lazily (Dask),
-under tracing (JAX) and symbolically (ndonnx, whose batch and time may be unknown).
-The operations whose best form differs between namespaces (products, attention, the
-loss, ...) are in :mod:`microgpt_xp.primitives`; the model calls those directly.
-
-Shapes: activations ``(B, T, C)`` — ``B`` batch, ``T`` positions, ``C`` channels — or
-any leading axes ``(…, C)``; ``V`` vocabulary, ``H`` heads, ``D`` head channels.
+Each ``*_forward(...)`` returns ``(out, cache)`` and each ``*_backward(dout, cache)`` the
+gradients of its inputs, as llm.c's ``train_gpt2`` does. Namespace and device come from
+the arguments; no array is mutated and no value branched on, so the same code runs eagerly,
+lazily (Dask), traced (JAX) and symbolically (ndonnx). Shapes: activations ``(B, T, C)`` or
+``(…, C)``; ``V`` vocabulary, ``H`` heads, ``D`` head channels.
 """
 
 from __future__ import annotations
@@ -28,10 +22,8 @@ Array = Any
 
 # -- embedding ------------------------------------------------------------------------
 def embedding_forward(tokens: Array, wte: Array, wpe: Array) -> tuple[Array, Any]:
-    """Token plus position embedding: ``tokens (B, T)`` integer ids in ``[0, V)``, ``wte
-    (V, C)``, ``wpe (block_size, C)``; returns ``e (B, T, C)``, row ``wte[tokens[b, t]] +
-    wpe[t]`` (exact lookups: :func:`~microgpt_xp.primitives.embed` and a ``take`` of the
-    positions, :func:`~microgpt_xp.primitives.positions`)."""
+    """``e (B, T, C)``, ``wte[tokens[b, t]] + wpe[t]`` (exact lookups) of ``tokens (B, T)``
+    ids in ``[0, V)``, ``wte (V, C)`` and ``wpe (block_size, C)``."""
     xp = array_namespace(tokens, wte, wpe)
     pos = P.positions(tokens)
     e = P.embed(tokens, wte) + xp.take(wpe, pos, axis=0)
@@ -39,9 +31,8 @@ def embedding_forward(tokens: Array, wte: Array, wpe: Array) -> tuple[Array, Any
 
 
 def embedding_backward(de: Array, cache: Any) -> tuple[Array, Array]:
-    """``de (B, T, C)`` -> ``(dwte (V, C), dwpe (block_size, C))``: scatter-adds of ``de``
-    into the rows of the used tokens and positions
-    (:func:`~microgpt_xp.primitives.scatter_add_rows`); rows not used are exactly zero."""
+    """``de (B, T, C)`` -> ``(dwte (V, C), dwpe (block_size, C))`` by scatter-adds; rows not
+    used are exactly zero."""
     xp = array_namespace(de)
     tokens, pos, vocab, block_size = cache
     c = de.shape[-1]
@@ -64,23 +55,17 @@ def linear_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
 
 # -- rmsnorm --------------------------------------------------------------------------
 def rmsnorm_forward(x: Array, size: int) -> tuple[Array, Any]:
-    """RMSNorm without gain over the last axis: ``y = x * (mean(x²) + 1e-5) ** -0.5``.
-
-    ``x (…, C)`` -> ``y (…, C)``, ``C = size`` (the config's ``n_embd``: a symbolic
-    array's shape may not tell it). The mean is ``sum * (1/C)`` and the scale uses ``**
-    -0.5`` as the original does.
-    """
-    # the scale is computed on (…,) and broadcast once: ONNX runtimes run an operation
-    # between a scalar and an array whose last axis is 1 element by element
+    """RMSNorm without gain over the last axis, ``x * (sum(x²) * (1/C) + 1e-5) ** -0.5``:
+    ``x (…, C)`` -> ``(…, C)``, ``C = size`` (a symbolic shape may not tell it). The scale
+    is computed on ``(…,)`` and broadcast once (ONNX runtimes run a length-1 last axis
+    element by element)."""
     ms = P.sum_last(x * x)[..., 0] * (1.0 / size)
     s = ((ms + RMSNORM_EPS) ** -0.5)[..., None]
     return x * s, (x, s, size)
 
 
 def rmsnorm_columns(x_t: Array, size: int) -> Array:
-    """:func:`rmsnorm_forward` of each column of ``x_t (C, B)`` (decoding's layout, one
-    column per sequence, ``C = size``) -> ``(C, B)``; the mean square is a sum over the
-    leading axis."""
+    """:func:`rmsnorm_forward` of each column of ``x_t (C, B)`` (decoding's layout)."""
     xp = array_namespace(x_t)
     ms = xp.sum(x_t * x_t, axis=0, keepdims=True) * (1.0 / size)
     return x_t * (ms + RMSNORM_EPS) ** -0.5
@@ -95,35 +80,23 @@ def rmsnorm_backward(dy: Array, cache: Any) -> Array:
 
 # -- decoding -----------------------------------------------------------------------------
 def decode_attention(
-    q_t: Array,
-    keys: Array,
-    values: Array,
-    visible: Array | None,
-    *,
-    n_head: int,
-    head_dim: int,
-    slots: int,
+    q_t: Array, keys: Array, values: Array, seen: Any, *, n_head: int, head_dim: int
 ) -> Array:
-    """One query per sequence over the cached positions, in decoding's column layout:
-    ``q_t (C, B)``, ``keys, values (P, C, B)`` (``P = slots`` positions first, ``C =
-    n_head * head_dim``) -> ``(C, B)``, the heads' outputs stacked in head order.
-    ``visible (P,)``, where given, marks the positions to attend to (the others, e.g.
-    cache slots not written yet, get weight exactly 0).
-
-    The same attention as the whole-sequence one with one query. With the batch along
-    the last axis, a head's ``D`` channels are ``D`` contiguous planes of ``B`` values, so
-    the scores are one product and a sum over the head-channel axis, the softmax runs
-    over the leading position axis and the output is one product and a sum over
-    positions: every step is a vectorized pass over the whole batch, summing in the
-    original's order (channel by channel, position by position; the hidden positions
-    add exact zeros after the visible ones). ``B`` need not be known.
-    """
+    """One query per sequence over the cache, in decoding's column layout: ``q_t (C, B)``,
+    ``keys, values (P, C, B)`` (``C = n_head * head_dim``) -> ``(C, B)``, the heads'
+    outputs in head order. ``seen`` is what :func:`~microgpt_xp.primitives.cache_write`
+    returns: an int ``n`` (attend to slots ``0..n-1``) or a ``(P,)`` mask (the hidden slots
+    get weight exactly 0 and add exact zeros after the visible ones, so both give the same
+    sums). Scores and outputs are products summed over the head-channel and position axes,
+    in the original's order; ``B`` need not be known."""
     xp = array_namespace(q_t, keys, values)
-    p, d = slots, head_dim
+    if isinstance(seen, int):
+        keys, values = keys[:seen, ...], values[:seen, ...]
+    p, d = keys.shape[0], head_dim
     qs = q_t * float(d) ** -0.5
     scores = xp.sum(xp.reshape(keys * qs, (p, n_head, d, -1)), axis=2)  # (P, H, B)
-    if visible is not None:
-        scores = xp.where(visible[:, None, None], scores, xp.full_like(scores, -xp.inf))
+    if not isinstance(seen, int):
+        scores = xp.where(seen[:, None, None], scores, xp.full_like(scores, -xp.inf))
     att = P.softmax(scores, axis=0)
     y = xp.sum(att[:, :, None, :] * xp.reshape(values, (p, n_head, d, -1)), axis=0)
     return xp.reshape(y, (n_head * d, -1))

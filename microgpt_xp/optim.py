@@ -1,22 +1,19 @@
-"""Adam with microgpt's linear learning-rate decay: pure functions over a state record,
-and a thin stateful wrapper.
-
-:func:`adam_init` and :func:`adam_update` are pure: the step count is a 0-d array in the
-:class:`AdamState`, so the update has no Python state and compiles once under
-``jax.jit``. :class:`Adam` keeps an :class:`AdamState` and a host copy of the step count
-for the training loop and checkpoints; its results are those of :func:`adam_update`.
-"""
+"""Adam with microgpt's linear learning-rate decay: pure :func:`adam_init` and
+:func:`adam_update` over an :class:`AdamState` (the step count a 0-d array, so the update
+compiles once under ``jax.jit``), and :class:`Adam`, a thin stateful wrapper over them."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 from . import _pytree
 from . import primitives as P
-from ._xp import array_namespace, check_positive_int
+from ._errors import ArgumentTypeError, ArgumentValueError
+from ._xp import check_positive_int
 from .params import Params, flatten, unflatten
 
 #: The spec's hyperparameters.
@@ -25,12 +22,9 @@ LR, BETA1, BETA2, EPS, NUM_STEPS = 0.01, 0.85, 0.99, 1e-8, 1000
 
 @dataclass(frozen=True)
 class AdamState:
-    """Adam's state: the first and second moments ``m`` and ``v``, each one flat
-    ``(num_params,)`` vector in the layout of :func:`~microgpt_xp.params.flatten` (the
-    weights' fields one after another; :func:`~microgpt_xp.params.unflatten` gives them
-    back as :class:`Params`), of the weights' namespace, device and dtype; and ``step``,
-    a 0-d integer array of that namespace holding the number of updates taken. A JAX
-    pytree when JAX is installed."""
+    """Adam's moments ``m`` and ``v``, each a flat ``(num_params,)`` vector in
+    :func:`~microgpt_xp.params.flatten`'s layout on the weights' namespace, device and
+    dtype, and ``step``, a 0-d int64 array counting the updates taken (a JAX pytree)."""
 
     m: Any
     v: Any
@@ -38,31 +32,25 @@ class AdamState:
 
 
 _pytree.register(
-    AdamState,
-    lambda s: ((s.m, s.v, s.step), None),
-    lambda _, children: AdamState(*children),
+    AdamState, lambda s: ((s.m, s.v, s.step), None), lambda _, children: AdamState(*children)
 )
 
 
 def adam_init(params: Params) -> AdamState:
     """The state before the first update: zero moments, ``step = 0``."""
     if not isinstance(params, Params):
-        raise TypeError(f"adam_init needs a Params, got {type(params).__name__}")
+        raise ArgumentTypeError("params", f"adam_init needs a Params, got {type(params).__name__}")
     zeros = P.full((params.config.num_params,), 0.0, params.wte)
     return AdamState(zeros, zeros, P.full((), 0, params.wte, dtype=params.xp.int64))
 
 
 @dataclass(frozen=True)
 class AdamConfig:
-    """Adam's hyper-parameters and schedule as one record, bound once and passed as a
-    whole (as optax binds them): the initial learning rate ``lr``, the moments' decays
-    ``beta1``/``beta2``, ``eps`` (added outside the square root) and ``num_steps``, the
-    length of the linear decay ``lr_t = lr * (1 - t / num_steps)``. The spec's values by
-    default. Immutable and hashable (a static argument of a compiled step).
-
-    Raises ``TypeError``/``ValueError`` unless the values are finite real numbers with
-    ``lr > 0``, ``0 <= beta < 1``, ``eps > 0`` and ``num_steps`` a positive int.
-    """
+    """Adam's hyper-parameters, the spec's by default, bound once (as optax binds them):
+    the initial learning rate ``lr > 0``, the moments' decays ``0 <= beta1, beta2 < 1``,
+    ``eps > 0`` (added outside the square root) and ``num_steps``, a positive int, the
+    length of the linear decay ``lr_t = lr * (1 - t / num_steps)``. Immutable and hashable
+    (a static argument of a compiled step); ``TypeError``/``ValueError`` for other values."""
 
     lr: float = LR
     beta1: float = BETA1
@@ -71,9 +59,19 @@ class AdamConfig:
     num_steps: int = NUM_STEPS
 
     def __post_init__(self) -> None:
-        check_hyperparameters(self.lr, self.beta1, self.beta2, self.eps, self.num_steps)
+        check_positive_int(self.num_steps, "num_steps")
         for name in ("lr", "beta1", "beta2", "eps"):
-            object.__setattr__(self, name, float(getattr(self, name)))
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ArgumentTypeError(name, f"{name} must be a real number, got {value!r}")
+            x = float(value)
+            if not math.isfinite(x):
+                raise ArgumentValueError(name, f"{name} must be finite, got {value!r}")
+            beta = name.startswith("beta")
+            if not (0.0 <= x < 1.0 if beta else x > 0):
+                rule = "lie in [0, 1)" if beta else "be positive"
+                raise ArgumentValueError(name, f"{name} must {rule}, got {value!r}")
+            object.__setattr__(self, name, x)
 
     def lr_at(self, t: int) -> float:
         """The learning rate of the ``t``-th step (0-based)."""
@@ -84,12 +82,14 @@ def adam_config(config: AdamConfig | None = None, **changes: Any) -> AdamConfig:
     """``config`` (default: the spec's :class:`AdamConfig`) with the fields named in
     ``changes`` replaced (``TypeError`` for a name that is not a field)."""
     if config is not None and not isinstance(config, AdamConfig):
-        raise TypeError(f"the optimizer must be an AdamConfig, got {type(config).__name__}")
-    base = AdamConfig() if config is None else config
-    unknown = set(changes) - {f.name for f in dataclasses.fields(AdamConfig)}
+        raise ArgumentTypeError(
+            "optimizer", f"the optimizer must be an AdamConfig, got {type(config).__name__}"
+        )
+    unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(AdamConfig)})
     if unknown:
-        raise TypeError(f"unknown Adam hyper-parameters {sorted(unknown)}")
-    return dataclasses.replace(base, **changes) if changes else base
+        raise ArgumentTypeError(unknown[0], f"unknown Adam hyper-parameters {unknown}")
+    config = AdamConfig() if config is None else config
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def adam_update(
@@ -99,89 +99,44 @@ def adam_update(
     config: AdamConfig | None = None,
     **changes: Any,
 ) -> tuple[Params, AdamState]:
-    """One Adam update of ``params`` with ``grads`` (the spec's, §8) under ``config``
-    (:class:`AdamConfig`, the spec's by default; ``changes`` replace some of its fields,
-    e.g. ``num_steps=10``): returns the new params and state; nothing is modified.
+    """One Adam update (the spec's, §8) of ``params`` with ``grads`` under ``config`` (the
+    spec's by default; ``changes`` replace fields, e.g. ``num_steps=10``); returns the new
+    ``(params, state)`` and modifies nothing.
 
-    With ``t = state.step`` (0-based): ``lr_t = lr * (1 - t / num_steps)``,
-    ``m = beta1 m + (1 - beta1) g``, ``v = beta2 v + (1 - beta2) g²``,
-    ``p -= lr_t (m / (1 - beta1^(t+1))) / (sqrt(v / (1 - beta2^(t+1))) + eps)``.
-    Every weight moves, those with a zero gradient too (from momentum), as in the original.
-    The step-dependent factors are computed in float64 and then rounded to the weights'
-    dtype, as Python floats would be; ``1 - beta`` is the Python float (0.15000000000000002
-    for 0.85). No value is read to the host, so the function traces under ``jax.jit``.
-
-    The weights and gradients are updated as one flat vector each, as the moments are
-    kept (a dozen array operations per step rather than a dozen per field; every
-    element's arithmetic is the same).
+    With ``t = state.step``: ``m = beta1 m + (1 - beta1) g``, ``v = beta2 v + (1 - beta2)
+    g²``, ``p -= lr_t (m / (1 - beta1^(t+1))) / (sqrt(v / (1 - beta2^(t+1))) + eps)``, on
+    every weight (zero gradients too). The step's factors are computed in float64, then
+    rounded to the weights' dtype, as the original's Python floats; nothing is read to the
+    host (it traces under ``jax.jit``).
     """
     hp = adam_config(config, **changes)
-    xp = params.xp
-    dtype = params.dtype
+    xp, dtype = params.xp, params.dtype
     t = xp.astype(state.step, xp.float64)
     lr_t = xp.astype(hp.lr * (1.0 - t / hp.num_steps), dtype)
-    t1 = t + 1.0
-    bc1 = xp.astype(1.0 - hp.beta1**t1, dtype)
-    bc2 = xp.astype(1.0 - hp.beta2**t1, dtype)
-    c1, c2 = 1 - hp.beta1, 1 - hp.beta2  # Python floats, evaluated as the original does
+    bc1 = xp.astype(1.0 - hp.beta1 ** (t + 1.0), dtype)
+    bc2 = xp.astype(1.0 - hp.beta2 ** (t + 1.0), dtype)
     p, g = flatten(params), flatten(grads)
-    m = hp.beta1 * state.m + c1 * g
-    v = hp.beta2 * state.v + c2 * (g * g)
+    m = hp.beta1 * state.m + (1 - hp.beta1) * g
+    v = hp.beta2 * state.v + (1 - hp.beta2) * (g * g)
     p = p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + hp.eps)
     return unflatten(p, params.config), AdamState(m, v, state.step + 1)
 
 
-def check_hyperparameters(lr: Any, beta1: Any, beta2: Any, eps: Any, num_steps: Any) -> None:
-    """Raise ``TypeError``/``ValueError`` unless the hyperparameters are finite real numbers
-    with ``lr > 0``, ``0 <= beta < 1``, ``eps > 0`` and ``num_steps`` a positive int."""
-    check_positive_int(num_steps, "num_steps")
-    for name, value in (("lr", lr), ("beta1", beta1), ("beta2", beta2), ("eps", eps)):
-        if isinstance(value, bool) or not _is_real(value):
-            raise TypeError(f"{name} must be a real number, got {value!r}")
-        if not math.isfinite(float(value)):
-            raise ValueError(f"{name} must be finite, got {value!r}")
-    if not lr > 0:
-        raise ValueError(f"lr must be positive, got {lr!r}")
-    for name, beta in (("beta1", beta1), ("beta2", beta2)):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"{name} must lie in [0, 1), got {beta!r}")
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps!r}")
-
-
-def _is_real(value: Any) -> bool:
-    """A Python or NumPy real scalar (not a string, not an array of several values)."""
-    import numbers
-
-    return isinstance(value, numbers.Real)
-
-
 class Adam:
     """The spec's Adam as a stateful object over :func:`adam_init`/:func:`adam_update`:
-    bias-corrected moments, ``eps`` added outside the square root, and the learning rate
-    decayed linearly, ``lr_t = lr * (1 - t / num_steps)`` for the ``t``-th call of
-    :meth:`step` (0-based). Every parameter is updated every step, also those whose
-    gradient is zero, as the original does. No weight decay, no clipping.
-
-    ``Adam(params, config)`` takes an :class:`AdamConfig`; ``Adam(params, lr=0.01,
-    num_steps=1000)`` changes fields of the spec's. ``config`` is the record (``lr``,
-    ``num_steps``, ... read through it), ``state`` the :class:`AdamState`, ``t`` a host
-    copy of its step count (so that the training loop never reads the device for it),
-    ``m`` and ``v`` the moments.
+    ``Adam(params, config)`` with an :class:`AdamConfig`, or ``Adam(params, lr=0.01,
+    num_steps=1000)`` changing fields of the spec's. ``config`` is the record, ``state``
+    the :class:`AdamState`, ``t`` a host copy of its step count, ``m``/``v`` the moments
+    as :class:`Params`.
     """
 
     def __init__(self, params: Params, config: AdamConfig | None = None, **changes: Any) -> None:
         if not isinstance(params, Params):
-            raise TypeError(f"Adam needs a Params, got {type(params).__name__}")
+            raise ArgumentTypeError("params", f"Adam needs a Params, got {type(params).__name__}")
         self.config = adam_config(config, **changes)
         self.model = params.config
         self.state = adam_init(params)
-        self._t = 0
-
-    @property
-    def lr(self) -> float:
-        """The initial learning rate."""
-        return self.config.lr
+        self.t = 0  # the step count, a host copy of state.step
 
     @property
     def num_steps(self) -> int:
@@ -189,95 +144,66 @@ class Adam:
         return self.config.num_steps
 
     @property
-    def t(self) -> int:
-        """The number of updates taken."""
-        return self._t
-
-    @t.setter
-    def t(self, value: int) -> None:
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or not 0 <= value <= self.num_steps
-        ):
-            raise ValueError(f"t must be an int in [0, {self.num_steps}], got {value!r}")
-        m = self.state.m
-        step = P.full((), value, m, dtype=array_namespace(m).int64)
-        self.state = AdamState(m, self.state.v, step)
-        self._t = value
-
-    @property
     def m(self) -> Params:
-        """The first moments, one array per field (views of the state's flat vector where
-        the namespace has views)."""
+        """The first moments (views of the state's flat vector where the namespace has them)."""
         return unflatten(self.state.m, self.model)
-
-    @m.setter
-    def m(self, value: Params) -> None:
-        self.state = AdamState(flatten(self._check(value)), self.state.v, self.state.step)
 
     @property
     def v(self) -> Params:
-        """The second moments, one array per field."""
+        """The second moments."""
         return unflatten(self.state.v, self.model)
 
-    @v.setter
-    def v(self, value: Params) -> None:
-        self.state = AdamState(self.state.m, flatten(self._check(value)), self.state.step)
-
-    def _check(self, record: Params) -> Params:
-        if not isinstance(record, Params) or record.config != self.model:
+    def restore(self, m: Params, v: Params, t: int) -> None:
+        """Take the moments ``m``, ``v`` (:class:`Params` of the model's config) and step
+        count ``t`` (``0 <= t <= num_steps``) that a checkpoint holds."""
+        if not all(isinstance(r, Params) and r.config == self.model for r in (m, v)):
             raise ValueError(f"Adam's moments must be Params of {self.model}")
-        return record
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= self.num_steps:
+            raise ArgumentValueError("t", f"t must be an int in [0, {self.num_steps}], got {t!r}")
+        step = P.full((), t, m.wte, dtype=m.xp.int64)
+        self.state, self.t = AdamState(flatten(m), flatten(v), step), t
 
     def lr_at(self, t: int) -> float:
         """The learning rate of the ``t``-th step (0-based)."""
         return self.config.lr_at(t)
 
     def extend(self, num_steps: int) -> None:
-        """Lengthen the schedule of a finished run to ``num_steps`` (the learning rate then
-        follows a run of the new length from the step reached on)."""
+        """Lengthen the schedule of a finished run to ``num_steps``."""
         self.config = adam_config(self.config, num_steps=num_steps)
 
     def step(self, params: Params, grads: Params) -> Params:
         """Apply one update and return the new params (the inputs are not modified).
-
-        ``grads`` must have the params' config, namespace, device and dtype. Raises
-        ``ValueError`` once ``num_steps`` steps have been taken, and for gradients that do
-        not match the params.
-        """
-        if self._t >= self.num_steps:
-            raise ValueError(f"Adam has taken all its num_steps={self.num_steps} steps")
-        check_like(params, grads, "grads")
-        params, self.state = adam_update(params, grads, self.state, self.config)
-        self._t += 1
+        ``ValueError`` once ``num_steps`` steps were taken, and for ``grads`` that differ
+        from ``params`` in config, namespace, device or dtype."""
+        if not isinstance(grads, Params):
+            raise ArgumentTypeError("grads", f"grads must be a Params, got {type(grads).__name__}")
+        if grads.config != params.config:
+            raise ArgumentValueError("grads", "grads and params have different configs")
+        if type(grads.wte) is not type(params.wte):
+            raise ArgumentTypeError(
+                "grads",
+                f"grads are {type(grads.wte).__name__} arrays but params {type(params.wte).__name__}",
+            )
+        if grads.dtype != params.dtype:
+            raise ArgumentTypeError(
+                "grads", f"grads have dtype {grads.dtype} but params {params.dtype}"
+            )
+        if str(grads.device) != str(params.device):
+            raise ArgumentValueError(
+                "grads", f"grads are on device {grads.device} but params on {params.device}"
+            )
+        params, state = adam_update(params, grads, self.state, self.config)
+        self.advance(state)
         return params
 
     def advance(self, state: AdamState) -> None:
         """Take ``state`` as the state after one more update (what a training loop does
         with the state that :func:`adam_update` or a compiled step returned)."""
-        if self._t >= self.num_steps:
+        if self.t >= self.num_steps:
             raise ValueError(f"Adam has taken all its num_steps={self.num_steps} steps")
         self.state = state
-        self._t += 1
+        self.t += 1
 
     def state_dict(self) -> dict[str, Any]:
         """Hyperparameters and step count (the moments are ``self.m`` / ``self.v``)."""
-        return {**dataclasses.asdict(self.config), "t": self._t}
-
-
-def check_like(params: Params, other: Params, what: str) -> None:
-    """Raise unless ``other`` is a :class:`Params` with the config, namespace, dtype and
-    device of ``params`` (an update must not silently change any of them)."""
-    if not isinstance(other, Params):
-        raise TypeError(f"{what} must be a Params, got {type(other).__name__}")
-    if other.config != params.config:
-        raise ValueError(f"{what} and params have different configs")
-    if type(other.wte) is not type(params.wte):
-        raise TypeError(
-            f"{what} are {type(other.wte).__name__} arrays but params {type(params.wte).__name__}"
-        )
-    if other.dtype != params.dtype:
-        raise TypeError(f"{what} have dtype {other.dtype} but params {params.dtype}")
-    if str(other.device) != str(params.device):
-        raise ValueError(f"{what} are on device {other.device} but params on {params.device}")
+        return {**dataclasses.asdict(self.config), "t": self.t}

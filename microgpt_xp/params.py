@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,23 +13,16 @@ import array_api_compat
 import numpy as np
 
 from . import _pytree, _xp
+from ._errors import ArgumentTypeError, ArgumentValueError
 from .config import GPTConfig
 
-#: Global weights, in the spec's state-dict order.
+#: Global weights, then per-layer weights (stacked along a leading ``n_layer`` axis), in
+#: the spec's state-dict order.
 GLOBAL_FIELDS: tuple[str, ...] = ("wte", "wpe", "lm_head")
-#: Per-layer weights (stacked along a leading ``n_layer`` axis), in the spec's order.
-LAYER_FIELDS: tuple[str, ...] = (
-    "attn_wq",
-    "attn_wk",
-    "attn_wv",
-    "attn_wo",
-    "mlp_fc1",
-    "mlp_fc2",
-)
+LAYER_FIELDS: tuple[str, ...] = ("attn_wq", "attn_wk", "attn_wv", "attn_wo", "mlp_fc1", "mlp_fc2")
 FIELDS: tuple[str, ...] = GLOBAL_FIELDS + LAYER_FIELDS
 
-#: The entry beside the weights in which an exported state dict carries its tokenizer
-#: (``{"chars": ...}``); :meth:`Params.from_state_dict` passes over it.
+#: The entry in which an exported state dict carries its tokenizer (``{"chars": ...}``).
 TOKENIZER_KEY = "tokenizer"
 
 #: Standard deviation of the initial Gaussian weights (the spec's 0.08).
@@ -39,38 +32,53 @@ INIT_STD = 0.08
 def field_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Shape of every ``Params`` field for ``config`` (matrices are ``[n_out, n_in]``)."""
     v, c, t, n = config.vocab_size, config.n_embd, config.block_size, config.n_layer
+    square = (n, c, c)
     return {
         "wte": (v, c),
         "wpe": (t, c),
         "lm_head": (v, c),
-        "attn_wq": (n, c, c),
-        "attn_wk": (n, c, c),
-        "attn_wv": (n, c, c),
-        "attn_wo": (n, c, c),
+        **dict.fromkeys(("attn_wq", "attn_wk", "attn_wv", "attn_wo"), square),
         "mlp_fc1": (n, 4 * c, c),
         "mlp_fc2": (n, c, 4 * c),
     }
 
 
-def state_dict_keys(config: GPTConfig) -> list[str]:
-    """The original's state-dict keys in its order: ``wte, wpe, lm_head, layer0.attn_wq, …``."""
-    keys = list(GLOBAL_FIELDS)
+def state_dict_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The original's state-dict keys in its order (``wte, wpe, lm_head, layer0.attn_wq, …,
+    layer0.mlp_fc2, layer1.attn_wq, …``) with their shapes."""
+    shapes = field_shapes(config)
+    out = {name: shapes[name] for name in GLOBAL_FIELDS}
     for i in range(config.n_layer):
-        keys += [f"layer{i}.{name}" for name in LAYER_FIELDS]
-    return keys
+        out.update({f"layer{i}.{name}": shapes[name][1:] for name in LAYER_FIELDS})
+    return out
+
+
+def state_dict_keys(config: GPTConfig) -> list[str]:
+    """The keys of :func:`state_dict_shapes`, in the original's order."""
+    return list(state_dict_shapes(config))
+
+
+def check_placement(backend: Any, device: Any = None, dtype: str | None = None) -> str:
+    """The name of ``backend`` (a table name or an Array API namespace), once it, ``device``
+    and ``dtype`` (a name; ``None`` passes) are usable: otherwise an ``ArgumentValueError``
+    or ``ArgumentTypeError`` naming the one that is not (raised by :mod:`microgpt_xp._xp`)."""
+    name = _xp.check_backend(backend)
+    _xp.resolve_device(name, device)
+    if dtype is not None:
+        _xp.check_dtype(dtype)
+    return name
 
 
 @dataclass(frozen=True)
 class Params:
-    """microgpt's weights, every field an array of one namespace, device and dtype.
+    """microgpt's weights, every field an array of one namespace, device and dtype
+    (float32 or float64).
 
     Fields (``V`` vocab, ``T`` block_size, ``C`` n_embd, ``L`` n_layer):
     ``wte [V, C]``, ``wpe [T, C]``, ``lm_head [V, C]``, ``attn_wq/attn_wk/attn_wv/attn_wo
-    [L, C, C]``, ``mlp_fc1 [L, 4C, C]``, ``mlp_fc2 [L, C, 4C]``. Matrices are stored
-    ``[n_out, n_in]`` as in the original, so a linear layer is ``y = x @ W.T``.
-
-    The same record type holds gradients and Adam moments. It is immutable: updates
-    build a new ``Params`` (see :meth:`map`).
+    [L, C, C]``, ``mlp_fc1 [L, 4C, C]``, ``mlp_fc2 [L, C, 4C]``. Matrices are ``[n_out,
+    n_in]`` as in the original (``y = x @ W.T``). The same record holds gradients and Adam
+    moments; it is immutable (see :meth:`map`).
     """
 
     config: GPTConfig
@@ -86,8 +94,10 @@ class Params:
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, GPTConfig):
-            raise TypeError(f"Params.config must be a GPTConfig, got {type(self.config).__name__}")
-        arrays = [getattr(self, name) for name in FIELDS]
+            raise ArgumentTypeError(
+                "config", f"Params.config must be a GPTConfig, got {type(self.config).__name__}"
+            )
+        arrays = list(self.arrays().values())
         try:
             xp = _xp.array_namespace(*arrays)
         except TypeError as exc:
@@ -95,24 +105,19 @@ class Params:
         for name, shape in field_shapes(self.config).items():
             got = tuple(getattr(self, name).shape)
             if got != shape:
-                raise ValueError(
-                    f"Params.{name} has shape {got}, but the config needs {shape} ({self.config})"
+                raise ArgumentValueError(
+                    name,
+                    f"Params.{name} has shape {got}, but the config needs {shape} ({self.config})",
                 )
-        first = arrays[0]
-        if any(a.dtype != first.dtype for a in arrays):
-            raise TypeError(
-                f"Params fields must share one dtype, got {sorted({str(a.dtype) for a in arrays})}"
-            )
-        if first.dtype not in (xp.float32, xp.float64):
-            # float16 and other floats: no part of the library (checkpoints included) keeps them
-            raise TypeError(f"Params must be float32 or float64, got {first.dtype}")
-        dev = array_api_compat.device(first)
-        if any(array_api_compat.device(a) != dev for a in arrays):
-            raise ValueError(
-                f"Params fields must share one device, got {sorted({str(array_api_compat.device(a)) for a in arrays})}"
-            )
+        dtypes = {str(a.dtype) for a in arrays}
+        if len(dtypes) > 1:
+            raise TypeError(f"Params fields must share one dtype, got {sorted(dtypes)}")
+        if arrays[0].dtype not in (xp.float32, xp.float64):
+            raise TypeError(f"Params must be float32 or float64, got {arrays[0].dtype}")
+        devices = {str(array_api_compat.device(a)) for a in arrays}
+        if len(devices) > 1:
+            raise ValueError(f"Params fields must share one device, got {sorted(devices)}")
 
-    # -- properties ---------------------------------------------------------------
     @property
     def xp(self) -> Any:
         """The Array API namespace of the weights."""
@@ -137,13 +142,9 @@ class Params:
         """The fields as a dict ``name -> array`` in the spec's order."""
         return {name: getattr(self, name) for name in FIELDS}
 
-    # -- building new records -----------------------------------------------------
     def map(self, fn: Callable[..., Any], *others: Params, check: bool = True) -> Params:
-        """A new ``Params`` whose field ``f`` is ``fn(self.f, other1.f, …)``.
-
-        ``check=False`` skips the validation of the result (for elementwise updates in
-        hot loops, where shapes, dtype and device cannot change).
-        """
+        """A new ``Params`` whose field ``f`` is ``fn(self.f, other1.f, …)``; ``check=False``
+        skips validating the result (elementwise updates in hot loops)."""
         arrays = {
             name: fn(getattr(self, name), *(getattr(o, name) for o in others)) for name in FIELDS
         }
@@ -151,8 +152,8 @@ class Params:
 
     @classmethod
     def trusted(cls, config: GPTConfig, arrays: Mapping[str, Any]) -> Params:
-        """Build a record without validating it; only for arrays known to fit ``config``
-        (results of the model's own elementwise or backward computations)."""
+        """A record of ``arrays`` (a mapping with every field) without validation: only for
+        arrays known to fit ``config`` (results of the model's own computations)."""
         obj = object.__new__(cls)
         object.__setattr__(obj, "config", config)
         for name in FIELDS:
@@ -160,37 +161,27 @@ class Params:
         return obj
 
     def to(self, backend: Any = None, *, device: Any = None, dtype: str | None = None) -> Params:
-        """Copy to another backend, device and/or dtype (through host NumPy arrays).
-
-        ``backend`` is a table name (``"numpy"``, ``"torch"``, ...) or an Array API
-        namespace (a module such as ``ndonnx``, or a namespace object); the weights go
-        there with its ``asarray``. ``backend=None`` keeps the current backend and,
-        unless ``device`` is given, the current device; ``dtype=None`` the current dtype.
-        Leaving a namespace whose values cannot be copied to the host (neither DLPack nor
-        ``__array__``) is a ``TypeError``.
-        """
+        """A copy on another backend (a table name or an Array API namespace), device and/or
+        dtype, through host NumPy arrays. ``backend=None`` keeps the backend and, unless
+        ``device`` is given, the device; ``dtype=None`` keeps the dtype."""
         if backend is None and device is None:
             device = self.device
-        backend = self.backend if backend is None else _xp.check_backend(backend)
-        dtype = _xp.dtype_name(self.wte) if dtype is None else _xp.check_dtype(dtype)
-        return Params(
+        return from_host(
+            {name: _xp.to_numpy(a) for name, a in self.arrays().items()},
             self.config,
-            **{
-                name: _xp.asarray(_xp.to_numpy(a), backend, device=device, dtype=dtype)
-                for name, a in self.arrays().items()
-            },
+            backend=self.backend if backend is None else backend,
+            device=device,
+            dtype=_xp.dtype_name(self.wte) if dtype is None else dtype,
         )
 
-    # -- the original's layout --------------------------------------------------------
     def to_state_dict(self) -> dict[str, np.ndarray]:
-        """The weights in the original's layout and names, as NumPy arrays:
-        ``"wte" [V, C]``, ``"wpe" [T, C]``, ``"lm_head" [V, C]``, ``"layer{i}.attn_wq" [C, C]``, …,
-        ``"layer{i}.mlp_fc2" [C, 4C]``, in the original's key order."""
+        """The weights in the original's layout, keys and order, as NumPy arrays:
+        ``"wte" [V, C]``, ``"wpe" [T, C]``, ``"lm_head" [V, C]``, ``"layer{i}.attn_wq" [C, C]``,
+        …, ``"layer{i}.mlp_fc2" [C, 4C]``."""
         host = {name: _xp.to_numpy(a) for name, a in self.arrays().items()}
         out = {name: host[name] for name in GLOBAL_FIELDS}
         for i in range(self.config.n_layer):
-            for name in LAYER_FIELDS:
-                out[f"layer{i}.{name}"] = host[name][i]
+            out.update({f"layer{i}.{name}": host[name][i] for name in LAYER_FIELDS})
         return out
 
     @classmethod
@@ -203,47 +194,54 @@ class Params:
         device: Any = None,
         dtype: str | None = None,
     ) -> Params:
-        """Build ``Params`` from the original's state dict (nested lists or NumPy arrays)
-        on ``backend`` (a table name or an Array API namespace, as :meth:`to` takes).
+        """``Params`` from the original's state dict (nested lists or arrays of any
+        namespace) on ``backend`` and ``device``.
 
-        Without ``config`` it is inferred from the shapes with the default ``n_head`` (4);
-        pass one where ``n_head`` differs (shapes do not tell it). ``dtype=None`` keeps a
-        float32/float64 input dtype and uses float64 for lists. A ``"tokenizer"`` entry (what
-        ``microgpt-xp export`` writes beside the weights) is passed over. Missing or extra keys, wrong
-        shapes and non-finite values raise ``ValueError``.
+        Without ``config`` it is inferred from the shapes with the default ``n_head`` (4).
+        ``dtype=None`` keeps a float32/float64 input dtype, float64 otherwise. A
+        ``"tokenizer"`` entry is passed over. Missing or extra keys, wrong shapes and
+        non-finite values raise ``ValueError``.
         """
         if not isinstance(state_dict, Mapping):
-            raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
+            raise ArgumentTypeError(
+                "state_dict", f"state_dict must be a mapping, got {type(state_dict).__name__}"
+            )
         host = {
-            k: np.asarray(_xp.to_numpy(v) if _is_array(v) else v)
+            k: np.asarray(_xp.to_numpy(v) if array_api_compat.is_array_api_obj(v) else v)
             for k, v in state_dict.items()
-            if k != TOKENIZER_KEY  # what `microgpt-xp export` adds beside the weights
+            if k != TOKENIZER_KEY
         }
         if config is None:
-            config = _infer_config(host)
-        expected = state_dict_keys(config)
+            for key in ("wte", "wpe"):
+                if key not in host or host[key].ndim != 2:
+                    raise ArgumentValueError(
+                        "state_dict", f"state dict needs a 2-d {key!r} entry to infer the config"
+                    )
+            (v, c), t = host["wte"].shape, host["wpe"].shape[0]
+            layers = {k.split(".")[0] for k in host if k.startswith("layer")}
+            config = GPTConfig(int(v), n_layer=max(len(layers), 1), n_embd=int(c), block_size=t)
+        expected = state_dict_shapes(config)
         missing = [k for k in expected if k not in host]
         extra = [k for k in host if k not in expected]
         if missing or extra:
-            raise ValueError(
-                f"state dict does not match {config}: missing keys {missing}, extra keys {extra}"
+            raise ArgumentValueError(
+                "state_dict",
+                f"state dict does not match {config}: missing keys {missing}, extra keys {extra}",
             )
-        shapes = field_shapes(config)
-        for key in expected:
-            name = key.split(".")[-1]
-            want = shapes[name][1:] if name in LAYER_FIELDS else shapes[name]
+        for key, want in expected.items():
             if host[key].shape != want:
-                raise ValueError(
-                    f"state dict entry {key!r} has shape {host[key].shape}, expected {want}"
+                raise ArgumentValueError(
+                    "state_dict",
+                    f"state dict entry {key!r} has shape {host[key].shape}, expected {want}",
                 )
-        bad = [k for k in expected if not np.isfinite(np.asarray(host[k], dtype=np.float64)).all()]
+        bad = [k for k in expected if not np.isfinite(host[k].astype(np.float64)).all()]
         if bad:
-            raise ValueError(f"state dict entries {bad} are not finite (NaN or inf)")
+            raise ArgumentValueError(
+                "state_dict", f"state dict entries {bad} are not finite (NaN or inf)"
+            )
         if dtype is None:
             kinds = {str(host[k].dtype) for k in expected}
-            dtype = (
-                kinds.pop() if len(kinds) == 1 and kinds <= {"float32", "float64"} else "float64"
-            )
+            dtype = kinds.pop() if kinds in ({"float32"}, {"float64"}) else "float64"
         stacked = {name: host[name] for name in GLOBAL_FIELDS}
         for name in LAYER_FIELDS:
             stacked[name] = np.stack([host[f"layer{i}.{name}"] for i in range(config.n_layer)])
@@ -252,34 +250,17 @@ class Params:
 
 _pytree.register(
     Params,
-    lambda p: (tuple(getattr(p, name) for name in FIELDS), p.config),
+    lambda p: (tuple(p.arrays().values()), p.config),
     lambda config, arrays: Params.trusted(config, dict(zip(FIELDS, arrays, strict=True))),
 )
-
-
-def _is_array(v: Any) -> bool:
-    return bool(array_api_compat.is_array_api_obj(v)) and not isinstance(v, np.ndarray)
-
-
-def _infer_config(host: Mapping[str, np.ndarray]) -> GPTConfig:
-    for key in ("wte", "wpe"):
-        if key not in host or host[key].ndim != 2:
-            raise ValueError(f"state dict needs a 2-d {key!r} entry to infer the config")
-    layers = {k.split(".")[0] for k in host if k.startswith("layer")}
-    return GPTConfig(
-        vocab_size=int(host["wte"].shape[0]),
-        n_embd=int(host["wte"].shape[1]),
-        block_size=int(host["wpe"].shape[0]),
-        n_layer=max(len(layers), 1),
-    )
 
 
 def from_host(
     host: Mapping[str, np.ndarray], config: GPTConfig, *, backend: Any, device: Any, dtype: str
 ) -> Params:
-    """``Params`` from a dict of layer-stacked NumPy arrays, placed on a backend/device/dtype."""
-    _xp.check_backend(backend)
-    _xp.check_dtype(dtype)
+    """``Params`` of layer-stacked host arrays (``name -> array``), placed on ``backend``,
+    ``device`` and ``dtype`` (checked by :func:`check_placement`)."""
+    backend = check_placement(backend, device, dtype)
     return Params(
         config,
         **{name: _xp.asarray(host[name], backend, device=device, dtype=dtype) for name in FIELDS},
@@ -294,97 +275,79 @@ def init_params(
     device: Any = None,
     dtype: str = "float32",
 ) -> Params:
-    """Fresh weights drawn from N(0, 0.08²) by a seeded host ``numpy.random.Generator``,
-    placed on ``backend`` (a table name or an Array API namespace, as :meth:`Params.to`
-    takes) and ``device``.
+    """Fresh weights drawn from N(0, 0.08²) by ``numpy.random.default_rng(seed)`` on the host,
+    placed on ``backend`` (a table name or an Array API namespace), ``device`` and ``dtype``.
 
-    One flat draw of ``config.num_params`` values is split over the fields in the
-    spec's state-dict order, so a seed gives the same weights on every backend, device
-    and dtype (up to the dtype's rounding).
+    One flat draw of ``config.num_params`` values is split over the state-dict keys in the
+    spec's order, so a seed gives the same weights everywhere (up to the dtype's rounding).
     """
     if not isinstance(config, GPTConfig):
-        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
-    _xp.check_backend(backend)
-    _xp.check_dtype(dtype)
+        raise ArgumentTypeError(
+            "config", f"config must be a GPTConfig, got {type(config).__name__}"
+        )
     flat = np.random.default_rng(seed).normal(0.0, INIT_STD, size=config.num_params)
-    state: dict[str, np.ndarray] = {}
-    offset = 0
-    shapes = field_shapes(config)
-    for key in state_dict_keys(config):
-        shape = shapes[key.split(".")[-1]]
-        shape = shape[1:] if key.startswith("layer") else shape
-        size = int(np.prod(shape))
-        state[key] = flat[offset : offset + size].reshape(shape)
-        offset += size
+    state, offset = {}, 0
+    for key, shape in state_dict_shapes(config).items():
+        state[key] = flat[offset : offset + math.prod(shape)].reshape(shape)
+        offset += math.prod(shape)
     return Params.from_state_dict(state, config=config, backend=backend, device=device, dtype=dtype)
 
 
+@functools.cache
 def layout(config: GPTConfig) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
     """``(name, start, stop, shape)`` of every field in :func:`flatten`'s vector."""
-    return _layout(config)
-
-
-@functools.cache
-def _layout(config: GPTConfig) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
     out, offset = [], 0
     for name, shape in field_shapes(config).items():
-        size = math.prod(shape)
-        out.append((name, offset, offset + size, tuple(shape)))
-        offset += size
+        out.append((name, offset, offset + math.prod(shape), shape))
+        offset += math.prod(shape)
     return tuple(out)
 
 
 def flatten(record: Params) -> Any:
-    """The fields of ``record`` one after another as one ``(num_params,)`` array of its
-    namespace (in :data:`FIELDS` order, each field row-major)."""
-    # axis=None flattens each array: one call where a reshape per field costs more
-    return record.xp.concat([getattr(record, name) for name in FIELDS], axis=None)
+    """The fields of ``record`` one after another (in :data:`FIELDS` order, each row-major)
+    as one ``(num_params,)`` array of its namespace."""
+    return record.xp.concat(list(record.arrays().values()), axis=None)
 
 
 def unflatten(flat: Any, config: GPTConfig) -> Params:
-    """The inverse of :func:`flatten`: a ``Params`` whose fields are reshaped slices of
-    ``flat (num_params,)`` (views where the namespace has them)."""
+    """The inverse of :func:`flatten`: ``Params`` of reshaped slices of ``flat (num_params,)``
+    (views where the namespace has them)."""
     xp = _xp.array_namespace(flat)
-    fields = {
-        name: xp.reshape(flat[start:stop], shape) for name, start, stop, shape in _layout(config)
-    }
+    fields = {name: xp.reshape(flat[lo:hi], shape) for name, lo, hi, shape in layout(config)}
     return Params.trusted(config, fields)
 
 
 def materialize(*items: Any) -> tuple[Any, ...]:
-    """Evaluate arrays and records (``Params``, ``AdamState``, any dataclass of arrays and
-    records) together — one Dask computation whose results stay in memory — so that a
-    training loop's graph does not grow; a no-op on eager backends. Returns the items in
-    the same order and structure."""
-    flat: list[Any] = []
-    for item in items:
-        _collect(item, flat)
+    """Evaluate the arrays of ``items`` (arrays, ``Params``, dataclasses and tuples of them)
+    in one Dask computation whose results stay in memory, so that a training loop's graph
+    does not grow; returns ``items`` rebuilt (the very same objects on eager backends)."""
+    flat = list(_leaves(items))
     if not any(_xp.is_lazy(a) for a in flat):
-        return items  # the very same objects
+        return items
     done = iter(_xp.persist(flat))
     return tuple(_rebuild(item, done) for item in items)
 
 
-def _collect(item: Any, out: list[Any]) -> None:
+def _leaves(item: Any) -> Iterator[Any]:
     if isinstance(item, Params):
-        out.extend(item.arrays().values())
+        yield from item.arrays().values()
     elif dataclasses.is_dataclass(item) and not isinstance(item, type):
         for f in dataclasses.fields(item):
-            _collect(getattr(item, f.name), out)
+            yield from _leaves(getattr(item, f.name))
     elif isinstance(item, tuple):
         for x in item:
-            _collect(x, out)
+            yield from _leaves(x)
     else:
-        out.append(item)
+        yield item
 
 
-def _rebuild(item: Any, done: Any) -> Any:
+def _rebuild(item: Any, done: Iterator[Any]) -> Any:
     if isinstance(item, Params):
         return Params.trusted(item.config, {name: next(done) for name in FIELDS})
     if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        fields = dataclasses.fields(item)
         return dataclasses.replace(
-            item,
-            **{f.name: _rebuild(getattr(item, f.name), done) for f in dataclasses.fields(item)},
+            item, **{f.name: _rebuild(getattr(item, f.name), done) for f in fields}
         )
     if isinstance(item, tuple):
         return tuple(_rebuild(x, done) for x in item)

@@ -1,55 +1,22 @@
-"""What a run takes of the machine: BLAS threads chosen from the model's size and the
-machine's load, and the number of documents scored at once that fits a memory budget.
+"""What a run takes of the machine: BLAS threads for a model's size, and the number of
+documents scored at once that fits a memory budget.
 
-**Threads** (:func:`blas_threads`, applied by :func:`use_threads`). OpenBLAS (NumPy's
-BLAS) and PyTorch's CPU pool use every core by default. A second thread only pays when
-each product is big enough, and it costs dearly when another process keeps a core busy:
-the threads of a product wait for each other, and the one sharing its core with the
-other process gets the CPU in slices of milliseconds. The policy: ``work //
-WORK_PER_THREAD`` threads, ``work = tokens * n_embd**2`` (a layer's products, up to a
-factor 12), at least 1, at most the usable cores *that other processes leave free*,
-sampled from ``/proc/stat`` over :data:`LOAD_WINDOW` seconds only when more than one
-thread is wanted. Decoding counts one token a row, scoring as training. Measured on 2
-cores (Intel Xeon, OpenBLAS 0.3.31, NumPy 2.4, float32): ``python -m benchmarks.e2e
-threads --rounds 5 --max-rounds 12``, whole ``train`` calls, ms a step (median of the
-rounds in which other processes used at most 15 % of the CPUs; kept/run), BLAS threads
-by the policy (its count), as today (every core) and one; then beside one CPU-bound
-process (``busy``), where the policy took 1 thread::
+**Threads.** OpenBLAS and PyTorch's CPU pool use every core by default; a second thread
+pays only when each product is big enough (measured on 2 cores: from ``tokens *
+n_embd**2`` of about 2**20), and costs dearly beside a process that keeps a core busy
+(the spec's model took 1.37 ms a step on every core beside one, 1.21 on one thread).
+:func:`default_threads` gives ``tokens * n_embd**2 // WORK_PER_THREAD`` threads, at least 1,
+at most the usable cores: the same count for the same command on the same machine.
+:func:`auto_threads` (``--threads auto``) also leaves out the cores that other processes
+keep busy at the start. A library call changes the process's thread pools only when
+given ``threads=`` (:func:`use_threads`). Measured by ``python -m benchmarks.e2e threads``.
 
-    model            B   work   policy  (n)  today  1 thread | busy: policy  today  kept
-    L1 C16 T16      32   0.12M    1.20  (1)   1.30     1.26  |         1.21   1.37   5/5
-    L1 C16 T16      64   0.25M    1.89  (1)   1.97     1.90  |         1.92   3.28   5/5
-    L1 C16 T16    1024   4.0M    34.3   (2)  34.2     34.6   |        35.3   72.3    5/5
-    L2 C64 T36       8   1.1M     3.12  (2)   3.14     3.48  |         3.52   7.38   2/12
-    L2 C64 T36      32   4.5M    12.7   (2)  12.9     14.3   |        14.2   25.6    5/5
-    L2 C64 T36      64   9.0M    25.4   (2)  24.6     29.7   |        30.9   78.3    5/5
-    L4 C128 T64     32   32M    102     (2) 102      137     |       142    273      5/5
-
-(``M`` = 2**20.) Quiet, the policy is the faster count or today's (where it is today's,
-the per-round ratios span 1.0: noise); beside a busy process it keeps 0.99x (the spec's
-model) and 0.82-0.90x (2 layers, 64 channels) of its quiet speed, where today's threads
-fall to 0.33-0.89x of it. The second thread paid between 0.25M and 1.1M of work; counts above
-2 extrapolate the rule (this machine has 2 cores). PyTorch's pool behaves alike
-(``--backend torch``: at L2 C64 T36 B=32 its 2 threads are 1.42x faster than 1 when
-quiet, and 2.7x slower than that beside a busy process, up to 13x in some rounds), so
-:func:`use_threads` sets ``torch.set_num_threads`` to the same count where torch is
-imported; JAX's XLA pool cannot be resized once it runs.
-
-**Memory** (:func:`activation_bytes`, :func:`chunk_for_budget`, :func:`score_chunk`).
-Scoring keeps the activations of every layer of a chunk alive until its losses are
-taken. Their peak per document of ``T = block_size`` tokens (shorter documents take
-less), in elements of the params' dtype, is ``T*C*(2 + 16*L) + (L+1)*H*T**2 + max(5*T*C,
-4*V*T)`` plus ``32*(T + 1)`` bytes of ids and masks (``C`` channels, ``L`` layers, ``H``
-heads, ``V`` vocabulary). tracemalloc's peak of one
-:func:`~microgpt_xp.scale.score_docs` chunk was 0.95-1.05x the formula (the spec's model
-at 64 and 1,024 documents, L2 C64 T36 at 64 and 1,024 and in float64, the medium model
-at 6 and 188; tests/test_resources.py holds it within 10 %). Scoring is also fastest
-when a chunk's activations stay small (``python -m benchmarks.bench --workload score
---batch-size 6,39,64,256,492,1024 --threads 1``: the best tokens/s at 492, 39 and 6
-documents for the three models, whose activations are 15-17 MB), so the default chunk is
-the one whose activations fit :data:`FAST_SCORE_BYTES`, never above the budget. ``eval``
-of a 2-layer 64-channel model over 32,083 names: 499 MB peak RSS and 6.7 s in chunks of
-1,024; 63 MB and 1.8 s in :func:`score_chunk`'s 39.
+**Memory** (:func:`activation_bytes`). Scoring keeps the activations of every layer of a
+chunk until its losses are taken: per document of ``T = block_size`` tokens, ``T*C*(2 +
+16*L) + (L+1)*H*T**2 + max(5*T*C, 4*V*T)`` elements plus ``32*(T + 1)`` bytes of ids and
+masks (tracemalloc's peak: 0.95-1.05x, held within 10 % by tests/test_resources.py).
+Scoring is fastest when a chunk's activations stay near 16 MB (``python -m
+benchmarks.bench --workload score``), hence :func:`score_chunk`.
 """
 
 from __future__ import annotations
@@ -58,13 +25,15 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+from ._errors import ArgumentValueError
 from ._xp import check_dtype, check_positive_int
 from .config import GPTConfig
 
-#: The workloads :func:`blas_threads` knows: a training step, scoring, a decoding position.
+#: The workloads the thread policy knows: a training step, scoring, a decoding position.
 WORKLOADS = ("train", "score", "decode")
 #: ``tokens * n_embd**2`` of a step per BLAS thread: a second thread from 2**20 (measured).
 WORK_PER_THREAD = 1 << 19
@@ -76,7 +45,6 @@ DEFAULT_BUDGET = 500_000_000
 FAST_SCORE_BYTES = 16 << 20
 
 
-# -- the machine's load ----------------------------------------------------------------------
 class CpuSample(NamedTuple):
     """Cumulative jiffies: machine ``busy`` and ``total``, and ``own`` (this process, its
     reaped children and the given other processes)."""
@@ -87,7 +55,7 @@ class CpuSample(NamedTuple):
 
 
 def _jiffies(pid: int | str, children: bool = False) -> int:
-    """User + system jiffies of process ``pid`` (all threads; plus reaped children)."""
+    """User + system jiffies of process ``pid`` (plus its reaped children)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             v = f.read().rsplit(")", 1)[1].split()
@@ -97,7 +65,7 @@ def _jiffies(pid: int | str, children: bool = False) -> int:
 
 
 def cpu_sample(pids: Iterable[int] = ()) -> CpuSample | None:
-    """Read ``/proc/stat`` and our processes' counters (``pids`` count as ours); ``None``
+    """``/proc/stat`` and our processes' counters (``pids`` count as ours); ``None``
     without ``/proc``."""
     try:
         with open("/proc/stat") as f:
@@ -110,8 +78,8 @@ def cpu_sample(pids: Iterable[int] = ()) -> CpuSample | None:
 
 
 def other_cpu_share(before: CpuSample | None, after: CpuSample | None) -> float | None:
-    """Share (0..1) of the machine's CPU capacity that other processes used between two
-    samples (busy jiffies minus our own, over all CPUs' jiffies); ``None`` without data."""
+    """Share (0..1) of the machine's CPU that other processes used between two samples;
+    ``None`` without data."""
     if before is None or after is None:
         return None
     total = max(after.total - before.total, 1)
@@ -127,16 +95,32 @@ def usable_cpus() -> int:
 
 
 def busy_cpus(window: float = LOAD_WINDOW) -> float:
-    """How many CPUs other processes kept busy over the next ``window`` seconds (this
-    process sleeps meanwhile); 0.0 where ``/proc/stat`` cannot be read."""
+    """How many CPUs other processes keep busy over the next ``window`` seconds; 0.0
+    where ``/proc/stat`` cannot be read."""
     before = cpu_sample()
     time.sleep(window)
     share = other_cpu_share(before, cpu_sample())
     return 0.0 if share is None else share * (os.cpu_count() or 1)
 
 
-# -- threads ---------------------------------------------------------------------------------
-def blas_threads(
+def default_threads(
+    config: GPTConfig, batch_size: int, *, workload: str = "train", cpus: int | None = None
+) -> int:
+    """The BLAS threads for ``batch_size`` rows of ``workload`` (``"train"``, ``"score"``:
+    rows of ``block_size`` tokens; ``"decode"``: one token a row) on a model of
+    ``config``: ``tokens * n_embd**2 // WORK_PER_THREAD``, at least 1, at most ``cpus``
+    (default :func:`usable_cpus`). Depends on nothing else."""
+    if workload not in WORKLOADS:
+        raise ArgumentValueError(
+            "workload", f"workload must be one of {', '.join(WORKLOADS)}, got {workload!r}"
+        )
+    check_positive_int(batch_size, "batch_size")
+    cpus = usable_cpus() if cpus is None else check_positive_int(cpus, "cpus")
+    tokens = batch_size * (1 if workload == "decode" else config.block_size)
+    return min(cpus, max(1, tokens * config.n_embd**2 // WORK_PER_THREAD))
+
+
+def auto_threads(
     config: GPTConfig,
     batch_size: int,
     *,
@@ -144,75 +128,77 @@ def blas_threads(
     cpus: int | None = None,
     busy: float | None = None,
 ) -> int:
-    """The BLAS threads for ``batch_size`` rows of ``workload`` (``"train"`` or
-    ``"score"``: documents of ``block_size`` tokens; ``"decode"``: one token a row) on
-    a model of ``config``: ``tokens * n_embd**2 // WORK_PER_THREAD``, at least 1, at most
-    the ``cpus`` (default :func:`usable_cpus`) less those other processes keep busy
-    (``busy``, default :func:`busy_cpus`, sampled only when more than one thread is
-    wanted), rounded to the nearest CPU. The measurements behind it: the module's
-    docstring."""
-    if workload not in WORKLOADS:
-        raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
-    check_positive_int(batch_size, "batch size")
+    """:func:`default_threads` less the CPUs other processes keep busy (``busy``, default
+    :func:`busy_cpus`, sampled only when more than one thread is wanted), rounded to the
+    nearest CPU, at least 1: ``--threads auto``."""
     cpus = usable_cpus() if cpus is None else check_positive_int(cpus, "cpus")
-    tokens = batch_size * (1 if workload == "decode" else config.block_size)
-    wanted = min(cpus, max(1, tokens * config.n_embd**2 // WORK_PER_THREAD))
+    wanted = default_threads(config, batch_size, workload=workload, cpus=cpus)
     if wanted == 1:
         return 1
     busy = busy_cpus() if busy is None else busy
     return max(1, min(wanted, cpus - int(busy + 0.5)))
 
 
-def check_threads(threads: Any) -> int | None:
-    """``threads`` if it is ``None`` (the policy's choice) or a positive int, else
-    ``ValueError``."""
-    return None if threads is None else check_positive_int(threads, "threads")
+def check_threads(threads: Any) -> int | str | None:
+    """``threads`` checked: ``None``, ``"auto"``, or a positive int capped at
+    :func:`usable_cpus` (with a warning), so that no huge count reaches native code;
+    else :class:`ArgumentValueError` about ``threads``."""
+    if threads is None or (isinstance(threads, str) and threads == "auto"):
+        return threads
+    count = check_positive_int(threads, "threads")
+    cpus = usable_cpus()
+    if count > cpus:
+        warnings.warn(
+            f"threads={count}: this process may use {cpus} cores; using {cpus}", stacklevel=2
+        )
+        return cpus
+    return count
 
 
 @contextlib.contextmanager
 def use_threads(
-    threads: int | None = None,
+    threads: int | str | None,
     *,
     config: GPTConfig | None = None,
     batch_size: int | None = None,
     workload: str = "train",
-) -> Iterator[int]:
+) -> Iterator[int | None]:
     """Run the ``with`` block on ``threads`` BLAS threads (threadpoolctl) and as many
-    PyTorch threads if torch is imported; both are restored on exit. ``None``: the choice
-    of :func:`blas_threads` for ``config``, ``batch_size`` and ``workload`` (which are
-    then required). Yields the count::
+    PyTorch threads where torch is imported, restored on exit; yields the count.
+    ``None`` changes nothing (yields ``None``); ``"auto"``: :func:`auto_threads` for
+    ``config``, ``batch_size`` and ``workload`` (then required)::
 
-        with use_threads(None, config=params.config, batch_size=32) as n:
+        with use_threads(default_threads(config, 32)) as n:
             ...  # train on n threads
     """
+    count = check_threads(threads)
+    if count == "auto":
+        if config is None or batch_size is None:
+            raise ValueError("use_threads('auto') needs the config and batch_size to choose")
+        count = auto_threads(config, batch_size, workload=workload)
+    if count is None:
+        yield None
+        return
     from threadpoolctl import threadpool_limits
 
-    count = check_threads(threads)
-    if count is None:
-        if config is None or batch_size is None:
-            raise ValueError("use_threads(None) needs the config and batch_size to choose")
-        count = blas_threads(config, batch_size, workload=workload)
     torch = sys.modules.get("torch")  # set only where already in use: never imported here
     before = torch.get_num_threads() if torch is not None else None
     with threadpool_limits(limits=count, user_api="blas"):
         if torch is not None:
             torch.set_num_threads(count)
         try:
-            yield count
+            yield int(count)
         finally:
             if torch is not None:
                 torch.set_num_threads(before)
 
 
-# -- memory ----------------------------------------------------------------------------------
 def activation_bytes(config: GPTConfig, docs: int, *, dtype: str = "float32") -> int:
-    """Peak bytes of the activations that scoring ``docs`` documents at once keeps
-    (:func:`microgpt_xp.score` on NumPy, documents of ``block_size`` tokens): the formula
-    and its check are in the module's docstring."""
-    check_positive_int(docs, "documents")
+    """Peak bytes of the activations that scoring ``docs`` documents of ``block_size``
+    tokens at once keeps (the formula: the module's docstring)."""
+    check_positive_int(docs, "docs")
     t, c, layers = config.block_size, config.n_embd, config.n_layer
-    # the caches of every layer; the attention's probabilities, and its causal mask, kept
-    # once for all layers (a cached constant of up to primitives._numpy.MASK_CACHE_BYTES)
+    # every layer's caches; the attention's probabilities, and its causal mask kept once
     elements = t * c * (2 + 16 * layers) + (layers + 1) * config.n_head * t * t
     elements += max(5 * t * c, 4 * config.vocab_size * t)
     itemsize = {"float32": 4, "float64": 8}[check_dtype(dtype)]
@@ -222,8 +208,8 @@ def activation_bytes(config: GPTConfig, docs: int, *, dtype: str = "float32") ->
 def chunk_for_budget(
     config: GPTConfig, *, budget_bytes: int = DEFAULT_BUDGET, dtype: str = "float32"
 ) -> int:
-    """The most documents scored at once whose activations (:func:`activation_bytes`)
-    stay within ``budget_bytes``; at least 1 (one document may exceed a tiny budget)."""
+    """The most documents scored at once whose activations stay within ``budget_bytes``;
+    at least 1."""
     check_positive_int(budget_bytes, "budget_bytes")
     return max(1, budget_bytes // activation_bytes(config, 1, dtype=dtype))
 
@@ -231,6 +217,6 @@ def chunk_for_budget(
 def score_chunk(
     config: GPTConfig, *, budget_bytes: int = DEFAULT_BUDGET, dtype: str = "float32"
 ) -> int:
-    """The default chunk of scoring (``eval``): the fastest measured size, activations
-    within :data:`FAST_SCORE_BYTES`, and never above ``budget_bytes``."""
+    """The default chunk of scoring: activations within :data:`FAST_SCORE_BYTES` (the
+    fastest measured) and ``budget_bytes``."""
     return chunk_for_budget(config, budget_bytes=min(budget_bytes, FAST_SCORE_BYTES), dtype=dtype)

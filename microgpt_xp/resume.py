@@ -108,16 +108,8 @@ def resume(
             raise ResumeError("steps", adam.num_steps, steps, name)
         adam.extend(steps)  # a finished run, extended (see train's docstring)
     history = meta.get("history")
-    if not isinstance(history, dict):
-        history = {}
-    return (
-        saved.params,
-        adam,
-        {
-            "losses": list(history.get("losses", [])),
-            "val_losses": list(history.get("val_losses", [])),
-        },
-    )
+    history = history if isinstance(history, dict) else {}
+    return saved.params, adam, {k: list(history.get(k, [])) for k in ("losses", "val_losses")}
 
 
 def _short(digest: str | None) -> str:

@@ -1,5 +1,5 @@
-"""Scoring a corpus eagerly, a chunk of documents at a time, on a runner: the mean loss
-that ``eval`` and the held-out loss of training report."""
+"""Scoring a corpus, a chunk of documents at a time, on a runner: the mean loss that
+``eval`` and the held-out loss of training report."""
 
 from __future__ import annotations
 
@@ -10,19 +10,20 @@ from typing import Any
 import numpy as np
 
 from . import _xp
-from .corpus import Source, check_source, docs_of, encode
-from .data import Tokenizer
+from ._errors import ArgumentTypeError, ArgumentValueError
+from .corpus import Source, check_source, encode, is_corpus
+from .data import DataError, Tokenizer
 from .model import score
 from .params import Params
 from .resources import score_chunk
-from .runners import Local, Runner, chunk_bounds
+from .runners import Runner, chunk_bounds, pick
 
 
 @dataclass(frozen=True)
 class ScoreSummary:
-    """Computed results of :class:`CorpusScore`: the mean over documents of their losses,
-    the mean over all predicted tokens, the number of documents and, when asked for,
-    the per-document ``losses (N,)`` and ``num_predictions (N,)``."""
+    """What :func:`score_docs` returns: the mean over documents of their losses, the mean
+    over all predicted tokens, the number of documents, the per-document ``losses (N,)``
+    (float64) and ``num_predictions (N,)``."""
 
     mean: float
     token_mean: float
@@ -31,38 +32,56 @@ class ScoreSummary:
     num_predictions: np.ndarray | None = None
 
 
-def _score_docs(
-    params: Params, tokenizer: Tokenizer, docs: list[str], start: int, jit: bool | None = None
-) -> np.ndarray:
-    """``(len(docs), 3)`` float64 ``[loss, loss * predictions, predictions]`` per document
-    (the columns whose sums give both means), scored on the params' backend and device;
-    ``start`` is the position of ``docs[0]`` in the corpus (for error messages); ``jit`` as
-    in :func:`microgpt_xp.score`."""
-    tokens, lengths = encode(tokenizer, docs, params.config.block_size, start)
-    return score_rows(params, tokens, lengths, jit)
-
-
 def score_texts(
-    params: Params, docs: np.ndarray, positions: np.ndarray, tokenizer: Tokenizer, chunk_size: int
+    params: Params,
+    positions: np.ndarray,
+    docs: np.ndarray,
+    tokenizer: Tokenizer,
+    chunk_size: int,
+    jit: bool | None = None,
 ) -> np.ndarray:
-    """A runner's shard of :func:`score_docs`: the documents ``docs`` (an object array;
-    ``positions`` theirs in the corpus, consecutive) scored in the chunks :func:`score_docs`
-    makes in one process — cut where the corpus position is a multiple of ``chunk_size``
-    — so that each document is padded, and scored, exactly as there."""
+    """A shard of :func:`score_docs`: the documents ``docs`` (an object array; ``positions``
+    theirs in the corpus, consecutive) as ``(n, 3)`` float64 ``[loss, loss * predictions,
+    predictions]``, scored in pieces cut where the corpus position is a multiple of
+    ``chunk_size``, so that each document is padded, and scored, as in one process."""
     first = int(positions[0]) if len(positions) else 0
     cuts = [0, *range(-first % chunk_size or chunk_size, len(docs), chunk_size), len(docs)]
-    parts = [
-        _score_docs(params, tokenizer, list(docs[a:b]), first + a)
-        for a, b in itertools.pairwise(cuts)
-        if b > a
-    ]
+    parts = []
+    for a, b in itertools.pairwise(cuts):
+        if b > a:
+            tokens, lengths = encode(
+                tokenizer, list(docs[a:b]), params.config.block_size, first + a
+            )
+            parts.append(score_rows(params, tokens, lengths, jit))
     return np.concatenate(parts, axis=0)
+
+
+def score_positions(
+    params: Params,
+    positions: np.ndarray,
+    corpus: Any,
+    tokenizer: Tokenizer,
+    chunk_size: int,
+    jit: bool | None = None,
+) -> np.ndarray:
+    """:func:`score_texts` of a :class:`~microgpt_xp.corpus.Corpus`'s documents at
+    ``positions``, made here (inside a worker's task)."""
+    start, stop = (int(positions[0]), int(positions[-1]) + 1) if len(positions) else (0, 0)
+    docs = corpus.docs(start, stop)
+    if len(docs) != stop - start:
+        raise DataError(
+            f"the corpus returned {len(docs)} documents for positions {start}..{stop - 1}"
+        )
+    texts = np.empty(len(docs), dtype=object)
+    texts[:] = docs
+    return score_texts(params, positions, texts, tokenizer, chunk_size, jit)
 
 
 def score_rows(
     params: Params, tokens: np.ndarray, lengths: np.ndarray, jit: bool | None = None
 ) -> np.ndarray:
-    """:func:`_score_docs` of encoded documents ``tokens (n, L)``, ``lengths (n,)``."""
+    """The ``(n, 3)`` columns of :func:`score_texts` of encoded documents ``tokens (n, L)``,
+    ``lengths (n,)``."""
     tok, lens = _xp.to_batch(tokens, lengths, params.backend, device=params.device)
     losses = _xp.to_numpy(score(params, tok, lens, jit=jit))
     n = np.minimum(lengths - 1, params.config.block_size)
@@ -82,46 +101,47 @@ def score_docs(
 ) -> ScoreSummary:
     """Score every document of a corpus, ``chunk_size`` documents at a time (default:
     :func:`~microgpt_xp.resources.score_chunk`, the fastest size whose activations stay
-    within a budget), on the
-    params' own backend and device (the eager twin of
-    :func:`microgpt_xp.scale.score_corpus`, which builds one lazy Dask graph).
+    within a budget).
 
-    ``source`` is a sequence of strings or a :class:`~microgpt_xp.corpus.Corpus`.
-    ``callback(done, total)``, if given, is called after each chunk with the number of
-    documents scored so far. ``runner`` spreads each chunk's rows over workers
-    (:mod:`microgpt_xp.runners`; default: this process, where ``jit`` is
-    :func:`microgpt_xp.score`'s: ``None`` compiles where the backend has a compiler, JAX
-    once per chunk shape). Returns a :class:`ScoreSummary` with the per-document
-    ``losses (N,)`` (float64) and ``num_predictions (N,)``.
+    ``source`` is a sequence of strings or a :class:`~microgpt_xp.corpus.Corpus` (whose
+    documents are made inside the runner's tasks). ``runner`` spreads the documents over
+    workers (:mod:`microgpt_xp.runners`; default: this process with ``jit`` as in
+    :func:`microgpt_xp.score`, or one Dask task a chunk for Dask-array weights); a
+    document is scored the same wherever it runs. ``callback(done, total)`` is called as
+    documents are scored. Returns a :class:`ScoreSummary`.
     """
-    _xp.check_jit(jit)
-    runner = Local(jit) if runner is None else runner
-    if not isinstance(runner, Runner):
-        raise TypeError(f"runner must be a Runner, got {type(runner).__name__}")
     if not isinstance(params, Params):
-        raise TypeError(f"params must be a Params, got {type(params).__name__}")
+        raise ArgumentTypeError("params", f"params must be a Params, got {type(params).__name__}")
+    _xp.check_jit(jit)
+    if runner is None:
+        runner = pick(None, params.backend, jit=jit)
+    elif not isinstance(runner, Runner):
+        raise ArgumentTypeError("runner", f"runner must be a Runner, got {type(runner).__name__}")
+    params = runner.place(params)
     if not isinstance(tokenizer, Tokenizer):
-        raise TypeError(f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}")
+        raise ArgumentTypeError(
+            "tokenizer", f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}"
+        )
     if tokenizer.vocab_size != params.config.vocab_size:
-        raise ValueError(
-            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}"
+        raise ArgumentValueError(
+            "tokenizer",
+            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}",
         )
     if chunk_size is None:
         chunk_size = score_chunk(params.config, dtype=_xp.dtype_name(params.wte))
     _xp.check_positive_int(chunk_size, "chunk size")
     n = check_source(source)
-    if runner.shards:  # the runner spreads the documents; each shard scores its own chunks
-        rows = [np.asarray(docs_of(source, 0, n), dtype=object), np.arange(n)]
-        parts = runner.map(score_texts, params, rows, tokenizer, chunk_size)
+    parts = []
+    for start, stop in chunk_bounds(n, n if runner.shards else chunk_size):
+        positions, args = np.arange(start, stop), (tokenizer, chunk_size, runner.jit)
+        if is_corpus(source):
+            parts += runner.map(score_positions, params, [positions], source, *args)
+        else:
+            texts = np.empty(stop - start, dtype=object)
+            texts[:] = list(source[start:stop])  # type: ignore[index]
+            parts += runner.map(score_texts, params, [positions, texts], *args)
         if callback is not None:
-            callback(n, n)
-    else:
-        parts = []
-        for start, stop in chunk_bounds(n, chunk_size):
-            docs = docs_of(source, start, stop)
-            parts.append(_score_docs(params, tokenizer, docs, start, runner.jit))
-            if callback is not None:
-                callback(stop, n)
+            callback(stop, n)
     cols = np.concatenate(parts, axis=0)
     return ScoreSummary(
         mean=float(np.mean(cols[:, 0])),

@@ -2,7 +2,7 @@
 
 ``MICROGPT_XP_BACKENDS`` (comma-separated, e.g. ``dask`` or ``numpy,torch``) narrows the
 namespaces; by default every importable one is used. array-api-strict runs on its
-non-default device ``device1`` so that a forgotten ``device=`` fails loudly.
+non-default device (:data:`TEST_DEVICE`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ import reference
 
 from microgpt_xp import GPTConfig, _xp
 from microgpt_xp._backends import BACKENDS
+
+#: The device each backend's tests run on where not its default: array-api-strict's
+#: non-default device, so that a forgotten ``device=`` fails loudly.
+TEST_DEVICE = {"array_api_strict": "device1"}
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES_TXT = ROOT.parent / "shared" / "data" / "names.txt"
@@ -70,7 +74,7 @@ def selected_backends() -> list[str]:
         for n in names:
             _xp.check_backend(n)
         return names
-    return [n for n, b in BACKENDS.items() if importlib.util.find_spec(b.package) is not None]
+    return [n for n, b in BACKENDS.items() if importlib.util.find_spec(b.package)]
 
 
 @dataclass
@@ -123,7 +127,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
             yield Backend(name, None)
         return
     with lazy:
-        yield Backend(name, spec.test_device)
+        yield Backend(name, TEST_DEVICE.get(name))
 
 
 @pytest.fixture

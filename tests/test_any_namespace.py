@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from xp_testing import xp_assert_close
 
 import microgpt_xp as mx
-from microgpt_xp import _xp
 from microgpt_xp import primitives as P
 
 CONFIG = mx.GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8)
@@ -39,22 +39,9 @@ def xp(request: pytest.FixtureRequest) -> Any:
     return _namespace(request.param)
 
 
-def host(x: Any) -> np.ndarray:
-    """The values of an array on the host: DLPack or ``__array__`` through the library's
-    own generic entry; ndonnx offers neither, so its eager arrays are unwrapped here."""
-    if hasattr(x, "unwrap_numpy"):
-        return np.asarray(x.unwrap_numpy())
-    return _xp.to_numpy(x)
-
-
 def assert_close(actual: Any, desired: Any, xp: Any, what: str) -> None:
-    """``actual`` is an array of ``xp`` whose values equal ``desired`` (NumPy) to
-    :data:`RTOL`, norm-wise relative."""
-    assert _xp.array_namespace(actual) is xp, f"{what}: {type(actual)}"
-    got, want = host(actual).astype(np.float64), np.asarray(desired, dtype=np.float64)
-    assert got.shape == want.shape, what
-    scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-300)
-    assert float(np.max(np.abs(got - want), initial=0.0)) <= RTOL * scale, what
+    """``actual`` a float64 array of ``xp`` (default device) equal to ``desired`` to :data:`RTOL`."""
+    xp_assert_close(actual, desired, rtol=RTOL, like=xp.asarray(0.0, dtype=xp.float64), what=what)
 
 
 def _batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -124,7 +111,9 @@ def test_training_steps_equal_numpy(xp: Any, reference: mx.Params) -> None:
     _, grads = mx.loss_and_grads(params, xp.asarray(tokens), xp.asarray(lengths))
     updated, _ = mx.adam_update(params, grads, state)
     want_grads = mx.loss_and_grads(want_params, tokens, lengths)[1]
-    assert_close(updated.wte, mx.adam_update(want_params, want_grads, want_state)[0].wte, xp, "adam")
+    assert_close(
+        updated.wte, mx.adam_update(want_params, want_grads, want_state)[0].wte, xp, "adam"
+    )
 
 
 def test_values_are_checked_where_they_can_be_read(xp: Any, reference: mx.Params) -> None:
@@ -158,7 +147,9 @@ def test_mixed_namespaces_and_non_arrays_are_one_line_type_errors(
 
 
 def test_an_unknown_name_or_object_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"unknown backend .numpyy.*or pass an Array API namespace"):
+    with pytest.raises(
+        ValueError, match=r"unknown backend .numpyy.*or pass an Array API namespace"
+    ):
         mx.init_params(CONFIG, backend="numpyy")
     with pytest.raises(TypeError, match="backend must be a backend name or an Array API namespace"):
         mx.init_params(CONFIG, backend=object())

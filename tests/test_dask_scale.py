@@ -1,6 +1,7 @@
-"""Dask at scale: corpus scoring and generation as single chunked Dask computations
-(microgpt_xp.scale), data-parallel training on Dask, and a real dask.distributed cluster
-with worker processes (microgpt_xp.cluster): results, graph shape, memory, faults.
+"""Dask at scale: corpus scoring and generation on Dask tasks (one task a chunk, the
+documents made inside the tasks), data-parallel training on Dask, and a real
+dask.distributed cluster with worker processes (microgpt_xp.cluster): results, graph
+shape, faults, and the example that writes the results.
 
 The oracle for scoring is the NumPy model on the whole encoded corpus, and, through an
 independent code path, ``loss_and_grads``' batch loss (whose ``"mean"`` and
@@ -27,20 +28,12 @@ import dask
 import dask.array as da
 from xp_testing import xp_assert_close
 
-from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, score
+from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, sample, score
+from microgpt_xp.corpus import ShuffledRepeat
 from microgpt_xp.data import DataError, Tokenizer, batch_indices, default_docs, encode_docs
-from microgpt_xp.sample import sample_tokens
-from microgpt_xp.scale import (
-    CorpusScore,
-    ShuffledRepeat,
-    generate,
-    generate_names,
-    graph_stats,
-    row_uniforms,
-    score_corpus,
-    write_names,
-    write_scores,
-)
+from microgpt_xp.runners import DaskTasks
+from microgpt_xp.sample import row_uniforms, sample_tokens
+from microgpt_xp.scoring import score_docs, score_positions
 from microgpt_xp.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +57,24 @@ def _threads() -> Iterator[None]:
 def _oracle(params: Params, docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
     tokens, lengths = encode_docs(TOKENIZER, docs, CONFIG.block_size)
     return np.asarray(score(params, tokens, lengths)), np.minimum(lengths - 1, CONFIG.block_size)
+
+
+def _on_tasks(params: Params, source: Any, chunk_size: int, **kwargs: Any) -> Any:
+    runner = DaskTasks(chunk_size, **kwargs)
+    return score_docs(params, TOKENIZER, source, chunk_size=chunk_size, runner=runner)
+
+
+def _weight_copies(params: Params, corpus: Any, chunk_size: int, **kwargs: Any) -> tuple[int, int]:
+    """``(tasks, copies of the weights' bytes)`` of the graph that scores ``corpus``."""
+    import cloudpickle
+
+    positions = np.arange(len(corpus))
+    graph, _ = DaskTasks(chunk_size, **kwargs).graph(
+        score_positions, params, [positions], corpus, TOKENIZER, chunk_size
+    )
+    marker = np.ascontiguousarray(params.wte).tobytes()
+    blobs = [cloudpickle.dumps(task, protocol=5) for task in graph.values()]
+    return len(graph), sum(marker in blob for blob in blobs)
 
 
 # -- corpora ---------------------------------------------------------------------------------
@@ -96,19 +107,12 @@ def test_shuffled_repeat_rejects_bad_arguments() -> None:
 
 
 # -- scoring -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["task", "graph"])
 @pytest.mark.parametrize("chunk_size", [1, 37, 5000])
-def test_score_corpus_equals_numpy_on_the_whole_corpus(
-    params64: Params, method: str, chunk_size: int
+def test_scoring_on_tasks_equals_numpy_on_the_whole_corpus(
+    params64: Params, chunk_size: int
 ) -> None:
     docs = DOCS[:300] if chunk_size > 1 else DOCS[:40]
-    result = score_corpus(params64, TOKENIZER, docs, chunk_size=chunk_size, method=method)  # type: ignore[arg-type]
-    assert isinstance(result, CorpusScore)
-    assert result.num_chunks == -(-len(docs) // chunk_size)
-    assert result.losses.chunks[0] == tuple(
-        min(chunk_size, len(docs) - s) for s in range(0, len(docs), chunk_size)
-    )
-    got = result.compute(losses=True)
+    got = _on_tasks(params64, docs, chunk_size)
     want, n = _oracle(params64, docs)
     assert got.losses is not None and got.num_predictions is not None
     xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
@@ -123,15 +127,15 @@ def test_score_corpus_equals_numpy_on_the_whole_corpus(
     assert got.num_docs == len(docs)
 
 
-def test_score_corpus_float32_keeps_the_dtype_and_a_float64_mean() -> None:
+def test_scoring_float32_keeps_a_float64_mean() -> None:
     p32 = init_params(CONFIG, seed=3, dtype="float32")
     docs = DOCS[:200]
-    got = score_corpus(p32, TOKENIZER, docs, chunk_size=64).compute(losses=True)
+    got = _on_tasks(p32, docs, 64)
     want, _ = _oracle(p32, docs)
-    assert got.losses is not None and got.losses.dtype == np.float32
+    assert got.losses is not None
     # chunks of 64 documents against one batch of 200: BLAS may round a float32 row of a
     # matrix product differently with the number of rows (OpenBLAS does on AVX2-only CPUs)
-    xp_assert_close(got.losses, want, rtol=2e-6, like=p32.wte, elementwise=True)
+    xp_assert_close(got.losses.astype(np.float32), want, rtol=2e-6, like=p32.wte, elementwise=True)
     # the mean accumulates the float32 losses in float64
     assert got.mean == pytest.approx(float(np.mean(got.losses.astype(np.float64))), rel=1e-12)
 
@@ -145,10 +149,7 @@ def test_a_virtual_corpus_is_scored_chunk_by_chunk_inside_the_tasks(params64: Pa
             return super().docs(start, stop)
 
     corpus = Recording(DOCS[:100], 1000, seed=2)
-    result = score_corpus(params64, TOKENIZER, corpus, chunk_size=128)
-    assert calls == []  # building the graph produced no document
-    assert dask.is_dask_collection(result.losses) and dask.is_dask_collection(result.mean)
-    got = result.compute(losses=True)
+    got = _on_tasks(params64, corpus, 128)
     # every call produced one chunk, never the corpus
     assert sorted(calls) == [(s, min(s + 128, 1000)) for s in range(0, 1000, 128)]
     want, _ = _oracle(params64, ShuffledRepeat(DOCS[:100], 1000, seed=2).docs(0, 1000))
@@ -158,61 +159,23 @@ def test_a_virtual_corpus_is_scored_chunk_by_chunk_inside_the_tasks(params64: Pa
 
 def test_the_chunking_does_not_change_the_result(params64: Params) -> None:
     corpus = ShuffledRepeat(DOCS, 2000, seed=5)
-    runs = [
-        score_corpus(params64, TOKENIZER, corpus, chunk_size=c).compute(losses=True)
-        for c in (97, 2000)
-    ]
+    runs = [_on_tasks(params64, corpus, c) for c in (97, 2000)]
     assert runs[0].losses is not None and runs[1].losses is not None
     xp_assert_close(runs[0].losses, runs[1].losses, rtol=1e-12, like=params64.wte, elementwise=True)
     assert runs[0].mean == pytest.approx(runs[1].mean, rel=1e-12)
 
 
-def test_graph_holds_the_weights_once_and_two_tasks_per_chunk(params64: Params) -> None:
+def test_graph_holds_the_weights_once_and_one_task_per_chunk(params64: Params) -> None:
     corpus = ShuffledRepeat(DOCS, 64 * 100, seed=0)
-    stats = {}
     for chunks in (4, 64):
-        r = score_corpus(params64, TOKENIZER, corpus, chunk_size=len(corpus) // chunks)
-        stats[chunks] = graph_stats(params64, r.mean, r.token_mean)
-        assert stats[chunks].weight_copies == 1
-    # per chunk: its spec and its fused score+sum task; plus the reduction tree, the
-    # weights and the corpus
-    extra = stats[64].tasks - stats[4].tasks
-    assert 2 * 60 <= extra <= 2 * 60 + 25
-    # the graph grows by the chunk specs (a few hundred bytes each), not by weight copies
-    weights_bytes = sum(np.asarray(a).nbytes for a in params64.arrays().values())
-    assert stats[64].bytes - stats[4].bytes < 60 * weights_bytes / 10
-    # the model's Dask graph has tens of tasks per chunk, still one weight copy per field
-    g = score_corpus(params64, TOKENIZER, corpus, chunk_size=len(corpus) // 4, method="graph")
-    gs = graph_stats(params64, g.mean)
-    assert gs.weight_copies == 1 and gs.tasks > 4 * 20
-
-
-def test_the_mean_is_a_tree_reduction(params64: Params) -> None:
-    from functools import cache
-
-    from dask.core import get_dependencies
-
-    corpus = ShuffledRepeat(DOCS, 64, seed=0)
-    r = score_corpus(params64, TOKENIZER, corpus, chunk_size=4, split_every=3)
-    (mean,) = dask.optimize(r.mean)
-    graph = dict(mean.__dask_graph__())
-
-    @cache
-    def depth(key: Any) -> int:
-        deps = get_dependencies(graph, key)
-        return 0 if not deps else 1 + max(depth(d) for d in deps)
-
-    # 16 chunks combined three at a time: no node has more than 3 inputs, and the
-    # result sits ceil(log3(16)) = 3 levels above the chunk tasks (which read their spec)
-    assert max(len(get_dependencies(graph, k)) for k in graph) <= 3
-    assert max(depth(k) for k in graph) >= 1 + 3
+        tasks, copies = _weight_copies(params64, corpus, len(corpus) // chunks)
+        assert copies == 1 and tasks == chunks + 1
 
 
 def test_a_bad_document_names_its_chunk(params64: Params) -> None:
     docs = [*DOCS[:20], "hello!", *DOCS[20:40]]
-    result = score_corpus(params64, TOKENIZER, docs, chunk_size=8)
     with pytest.raises(DataError, match=r"documents 16\.\.23: .*'!'"):
-        result.compute()
+        _on_tasks(params64, docs, 8)
 
 
 @pytest.mark.parametrize(
@@ -220,32 +183,28 @@ def test_a_bad_document_names_its_chunk(params64: Params) -> None:
     [
         ({"chunk_size": 0}, ValueError, "chunk size"),
         ({"chunk_size": 2.0}, ValueError, "chunk size"),
-        ({"method": "fast"}, ValueError, "method"),
         ({"weights": "copy"}, ValueError, "weights"),
-        ({"method": "graph", "weights": "scatter"}, ValueError, "weights='graph'"),
-        ({"chunk_backend": "dask"}, ValueError, "eager"),
-        ({"chunk_backend": "nope"}, ValueError, "unknown backend"),
     ],
 )
-def test_score_corpus_rejects_bad_arguments(
+def test_dask_tasks_reject_bad_arguments(
     params64: Params, kwargs: dict[str, Any], error: type[Exception], match: str
 ) -> None:
     with pytest.raises(error, match=match):
-        score_corpus(params64, TOKENIZER, DOCS[:10], **kwargs)
+        _on_tasks(params64, DOCS[:10], **{"chunk_size": 4, **kwargs})
 
 
-def test_score_corpus_rejects_bad_sources(params64: Params) -> None:
+def test_scoring_rejects_bad_sources(params64: Params) -> None:
     with pytest.raises(DataError, match="no documents"):
-        score_corpus(params64, TOKENIZER, [])
+        _on_tasks(params64, [], 4)
     with pytest.raises(TypeError, match="source"):
-        score_corpus(params64, TOKENIZER, "abc")
+        _on_tasks(params64, "abc", 4)
     with pytest.raises(ValueError, match="tokenizer has"):
-        score_corpus(params64, Tokenizer("ab"), DOCS[:3])
+        score_docs(params64, Tokenizer("ab"), DOCS[:3], runner=DaskTasks(4))
 
 
 def test_weights_of_another_backend_are_copied_once(params64: Params) -> None:
     on_dask = params64.to("dask")
-    got = score_corpus(on_dask, TOKENIZER, DOCS[:50], chunk_size=16).compute(losses=True)
+    got = score_docs(on_dask, TOKENIZER, DOCS[:50], chunk_size=16)
     want, _ = _oracle(params64, DOCS[:50])
     assert got.losses is not None
     xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
@@ -256,27 +215,10 @@ def test_weights_of_another_backend_are_copied_once(params64: Params) -> None:
     reason="needs array_api_strict",
 )
 def test_chunks_can_run_on_another_backend(params64: Params) -> None:
-    got = score_corpus(
-        params64, TOKENIZER, DOCS[:50], chunk_size=16, chunk_backend="array_api_strict"
-    ).compute(losses=True)
+    got = _on_tasks(params64.to("array_api_strict"), DOCS[:50], 16)
     want, _ = _oracle(params64, DOCS[:50])
     assert got.losses is not None
     xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
-
-
-def test_write_scores_writes_after_the_computation(params64: Params, tmp_path: Path) -> None:
-    docs = DOCS[:30]
-    want, _ = _oracle(params64, docs)
-    txt, npy = tmp_path / "scores.txt", tmp_path / "scores.npy"
-    write_scores(txt, score_corpus(params64, TOKENIZER, docs, chunk_size=7))
-    write_scores(npy, score_corpus(params64, TOKENIZER, docs, chunk_size=7))
-    np.testing.assert_allclose(np.loadtxt(txt), want, rtol=1e-8)
-    np.testing.assert_allclose(np.load(npy), want, rtol=1e-12, atol=0)
-    # a failing computation leaves neither the file nor a temporary file behind
-    bad = score_corpus(params64, TOKENIZER, [*docs, "?"], chunk_size=7)
-    with pytest.raises(DataError):
-        write_scores(tmp_path / "bad.txt", bad)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.npy", "scores.txt"]
 
 
 # -- generation ---------------------------------------------------------------------------------
@@ -288,27 +230,26 @@ def test_row_uniforms_are_rows_of_one_stream() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_generate_equals_sample_tokens_whatever_the_chunking(dtype: str) -> None:
+def test_tasks_sample_as_one_process_whatever_the_chunking(dtype: str) -> None:
     trained = train(DOCS, steps=30, batch_size=16, seed=0, dtype=dtype).params
     want = sample_tokens(trained, TOKENIZER.bos, 300, temperature=0.7, seed=9)
     for chunk_size in (1, 64, 300, 1000):
-        ids = generate(
-            trained, 300, bos=TOKENIZER.bos, chunk_size=chunk_size, temperature=0.7, seed=9
+        ids = sample_tokens(
+            trained, TOKENIZER.bos, 300, temperature=0.7, seed=9, runner=DaskTasks(chunk_size)
         )
         assert ids.shape == (300, CONFIG.block_size) and ids.dtype == np.int64
-        np.testing.assert_array_equal(ids.compute(), want, err_msg=f"chunk size {chunk_size}")
+        np.testing.assert_array_equal(ids, want, err_msg=f"chunk size {chunk_size}")
     # another seed gives other samples
-    other = generate(trained, 300, bos=TOKENIZER.bos, chunk_size=64, temperature=0.7, seed=10)
-    assert not np.array_equal(other.compute(), want)
+    other = sample_tokens(
+        trained, TOKENIZER.bos, 300, temperature=0.7, seed=10, runner=DaskTasks(64)
+    )
+    assert not np.array_equal(other, want)
 
 
-def test_generate_names_decodes_inside_the_tasks(params64: Params, tmp_path: Path) -> None:
-    names = generate_names(params64, TOKENIZER, 40, chunk_size=9, seed=1)
+def test_names_on_tasks_are_the_local_names(params64: Params) -> None:
+    names = sample(params64, TOKENIZER, 40, runner=DaskTasks(9), seed=1)
     want = [TOKENIZER.decode(r) for r in sample_tokens(params64, TOKENIZER.bos, 40, seed=1)]
-    assert list(names.compute()) == want
-    out = write_names(tmp_path / "names.txt", names)
-    assert out == want
-    assert (tmp_path / "names.txt").read_text().splitlines() == want
+    assert names == want
 
 
 @pytest.mark.parametrize(
@@ -318,16 +259,16 @@ def test_generate_names_decodes_inside_the_tasks(params64: Params, tmp_path: Pat
         ({"temperature": 0.0}, "temperature"),
         ({"bos": 99}, "bos id"),
         ({"seed": -1}, "seed"),
-        ({"chunk_size": -3}, "chunk size"),
+        ({"chunks": -3}, "chunk"),
     ],
 )
-def test_generate_rejects_bad_arguments(
+def test_sampling_on_dask_rejects_bad_arguments(
     params64: Params, kwargs: dict[str, Any], match: str
 ) -> None:
     args: dict[str, Any] = {"num_samples": 5, "bos": TOKENIZER.bos, **kwargs}
-    n = args.pop("num_samples")
+    n, bos = args.pop("num_samples"), args.pop("bos")
     with pytest.raises(ValueError, match=match):
-        generate(params64, n, **args)
+        sample_tokens(params64.to("dask"), bos, n, **args)
 
 
 # -- data-parallel training --------------------------------------------------------------------
@@ -393,20 +334,18 @@ def test_connect_starts_worker_processes(client: Any) -> None:
 @pytest.mark.parametrize("weights", ["graph", "scatter"])
 def test_cluster_scores_like_threads(client: Any, params64: Params, weights: str) -> None:
     corpus = ShuffledRepeat(DOCS, 3000, seed=1)
-    want = score_corpus(params64, TOKENIZER, corpus, chunk_size=500).compute(
-        losses=True, scheduler="threads"
-    )
-    r = score_corpus(params64, TOKENIZER, corpus, chunk_size=500, weights=weights, client=client)  # type: ignore[arg-type]
-    assert graph_stats(params64, r.mean).weight_copies == (1 if weights == "graph" else 0)
-    got = r.compute(losses=True, scheduler=client.get)
+    want = _on_tasks(params64, corpus, 500)
+    assert _weight_copies(params64, corpus, 500, weights=weights)[1] == (weights == "graph")
+    with dask.config.set(scheduler="dask.distributed"):
+        got = _on_tasks(params64, corpus, 500, weights=weights, client=client)
     assert got.losses is not None and want.losses is not None
     np.testing.assert_array_equal(got.losses, want.losses)
     assert got.mean == want.mean and got.token_mean == want.token_mean
 
 
 def test_cluster_generates_like_sample_tokens(client: Any, params64: Params) -> None:
-    ids = generate(params64, 200, bos=TOKENIZER.bos, chunk_size=50, seed=2)
-    got = client.compute(ids).result()
+    with dask.config.set(scheduler="dask.distributed"):
+        got = sample_tokens(params64, TOKENIZER.bos, 200, seed=2, runner=DaskTasks(50))
     np.testing.assert_array_equal(got, sample_tokens(params64, TOKENIZER.bos, 200, seed=2))
 
 
@@ -467,9 +406,9 @@ class SlowCorpus(ShuffledRepeat):
 
 
 def _chunks_done(dask_scheduler: Any) -> int:
-    """Chunk-scoring tasks whose results the scheduler holds."""
+    """Chunk tasks whose results the scheduler holds."""
     return sum(
-        ts.state == "memory" and "score_block" in str(ts.key)
+        ts.state == "memory" and "microgpt-chunk" in str(ts.key)
         for ts in dask_scheduler.tasks.values()
     )
 
@@ -477,11 +416,11 @@ def _chunks_done(dask_scheduler: Any) -> int:
 def test_a_killed_worker_does_not_change_the_result(params64: Params) -> None:
     _register_this_module()
     corpus = SlowCorpus(DOCS, 40 * 200, seed=3)
-    want = score_corpus(params64, TOKENIZER, ShuffledRepeat(DOCS, 40 * 200, seed=3), chunk_size=200)
-    want_values = want.compute(losses=True, scheduler="threads")
+    want = _on_tasks(params64, ShuffledRepeat(DOCS, 40 * 200, seed=3), 200)
     with connect(None, n_workers=2, threads_per_worker=1, processes=True, timeout=60) as c:
-        r = score_corpus(params64, TOKENIZER, corpus, chunk_size=200)
-        futures = c.compute([r.mean, r.token_mean, r.losses])
+        got: list[Any] = []
+        job = threading.Thread(target=lambda: got.append(_on_tasks(params64, corpus, 200)))
+        job.start()
         deadline = time.monotonic() + 60
         while c.run_on_scheduler(_chunks_done) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -489,14 +428,14 @@ def test_a_killed_worker_does_not_change_the_result(params64: Params) -> None:
         busy = [w for w, keys in c.processing().items() if keys]
         victim = busy[0]
         pid = c.run(os.getpid, workers=[victim])[victim]
-        assert not any(f.done() for f in futures), "the job ended before the fault"
+        assert job.is_alive(), "the job ended before the fault"
         os.kill(pid, signal.SIGKILL)
-        mean, token_mean, losses = c.gather(futures)
+        job.join()
         # the nanny started a new worker process in place of the killed one
         assert pid not in c.run(os.getpid).values()
-    assert want_values.losses is not None
-    np.testing.assert_array_equal(losses, want_values.losses)
-    assert mean == want_values.mean and token_mean == want_values.token_mean
+    assert want.losses is not None
+    np.testing.assert_array_equal(got[0].losses, want.losses)
+    assert got[0].mean == want.mean and got[0].token_mean == want.token_mean
 
 
 _SCHEDULER_SCRIPT = """
@@ -521,15 +460,11 @@ def test_a_lost_scheduler_is_a_clear_error_and_writes_nothing(
     try:
         assert proc.stdout is not None
         address = proc.stdout.readline().strip()
-        with connect(address, timeout=5) as c:
-            r = score_corpus(
-                params64, TOKENIZER, SlowCorpus(DOCS, 30 * 100, seed=0), chunk_size=100
-            )
+        with connect(address, timeout=5):
             killer = threading.Timer(1.0, proc.kill)
             killer.start()
-            out = tmp_path / "scores.txt"
             with pytest.raises(ClusterError, match=f"lost the Dask scheduler at {address}"):
-                write_scores(out, r, scheduler=c.get)
+                _on_tasks(params64, SlowCorpus(DOCS, 30 * 100, seed=0), 100)
             killer.join()
             assert list(tmp_path.iterdir()) == []
     finally:
@@ -538,22 +473,11 @@ def test_a_lost_scheduler_is_a_clear_error_and_writes_nothing(
 
 
 # -- the example -------------------------------------------------------------------------------
-def test_example_runs_small_and_reports_throughput(tmp_path: Path) -> None:
-    out = tmp_path / "run.json"
-    cmd = [
-        sys.executable,
-        str(ROOT / "examples" / "dask_batch.py"),
-        "--n-docs",
-        "3000",
-        "--chunk-size",
-        "500",
-        "--n-samples",
-        "300",
-        "--workers",
-        "2",
-        "--json",
-        str(out),
-    ]
+def test_example_runs_small_and_writes_its_results(tmp_path: Path) -> None:
+    out, scores, names = tmp_path / "run.json", tmp_path / "scores.npy", tmp_path / "names.txt"
+    cmd = [sys.executable, str(ROOT / "examples" / "dask_batch.py"), "--n-docs", "3000"]
+    cmd += ["--chunk-size", "500", "--n-samples", "300", "--workers", "2", "--json", str(out)]
+    cmd += ["--scores", str(scores), "--names", str(names), "--dtype", "float64"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "documents/s" in proc.stdout and "samples/s" in proc.stdout
@@ -562,3 +486,7 @@ def test_example_runs_small_and_reports_throughput(tmp_path: Path) -> None:
     assert report["score_docs_per_s"] > 0 and report["sample_per_s"] > 0
     assert 1.0 < report["mean_loss"] < 10.0
     assert len(report["names"]) > 0
+    params = init_params(CONFIG, seed=0, dtype="float64")
+    want, _ = _oracle(params, ShuffledRepeat(DOCS, 3000, seed=0).docs(0, 3000))
+    np.testing.assert_allclose(np.load(scores), want, rtol=1e-12, atol=0)
+    assert names.read_text().splitlines() == sample(params, TOKENIZER, 300, seed=0)

@@ -1,6 +1,6 @@
 """Dask that pays: a training step is one task per chunk with the weights entering its graph
 once; the losses equal NumPy's and repeat bit for bit on threads and on a cluster of
-processes, survive a lost worker, and the results outlive the cluster; the model's own
+processes, survive a lost worker, and the trained weights outlive the cluster; the model's own
 Dask graph creates nothing on the host for chunks of another array type."""
 
 from __future__ import annotations
@@ -118,32 +118,20 @@ def test_a_worker_lost_mid_training_does_not_change_the_losses() -> None:
     assert got.losses == want.losses
 
 
-def test_lazy_results_outlive_the_cluster_or_say_why_not() -> None:
-    from microgpt_xp.cluster import ClusterError
-    from microgpt_xp.scale import generate, score_corpus
-
-    params = mx.init_params(CONFIG, dtype="float64")
-    with connect(None, n_workers=1, processes=False, timeout=60) as c:
-        in_graph = score_corpus(params, TOKENIZER, DOCS, chunk_size=64)
-        scattered = score_corpus(
-            params, TOKENIZER, DOCS, chunk_size=64, weights="scatter", client=c
-        )
-        ids = generate(params, 20, bos=TOKENIZER.bos, chunk_size=5)
-    assert in_graph.compute().mean == score_corpus(params, TOKENIZER, DOCS).compute().mean
-    np.testing.assert_array_equal(ids.compute(), generate(params, 20, bos=TOKENIZER.bos).compute())
-    with pytest.raises(ClusterError, match=r"weights='scatter'.*client has closed"):
-        scattered.compute()
-
-
 def test_corpus_means_repeat_bit_for_bit_on_a_cluster() -> None:
-    from microgpt_xp.scale import ShuffledRepeat, score_corpus
+    from microgpt_xp.corpus import ShuffledRepeat
+    from microgpt_xp.scoring import score_docs
 
     _register_this_module()
     params = mx.init_params(CONFIG, dtype="float64")
     corpus = ShuffledRepeat(tuple(DOCS), 6000, seed=1)
-    threads = score_corpus(params, TOKENIZER, corpus, chunk_size=500).compute()
+
+    def scores() -> Any:
+        return score_docs(params, TOKENIZER, corpus, chunk_size=500, runner=DaskTasks(500))
+
+    threads = scores()
     with connect(None, n_workers=2, threads_per_worker=1, processes=True, timeout=60):
-        runs = [score_corpus(params, TOKENIZER, corpus, chunk_size=500).compute() for _ in range(3)]
+        runs = [scores() for _ in range(3)]
     assert {r.mean for r in runs} == {threads.mean}
     assert {r.token_mean for r in runs} == {threads.token_mean}
 

@@ -3,8 +3,8 @@ batches (spec §6) and the epoch-wise batch order."""
 
 from __future__ import annotations
 
+import json
 import string
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,73 +33,58 @@ def _write(tmp_path: Path, content: bytes, name: str = "docs.txt") -> Path:
 
 
 # -- read_docs ----------------------------------------------------------------------------
-def test_read_docs_strips_drops_empty_and_keeps_order(tmp_path: Path) -> None:
-    path = _write(tmp_path, b"  emma\n\nolivia  \n\t\n   \nava\tx \nzoe\n  \n")
-    assert read_docs(path) == ["emma", "olivia", "ava\tx", "zoe"]
-
-
-def test_read_docs_accepts_str_path(tmp_path: Path) -> None:
-    path = _write(tmp_path, b"b\na\n")
-    assert read_docs(str(path)) == ["b", "a"]
-
-
 @pytest.mark.parametrize(
-    "content",
+    ("content", "docs"),
     [
-        b"emma\nolivia\nava",
-        b"emma\nolivia\nava\n",
-        b"emma\r\nolivia\r\nava\r\n",
-        b"emma\r\nolivia\r\nava",
+        (b"  emma\n\nolivia  \n\t\n   \nava\tx \nzoe\n  \n", ["emma", "olivia", "ava\tx", "zoe"]),
+        (b"emma\nolivia\nava", ["emma", "olivia", "ava"]),
+        (b"emma\nolivia\nava\n", ["emma", "olivia", "ava"]),
+        (b"emma\r\nolivia\r\nava\r\n", ["emma", "olivia", "ava"]),
+        (b"emma\r\nolivia\r\nava", ["emma", "olivia", "ava"]),
+        (b"emma\rava", ["emma", "ava"]),
+        ("zo\u00eb\nanna\nzo\u00eb\n".encode(), ["zo\u00eb", "anna", "zo\u00eb"]),
+        (b"x\n  y y \n\n\nz\r\n \n", ["x", "y y", "z"]),
+        # only \n, \r\n and \r end a line, as in the spec's open(): not U+2028, NEL, FF
+        ("a\u2028b\nc\x85d\x0ce\n".encode(), ["a\u2028b", "c\x85d\x0ce"]),
     ],
-    ids=["no-trailing-newline", "trailing-newline", "crlf", "crlf-no-trailing"],
+    ids=[
+        "strip",
+        "no-final-newline",
+        "final-newline",
+        "crlf",
+        "crlf-no-final",
+        "cr",
+        "unicode",
+        "spec",
+        "unicode-separators",
+    ],
 )
-def test_read_docs_line_endings(tmp_path: Path, content: bytes) -> None:
-    docs = read_docs(_write(tmp_path, content))
-    assert docs == ["emma", "olivia", "ava"]
-    assert all("\r" not in d and "\n" not in d for d in docs)
-
-
-def test_read_docs_matches_the_spec_reading(tmp_path: Path) -> None:
+def test_read_docs_reads_lines_as_the_spec(tmp_path: Path, content: bytes, docs: list[str]) -> None:
+    path = _write(tmp_path, content)
+    assert read_docs(path) == read_docs(str(path)) == docs
     # spec §1: line by line, strip, keep non-empty lines, in file order
-    text = "x\n  y y \n\n\nz\r\n \n"
-    path = _write(tmp_path, text.encode())
-    expected = [line.strip() for line in path.open(encoding="utf-8") if line.strip()]
-    assert read_docs(path) == expected
-
-
-def test_read_docs_keeps_duplicates_and_unicode(tmp_path: Path) -> None:
-    path = _write(tmp_path, "zoë\nanna\nzoë\n".encode())
-    assert read_docs(path) == ["zoë", "anna", "zoë"]
+    assert docs == [line.strip() for line in path.open(encoding="utf-8") if line.strip()]
 
 
 @pytest.mark.parametrize(
-    "content", [b"", b"\n", b"  \n\t\n\r\n   "], ids=["empty", "newline", "blank"]
+    ("content", "match"),
+    [
+        (b"", "no documents"),
+        (b"\n", "no documents"),
+        (b"  \n\t\n\r\n   ", "no documents"),
+        (None, "cannot read"),
+        (b"emma\nol\xffivia\n", "UTF-8 text .*offset 7"),
+    ],
+    ids=["empty", "newline", "blank", "missing", "undecodable"],
 )
-def test_read_docs_empty_file(tmp_path: Path, content: bytes) -> None:
-    path = _write(tmp_path, content)
-    with pytest.raises(DataError, match="no documents") as info:
+def test_read_docs_errors_name_the_file(tmp_path: Path, content: bytes | None, match: str) -> None:
+    path = tmp_path / "docs.txt" if content is None else _write(tmp_path, content)
+    with pytest.raises(DataError, match=match) as info:
         read_docs(path)
     assert str(path) in str(info.value)
-
-
-def test_read_docs_missing_file(tmp_path: Path) -> None:
-    path = tmp_path / "nope.txt"
-    with pytest.raises(DataError, match="cannot read") as info:
-        read_docs(path)
-    assert "nope.txt" in str(info.value)
-
-
-def test_read_docs_directory(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="cannot read"):
-        read_docs(tmp_path)
-
-
-def test_read_docs_undecodable_bytes(tmp_path: Path) -> None:
-    path = _write(tmp_path, b"emma\nol\xffivia\n")
-    with pytest.raises(DataError, match="UTF-8") as info:
-        read_docs(path)
-    assert str(path) in str(info.value)
-    assert "offset 7" in str(info.value)
+        read_docs(tmp_path)  # a directory
+    assert issubclass(DataError, ValueError)
 
 
 def test_read_docs_drops_a_byte_order_mark(tmp_path: Path) -> None:
@@ -114,10 +99,6 @@ def test_read_docs_drops_a_byte_order_mark(tmp_path: Path) -> None:
     assert read_docs(_write(tmp_path, "a\n\ufeffb\n".encode())) == ["a", "\ufeffb"]
 
 
-def test_data_error_is_a_value_error() -> None:
-    assert issubclass(DataError, ValueError)
-
-
 def test_read_docs_names_txt(names_txt: Path) -> None:
     docs = read_docs(names_txt)
     assert len(docs) == 32033
@@ -130,18 +111,8 @@ def test_read_docs_names_txt(names_txt: Path) -> None:
 
 
 # -- default_docs -------------------------------------------------------------------------
-def test_default_docs() -> None:
-    docs = default_docs()
-    assert len(docs) > 100
-    assert all(d and set(d) <= set(string.ascii_lowercase) for d in docs)
-    assert default_docs() == docs
-
-
-def test_default_docs_needs_no_shared_file(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_docs_need_no_shared_file(monkeypatch: pytest.MonkeyPatch) -> None:
     # any attempt to read outside the installed packages (e.g. ../shared/data) fails
-    real_read_text = Path.read_text
-    real_read_bytes = Path.read_bytes
-
     def guarded(real: Callable[..., Any]) -> Callable[..., Any]:
         def read(self: Path, *args: Any, **kwargs: Any) -> Any:
             if "shared" in self.parts or self.name == "names.txt":
@@ -150,79 +121,61 @@ def test_default_docs_needs_no_shared_file(monkeypatch: pytest.MonkeyPatch) -> N
 
         return read
 
-    monkeypatch.setattr(Path, "read_text", guarded(real_read_text))
-    monkeypatch.setattr(Path, "read_bytes", guarded(real_read_bytes))
+    monkeypatch.setattr(Path, "read_text", guarded(Path.read_text))
+    monkeypatch.setattr(Path, "read_bytes", guarded(Path.read_bytes))
     monkeypatch.chdir(Path("/"))
-    assert len(default_docs()) > 100
-
-
-#: Runs default_docs() in a Python where ``mimesis`` cannot be found or imported (a
-#: ``None`` entry in ``sys.modules`` is how Python marks a module as absent) and prints the
-#: DataError's message.
-_WITHOUT_MIMESIS = """
-import sys
-sys.modules["mimesis"] = None
-from microgpt_xp import DataError, default_docs
-try:
-    default_docs()
-except DataError as exc:
-    print(exc)
-else:
-    print("no DataError")
-"""
-
-
-def test_default_docs_without_mimesis() -> None:
-    root = str(Path(__file__).resolve().parent.parent)
-    proc = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_MIMESIS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=root,  # python -c looks in its working directory first: this checkout
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "needs the 'mimesis' package: pip install mimesis" in proc.stdout, proc.stdout
+    docs = default_docs()
+    assert len(docs) > 100
+    assert all(d and set(d) <= set(string.ascii_lowercase) for d in docs)
+    assert default_docs() == docs
+    monkeypatch.setitem(sys.modules, "mimesis", None)  # how Python marks a module absent
+    with pytest.raises(DataError, match=r"needs the 'mimesis' package: pip install mimesis"):
+        default_docs()
 
 
 # -- Tokenizer ------------------------------------------------------------------------------
-def test_tokenizer_sorted_chars_and_bos() -> None:
+def test_tokenizer_matches_the_spec_and_round_trips() -> None:
     tok = Tokenizer.from_docs(["cab", "bad", "zz"])
-    assert tok.chars == ["a", "b", "c", "d", "z"]
-    assert tok.bos == 5
-    assert tok.vocab_size == 6
+    assert (tok.chars, tok.bos, tok.vocab_size) == (["a", "b", "c", "d", "z"], 5, 6)
     assert tok.encode("zadcb") == [4, 0, 3, 2, 1]
     assert tok.encode("") == []
-
-
-def test_tokenizer_matches_the_spec() -> None:
-    docs = ["emma", "olivia", "ava", "isabella", "sophia"]
+    docs = ["emma", "olivia", "ava", "isabella", "sophia", "zoë", "a b"]
     uchars = sorted(set("".join(docs)))
     tok = Tokenizer.from_docs(docs)
     assert tok.chars == uchars
     assert tok.bos == len(uchars)
     for doc in docs:
         assert tok.encode_doc(doc) == [len(uchars)] + [uchars.index(c) for c in doc] + [len(uchars)]
-
-
-def test_tokenizer_round_trip() -> None:
-    docs = ["hello", "world", "zoë", "a b"]
-    tok = Tokenizer.from_docs(docs)
-    for doc in docs:
         assert tok.decode(tok.encode(doc)) == doc
         assert tok.decode(tok.encode_doc(doc)) == doc
-    ids = np.array(tok.encode_doc("hello"), dtype=np.int64)
-    assert tok.decode(ids) == "hello"
+    assert tok.decode(np.array(tok.encode_doc("sophia"), dtype=np.int64)) == "sophia"
+    back = Tokenizer.from_dict(json.loads(json.dumps(tok.to_dict())))
+    assert back == tok and hash(back) == hash(tok) and back.chars == tok.chars
+    assert back.encode("zoë") == tok.encode("zoë")
+    assert Tokenizer.from_docs(["abc"]) != tok
 
 
-def test_tokenizer_unknown_character() -> None:
+def test_tokenizer_errors() -> None:
     tok = Tokenizer.from_docs(["abc"])
     with pytest.raises(ValueError, match="'q'") as info:
         tok.encode("abqc")
     assert "abqc" in str(info.value)
     with pytest.raises(ValueError, match="'Q'"):
         tok.encode_doc("Q")
+    for bad in (4, -1, 100):
+        with pytest.raises(ValueError, match=str(bad)):
+            tok.decode([0, bad])
+    with pytest.raises(ValueError, match="at least one"):
+        Tokenizer([])
+    with pytest.raises(ValueError, match="single"):
+        Tokenizer(["ab", "c"])
+    tok = Tokenizer("ab")
+    with pytest.raises(ValueError, match="token id 3 is outside"):
+        tok.decode_rows(np.array([[0, 3]]))
+    with pytest.raises(ValueError, match="token id -1 is outside"):
+        tok.decode_rows(np.array([[-1, 0]]))
+    with pytest.raises(ValueError, match=r"\(N, T\) array"):
+        tok.decode_rows(np.array([0, 1]))
 
 
 def test_an_error_quotes_a_short_prefix_of_a_long_document() -> None:
@@ -238,33 +191,6 @@ def test_an_error_quotes_a_short_prefix_of_a_long_document() -> None:
     assert len(str(info.value)) < 200
 
 
-def test_tokenizer_decode_out_of_range() -> None:
-    tok = Tokenizer.from_docs(["abc"])
-    for bad in (4, -1, 100):
-        with pytest.raises(ValueError, match=str(bad)):
-            tok.decode([0, bad])
-
-
-def test_tokenizer_bad_chars() -> None:
-    with pytest.raises(ValueError, match="at least one"):
-        Tokenizer([])
-    with pytest.raises(ValueError, match="single"):
-        Tokenizer(["ab", "c"])
-
-
-def test_tokenizer_dict_round_trip() -> None:
-    import json
-
-    tok = Tokenizer.from_docs(["zebra", "apple", "ñu"])
-    d = json.loads(json.dumps(tok.to_dict()))
-    back = Tokenizer.from_dict(d)
-    assert back == tok
-    assert hash(back) == hash(tok)
-    assert back.chars == tok.chars
-    assert back.encode("ñu") == tok.encode("ñu")
-    assert Tokenizer.from_docs(["abc"]) != tok
-
-
 def test_decode_rows_equals_decode_of_each_row() -> None:
     tok = Tokenizer("abcñ")
     bos = tok.bos
@@ -278,16 +204,6 @@ def test_decode_rows_equals_decode_of_each_row() -> None:
     assert tok.decode_rows(np.zeros((2, 0), dtype=np.int64)) == ["", ""]
     nul = Tokenizer("a\0")  # a NUL character is not taken for padding
     assert nul.decode_rows(np.array([[1, 0, 2], [0, 0, 2]])) == ["a\0", "\0\0"]
-
-
-def test_decode_rows_errors() -> None:
-    tok = Tokenizer("ab")
-    with pytest.raises(ValueError, match="token id 3 is outside"):
-        tok.decode_rows(np.array([[0, 3]]))
-    with pytest.raises(ValueError, match="token id -1 is outside"):
-        tok.decode_rows(np.array([[-1, 0]]))
-    with pytest.raises(ValueError, match=r"\(N, T\) array"):
-        tok.decode_rows(np.array([0, 1]))
 
 
 # -- encode_docs ----------------------------------------------------------------------------
@@ -327,6 +243,9 @@ def test_encode_docs_pads_right_with_bos() -> None:
             [bos, 0, 1, 2, 0, 1, bos],
         ],
     )
+    t, lens = take_batch(tokens, lengths, np.array([1, 0]))  # trimmed to the longest
+    np.testing.assert_array_equal(lens, [3, 4])
+    np.testing.assert_array_equal(t, tokens[[1, 0], :4])
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 3, 5, 6, 7, 16])
@@ -341,14 +260,6 @@ def test_encode_docs_truncates_like_the_spec(block_size: int) -> None:
         np.testing.assert_array_equal(tokens[i, : n + 1], full[: n + 1])
         assert np.all(tokens[i, n + 1 :] == tok.bos)
     assert tokens.shape[1] == int(lengths.max()) <= block_size + 1
-
-
-def test_encode_docs_errors() -> None:
-    tok = Tokenizer.from_docs(["ab"])
-    with pytest.raises(DataError, match="no documents"):
-        encode_docs(tok, [], 16)
-    with pytest.raises(ValueError, match="'z'"):
-        encode_docs(tok, ["ab", "az"], 16)
 
 
 def test_encoding_memory_follows_what_the_block_size_keeps() -> None:
@@ -370,6 +281,10 @@ def test_encoding_memory_follows_what_the_block_size_keeps() -> None:
 
 
 def test_only_the_characters_kept_must_be_in_the_vocabulary() -> None:
+    with pytest.raises(DataError, match="no documents"):
+        encode_docs(Tokenizer.from_docs(["ab"]), [], 16)
+    with pytest.raises(ValueError, match="'z'"):
+        encode_docs(Tokenizer.from_docs(["ab"]), ["ab", "az"], 16)
     tok = Tokenizer.from_docs(["abc"])
     tokens, lengths = encode_docs(tok, ["abcq", "ab"], block_size=3)  # 'q' is cut off
     assert tok.decode(tokens[0]) == "abc" and lengths.tolist() == [4, 4]
@@ -377,26 +292,24 @@ def test_only_the_characters_kept_must_be_in_the_vocabulary() -> None:
         encode_docs(tok, ["abqc"], block_size=3)
 
 
-def test_take_batch_trims_to_longest() -> None:
-    tok = Tokenizer.from_docs(["abcdef"])
-    tokens, lengths = encode_docs(tok, ["a", "abcdef", "ab"], 16)
-    t, lens = take_batch(tokens, lengths, np.array([2, 0]))
-    np.testing.assert_array_equal(lens, [4, 3])
-    np.testing.assert_array_equal(t, tokens[[2, 0], :4])
-
-
 # -- batch_indices ----------------------------------------------------------------------------
-def test_batch_indices_deterministic() -> None:
+def test_batch_indices_depend_only_on_their_arguments() -> None:
     a = [batch_indices(10, 3, s, seed=7) for s in range(8)]
-    b = [batch_indices(10, 3, s, seed=7) for s in range(8)]
-    for x, y in zip(a, b, strict=True):
-        np.testing.assert_array_equal(x, y)
+    for s, x in reversed(list(enumerate(a))):  # no hidden state: in any order, the same
+        np.testing.assert_array_equal(batch_indices(10, 3, s, seed=7), x)
     c = [batch_indices(10, 3, s, seed=8) for s in range(8)]
     assert any(not np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+    for s in range(20):
+        idx = batch_indices(13, 5, s, seed=0)
+        assert idx.shape == (5,)
+        assert np.issubdtype(idx.dtype, np.integer)
+        assert idx.min() >= 0 and idx.max() < 13
 
 
-@pytest.mark.parametrize(("num_docs", "batch_size"), [(12, 4), (10, 3), (7, 7), (5, 1)])
+@pytest.mark.parametrize(("num_docs", "batch_size"), [(12, 4), (10, 3), (7, 7), (5, 1), (10, 4)])
 def test_batch_indices_each_doc_once_per_epoch(num_docs: int, batch_size: int) -> None:
+    """Epochs are read in order across batches: (10, 4)'s step 2 takes the last 2 of epoch
+    0 and the first 2 of epoch 1."""
     epochs = 3
     steps = -(-epochs * num_docs // batch_size)
     stream = np.concatenate([batch_indices(num_docs, batch_size, s, seed=1) for s in range(steps)])
@@ -412,39 +325,10 @@ def test_batch_indices_each_doc_once_per_epoch(num_docs: int, batch_size: int) -
     )
 
 
-def test_batch_indices_crosses_epoch_boundary() -> None:
-    # 10 docs, batches of 4: step 2 takes the last 2 of epoch 0 and the first 2 of epoch 1
-    e0 = np.concatenate([batch_indices(10, 4, s, seed=3) for s in range(2)])
-    b2 = batch_indices(10, 4, 2, seed=3)
-    b3 = batch_indices(10, 4, 3, seed=3)
-    assert sorted(np.concatenate([e0, b2[:2]]).tolist()) == list(range(10))
-    assert sorted(np.concatenate([b2[2:], b3, batch_indices(10, 4, 4, seed=3)[:4]]).tolist()) == (
-        list(range(10))
-    )
-
-
-def test_batch_indices_are_valid_ids() -> None:
-    for s in range(20):
-        idx = batch_indices(13, 5, s, seed=0)
-        assert idx.shape == (5,)
-        assert np.issubdtype(idx.dtype, np.integer)
-        assert idx.min() >= 0 and idx.max() < 13
-
-
-def test_batch_indices_depends_only_on_its_arguments() -> None:
-    # no hidden state: asking for step 5 first gives the same as asking after steps 0..4
-    late = batch_indices(9, 2, 5, seed=4)
-    for s in range(5):
-        batch_indices(9, 2, s, seed=4)
-    np.testing.assert_array_equal(batch_indices(9, 2, 5, seed=4), late)
-
-
-@pytest.mark.parametrize("batch_size", [0, -3])
-def test_batch_indices_bad_batch_size(batch_size: int) -> None:
-    with pytest.raises(DataError, match="batch size"):
-        batch_indices(10, batch_size, 0, seed=0)
-
-
-def test_batch_indices_corpus_smaller_than_batch() -> None:
-    with pytest.raises(DataError, match=r"3 documents.*batch size 4"):
-        batch_indices(3, 4, 0, seed=0)
+@pytest.mark.parametrize(
+    ("num_docs", "batch_size", "match"),
+    [(10, 0, "batch size"), (10, -3, "batch size"), (3, 4, r"3 documents.*batch size 4")],
+)
+def test_batch_indices_errors(num_docs: int, batch_size: int, match: str) -> None:
+    with pytest.raises(DataError, match=match):
+        batch_indices(num_docs, batch_size, 0, seed=0)

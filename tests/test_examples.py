@@ -50,18 +50,8 @@ def _only(backend_name: str) -> None:
 
 
 def test_numpy_quickstart(tmp_path: Path) -> None:
-    out = _ok(
-        run_example(
-            "numpy_quickstart.py",
-            "--steps",
-            "30",
-            "--batch-size",
-            "8",
-            "--samples",
-            "3",
-            cwd=tmp_path,
-        )
-    )
+    args = ["--steps", "30", "--batch-size", "8", "--samples", "3"]
+    out = _ok(run_example("numpy_quickstart.py", *args, cwd=tmp_path))
     head = re.search(r"^(\d+) docs, vocab (\d+), (\d+) params$", out, re.M)
     assert head, out
     vocab, num_params = int(head[2]), int(head[3])
@@ -137,18 +127,8 @@ def test_cupy_example_skips_when_the_gpu_is_unavailable(tmp_path: Path) -> None:
 @pytest.mark.parametrize("backend", ["cupy"], indirect=True)
 def test_cupy_train_on_gpu(backend, tmp_path: Path) -> None:
     _only("cupy")
-    out = _ok(
-        run_example(
-            "cupy_train.py",
-            "--steps",
-            "20",
-            "--batch-size",
-            "32",
-            "--samples",
-            "3",
-            cwd=tmp_path,
-        )
-    )
+    args = ["--steps", "20", "--batch-size", "32", "--samples", "3"]
+    out = _ok(run_example("cupy_train.py", *args, cwd=tmp_path))
     assert "trained 20 steps on" in out
     first, last = map(float, re.search(r"^loss (\S+) -> (\S+)$", out, re.M).groups())
     assert last < first

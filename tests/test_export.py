@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from xp_testing import xp_assert_close
 
 import microgpt_xp as mx
 from microgpt_xp.params import Params
@@ -42,9 +43,8 @@ def exported(config: mx.GPTConfig, dtype: str, graph: str) -> tuple[Params, Any,
 
 
 def assert_close(got: np.ndarray, want: np.ndarray, dtype: str) -> None:
-    assert got.dtype == want.dtype == np.dtype(dtype)
-    err = float(np.max(np.abs(got - want)))
-    assert err <= TOL[dtype] * float(np.max(np.abs(want))), err
+    assert want.dtype == np.dtype(dtype)
+    xp_assert_close(got, want, rtol=TOL[dtype])
 
 
 def check_forward(config: mx.GPTConfig, dtype: str, b: int, t: int, seed: int) -> None:
@@ -62,16 +62,19 @@ def check_forward(config: mx.GPTConfig, dtype: str, b: int, t: int, seed: int) -
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("b", [1, 3, 64, 1024])
-def test_forward_equals_numpy_default_model(dtype: str, b: int) -> None:
-    for t in range(1, DEFAULT.block_size + 1):
-        check_forward(DEFAULT, dtype, b, t, seed=100 * b + t)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_forward_equals_numpy_bigger_model(dtype: str) -> None:
-    for b, t in [(1, 64), (3, 1), (64, 33), (1024, 2)]:
-        check_forward(BIG, dtype, b, t, seed=b + t)
+@pytest.mark.parametrize(
+    ("config", "sizes"),
+    [
+        *[(DEFAULT, [(b, t) for t in range(1, DEFAULT.block_size + 1)]) for b in (1, 3, 64, 1024)],
+        (BIG, [(1, 64), (3, 1), (64, 33), (1024, 2)]),
+    ],
+    ids=["default-b1", "default-b3", "default-b64", "default-b1024", "bigger"],
+)
+def test_forward_equals_numpy(
+    config: mx.GPTConfig, sizes: list[tuple[int, int]], dtype: str
+) -> None:
+    for b, t in sizes:
+        check_forward(config, dtype, b, t, seed=100 * b + t)
 
 
 def test_graphs_fix_no_batch_and_no_time() -> None:
@@ -200,14 +203,12 @@ def test_onnx_sample_gives_the_names_of_mx_sample(tmp_path: Path) -> None:
         )
 
 
-def test_onnx_sample_refuses_a_forward_graph() -> None:
+def test_onnx_sample_main_and_refusal(capsys: pytest.CaptureFixture[str]) -> None:
+    example = load_example()
     _, _, session = exported(DEFAULT, "float32", "forward")
     with pytest.raises(ValueError, match="not a decode graph"):
-        load_example().decode_rows(session, DEFAULT.vocab_size - 1, np.zeros((1, 16)), 0.5)
-
-
-def test_onnx_sample_main(capsys: pytest.CaptureFixture[str]) -> None:
-    assert load_example().main(["--steps", "20", "--samples", "3", "--seed", "4"]) == 0
+        example.decode_rows(session, DEFAULT.vocab_size - 1, np.zeros((1, 16)), 0.5)
+    assert example.main(["--steps", "20", "--samples", "3", "--seed", "4"]) == 0
     out = capsys.readouterr().out
     assert len([line for line in out.splitlines() if line.startswith("sample ")]) == 3
     assert "the names of microgpt_xp.sample: True" in out

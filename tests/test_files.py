@@ -87,7 +87,6 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-# -- concurrent writers -----------------------------------------------------------------
 def test_concurrent_writers_of_one_file_never_break_each_other(tmp_path: Path) -> None:
     path = tmp_path / "nb.npz"
     tags = ["a", "b", "c"]
@@ -162,7 +161,6 @@ def test_a_temporary_in_flight_in_this_process_is_not_removed(tmp_path: Path) ->
     assert _leftovers(tmp_path) == []
 
 
-# -- the streaming writer ---------------------------------------------------------------------
 def test_atomic_open_writes_text_and_bytes(tmp_path: Path) -> None:
     with atomic_open(tmp_path / "a.txt") as f:
         f.write("héllo\n")
@@ -171,7 +169,7 @@ def test_atomic_open_writes_text_and_bytes(tmp_path: Path) -> None:
         g.write(b"\x00\x01")
     assert (tmp_path / "sub" / "b.bin").read_bytes() == b"\x00\x01"
     with pytest.raises(ValueError, match="mode"):
-        atomic_open(tmp_path / "c.txt", "a")  # type: ignore[call-overload]
+        atomic_open(tmp_path / "c.txt", "a")
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
@@ -185,17 +183,6 @@ def test_a_failed_block_leaves_the_old_file(tmp_path: Path, error: type[BaseExce
     assert sorted(p.name for p in tmp_path.iterdir()) == ["names.txt"]
 
 
-def test_atomic_open_into_a_missing_folder(tmp_path: Path) -> None:
-    path = tmp_path / "no" / "names.txt"
-    with (
-        pytest.raises(NotWritableError, match="does not exist"),
-        atomic_open(path, make_parents=False),
-    ):
-        pass
-    assert not path.parent.exists()
-
-
-# -- claims ---------------------------------------------------------------------------------
 def test_of_runs_claiming_one_new_path_together_exactly_one_proceeds(tmp_path: Path) -> None:
     path = tmp_path / "run.ckpt"
     tags = ["p", "q", "r", "s"]
@@ -252,12 +239,6 @@ def test_the_claim_of_a_killed_run_does_not_block_the_next(tmp_path: Path) -> No
     assert _leftovers(tmp_path) == []
 
 
-def test_a_claim_checks_the_path_first(tmp_path: Path) -> None:
-    with pytest.raises(NotWritableError, match="is a folder"):
-        claim(tmp_path)
-
-
-# -- checks before the work ------------------------------------------------------------------
 def test_check_writable_accepts_a_new_path_and_makes_its_folders(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "run.ckpt"
     assert check_writable(path) == path
@@ -268,25 +249,26 @@ def test_check_writable_accepts_a_new_path_and_makes_its_folders(tmp_path: Path)
     assert _leftovers(path.parent) == [] and _leftovers(tmp_path) == []
 
 
-def test_check_writable_refuses_a_folder(tmp_path: Path) -> None:
+def test_what_a_save_could_not_write_is_refused_first(tmp_path: Path) -> None:
+    """A folder, a path under a regular file, a missing folder not to be made: by
+    check_writable, by a claim and by atomic_open before its block runs."""
     with pytest.raises(NotWritableError, match="it is a folder") as info:
         check_writable(tmp_path)
     assert str(tmp_path) in str(info.value) and "\n" not in str(info.value)
-
-
-def test_check_writable_refuses_a_path_under_a_regular_file(tmp_path: Path) -> None:
+    with pytest.raises(NotWritableError, match="is a folder"):
+        claim(tmp_path)
     (tmp_path / "data.txt").write_text("abc\n")
     for path in (tmp_path / "data.txt" / "run.ckpt", tmp_path / "data.txt" / "sub" / "run.ckpt"):
         with pytest.raises(NotWritableError, match=r"data\.txt' is a file, not a folder"):
             check_writable(path)
     assert (tmp_path / "data.txt").read_text() == "abc\n"
-
-
-def test_check_writable_refuses_a_missing_folder_when_told_not_to_make_it(
-    tmp_path: Path,
-) -> None:
     with pytest.raises(NotWritableError, match="does not exist"):
         check_writable(tmp_path / "no" / "x.txt", make_parents=False)
+    with (
+        pytest.raises(NotWritableError, match="does not exist"),
+        atomic_open(tmp_path / "no" / "names.txt", make_parents=False),
+    ):
+        pass
     assert not (tmp_path / "no").exists()
 
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from xp_testing import assert_params_equal, xp_assert_close
 
 from microgpt_xp import GPTConfig, KVCache, Params, decode_step, forward, init_params
+from microgpt_xp.model import decode_hidden
 from microgpt_xp.params import INIT_STD
 
 # on JAX these run under jax.jit, on Dask without a compute (conftest's backend fixture);
@@ -85,6 +86,18 @@ def to_backend(backend: Any, tokens: np.ndarray, lengths: np.ndarray) -> tuple[A
     return backend.asarray(tokens, dtype="int64"), backend.asarray(lengths, dtype="int64")
 
 
+def assert_rows_match_reference(
+    logits: Any, params: Params, tokens: np.ndarray, lengths: np.ndarray, seed: int, dtype: str
+) -> None:
+    """The real positions of each row of ``logits`` equal the oracle's logits of that row."""
+    for row in range(tokens.shape[0]):
+        n = int(lengths[row])
+        ids = tuple(int(i) for i in tokens[row, :n])
+        want = ref_logits(params.config, seed, dtype, ids)
+        what = f"row {row}"
+        xp_assert_close(logits[row, :n, :], want, rtol=RTOL[dtype], like=params.wte, what=what)
+
+
 # -- forward against the oracle ----------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("config_name", list(CONFIGS))
@@ -96,12 +109,7 @@ def test_forward_matches_reference(backend: Any, config_name: str, dtype: str) -
     tokens, lengths = random_batch(rng, config, b=5, width=config.block_size)
     logits = forward(params, *to_backend(backend, tokens, lengths))
     assert tuple(logits.shape) == (5, config.block_size, config.vocab_size)
-    for row in range(tokens.shape[0]):
-        n = int(lengths[row])
-        expected = ref_logits(config, seed, dtype, tuple(int(i) for i in tokens[row, :n]))
-        xp_assert_close(
-            logits[row, :n, :], expected, rtol=RTOL[dtype], like=params.wte, what=f"row {row}"
-        )
+    assert_rows_match_reference(logits, params, tokens, lengths, seed, dtype)
 
 
 def test_forward_default_lengths_are_full(backend: Any) -> None:
@@ -110,11 +118,8 @@ def test_forward_default_lengths_are_full(backend: Any) -> None:
     params = params_on(backend, config, 3, "float64")
     tokens = np.random.default_rng(2).integers(0, config.vocab_size, size=(3, config.block_size))
     logits = forward(params, backend.asarray(tokens, dtype="int64"))
-    for row in range(3):
-        expected = ref_logits(config, 3, "float64", tuple(int(i) for i in tokens[row]))
-        xp_assert_close(
-            logits[row, :, :], expected, rtol=RTOL["float64"], like=params.wte, what=f"row {row}"
-        )
+    full = np.full(3, config.block_size)
+    assert_rows_match_reference(logits, params, tokens, full, 3, "float64")
 
 
 @st.composite
@@ -142,12 +147,7 @@ def test_forward_matches_reference_random_batches(
     tokens, lengths = batch
     params = params_on(backend, config, 11, "float64")
     logits = forward(params, *to_backend(backend, tokens, lengths))
-    for row in range(tokens.shape[0]):
-        n = int(lengths[row])
-        expected = ref_logits(config, 11, "float64", tuple(int(i) for i in tokens[row, :n]))
-        xp_assert_close(
-            logits[row, :n, :], expected, rtol=RTOL["float64"], like=params.wte, what=f"row {row}"
-        )
+    assert_rows_match_reference(logits, params, tokens, lengths, 11, "float64")
 
 
 # -- the KV-cache decoder ------------------------------------------------------------------------
@@ -200,6 +200,28 @@ def test_decode_step_matches_forward(backend: Any, config_name: str, dtype: str)
                 like=params.wte,
                 what=f"row {row} pos {pos} against the oracle",
             )
+
+
+def test_the_in_place_cache_write_equals_the_functional_one(backend: Any) -> None:
+    """The sampler's cache (a Python-int position: written in place where the arrays can
+    be) gives the hidden states and buffers of the pure one, whose inputs stay unchanged."""
+    config = CONFIGS["two_layers"]
+    params = params_on(backend, config, 5, "float64")
+    tokens = np.random.default_rng(7).integers(0, config.vocab_size, (3, config.block_size))
+    pure, other = KVCache.zeros(params, 3), KVCache.zeros(params, 3)
+    fast = KVCache(other.keys, other.values, 0)
+    rtol = 0.0 if backend.name == "numpy" else RTOL["float64"]
+    for pos in range(config.block_size):
+        ids = backend.asarray(tokens[:, pos], "int64")
+        before = backend.to_numpy(pure.keys[0]).copy()
+        x_pure, new_pure = decode_hidden(params, ids, pure)
+        np.testing.assert_array_equal(backend.to_numpy(pure.keys[0]), before)
+        x_fast, fast = decode_hidden(params, ids, fast)
+        assert fast.pos == pos + 1 and isinstance(fast.pos, int)
+        xp_assert_close(x_fast, x_pure, rtol=rtol, what=f"x at {pos}")
+        pure = new_pure
+    for got, want in zip(fast.keys + fast.values, pure.keys + pure.values, strict=True):
+        xp_assert_close(got, want, rtol=rtol, what="buffers")
 
 
 # -- padding and batch invariances ---------------------------------------------------------------

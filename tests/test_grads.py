@@ -63,6 +63,21 @@ def check_directional(
             assert rel <= FD_RTOL, f"d/d{name}: fd {fd!r} vs analytic {analytic!r} (rel {rel:.2e})"
 
 
+def check_block(
+    backend: Any,
+    run: Callable[[dict[str, np.ndarray]], Any],
+    grads: Any,
+    inputs: dict[str, np.ndarray],
+    weight: np.ndarray,
+    rng: np.random.Generator,
+) -> None:
+    """:func:`check_directional` of ``sum(run(inputs)[0] * weight)`` against ``grads``, the
+    backward's gradients (arrays of the backend) in the order of ``inputs``."""
+    host = {name: backend.to_numpy(g) for name, g in zip(inputs, grads, strict=True)}
+    f = lambda x: float(np.sum(backend.to_numpy(run(x)[0]) * weight))  # noqa: E731
+    check_directional(f, inputs, host, rng)
+
+
 # -- each block alone ------------------------------------------------------------------------------
 def test_embedding_block(backend: Any) -> None:
     rng = np.random.default_rng(0)
@@ -74,21 +89,18 @@ def test_embedding_block(backend: Any) -> None:
     weight = rng.standard_normal((b, t, c))
     tok = backend.asarray(tokens, dtype="int64")
 
-    def f(x: dict[str, np.ndarray]) -> float:
-        e, _ = L.embedding_forward(
-            tok, backend.asarray(x["wte"], "float64"), backend.asarray(x["wpe"], "float64")
-        )
-        return float(np.sum(backend.to_numpy(e) * weight))
+    def run(x: dict[str, np.ndarray]) -> tuple[Any, Any]:
+        wte, wpe = (backend.asarray(x[n], "float64") for n in ("wte", "wpe"))
+        return L.embedding_forward(tok, wte, wpe)
 
-    wte = backend.asarray(inputs["wte"], "float64")
-    e, cache = L.embedding_forward(tok, wte, backend.asarray(inputs["wpe"], "float64"))
+    e, cache = run(inputs)
     expected = inputs["wte"][tokens] + inputs["wpe"][None, :t, :]
-    xp_assert_close(e, expected, rtol=0, like=wte, what="embedding")
+    like = backend.asarray(inputs["wte"], "float64")
+    xp_assert_close(e, expected, rtol=0, like=like, what="embedding")
     dwte, dwpe = L.embedding_backward(backend.asarray(weight, "float64"), cache)
-    grads = {"wte": backend.to_numpy(dwte), "wpe": backend.to_numpy(dwpe)}
-    assert (grads["wte"][5:] == 0).all(), "unused token rows must get exactly zero gradient"
-    assert (grads["wpe"][t:] == 0).all(), "unused position rows must get exactly zero gradient"
-    check_directional(f, inputs, grads, rng)
+    assert (backend.to_numpy(dwte)[5:] == 0).all(), "unused token rows: exactly zero gradient"
+    assert (backend.to_numpy(dwpe)[t:] == 0).all(), "unused position rows: exactly zero gradient"
+    check_block(backend, run, (dwte, dwpe), inputs, weight, rng)
 
 
 def test_linear_block(backend: Any) -> None:
@@ -104,11 +116,8 @@ def test_linear_block(backend: Any) -> None:
     y, cache = run(inputs)
     like = backend.asarray(inputs["x"], "float64")
     xp_assert_close(y, inputs["x"] @ inputs["w"].T, rtol=1e-15, like=like, what="y")
-    dx, dw = L.linear_backward(backend.asarray(weight, "float64"), cache)
-    grads = {"x": backend.to_numpy(dx), "w": backend.to_numpy(dw)}
-    check_directional(
-        lambda x: float(np.sum(backend.to_numpy(run(x)[0]) * weight)), inputs, grads, rng
-    )
+    grads = L.linear_backward(backend.asarray(weight, "float64"), cache)
+    check_block(backend, run, grads, inputs, weight, rng)
 
 
 def test_rmsnorm_block(backend: Any) -> None:
@@ -118,19 +127,14 @@ def test_rmsnorm_block(backend: Any) -> None:
     x[2] *= 40.0
     weight = rng.standard_normal((5, 8))
 
-    def run(x: np.ndarray) -> tuple[Any, Any]:
-        return L.rmsnorm_forward(backend.asarray(x, "float64"), x.shape[-1])
+    def run(d: dict[str, np.ndarray]) -> tuple[Any, Any]:
+        return L.rmsnorm_forward(backend.asarray(d["x"], "float64"), x.shape[-1])
 
-    y, cache = run(x)
+    y, cache = run({"x": x})
     expected = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-5)
     xp_assert_close(y, expected, rtol=1e-15, like=backend.asarray(x, "float64"), what="y")
-    dx = backend.to_numpy(L.rmsnorm_backward(backend.asarray(weight, "float64"), cache))
-    check_directional(
-        lambda d: float(np.sum(backend.to_numpy(run(d["x"])[0]) * weight)),
-        {"x": x},
-        {"x": dx},
-        rng,
-    )
+    dx = L.rmsnorm_backward(backend.asarray(weight, "float64"), cache)
+    check_block(backend, run, (dx,), {"x": x}, weight, rng)
 
 
 def test_relu_block(backend: Any) -> None:
@@ -139,20 +143,15 @@ def test_relu_block(backend: Any) -> None:
     x = rng.choice([-1.0, 1.0], size=(6, 7)) * rng.uniform(0.1, 2.0, size=(6, 7))
     weight = rng.standard_normal((6, 7))
 
-    def run(x: np.ndarray) -> tuple[Any, Any]:
-        return P.relu(backend.asarray(x, "float64"))
+    def run(d: dict[str, np.ndarray]) -> tuple[Any, Any]:
+        return P.relu(backend.asarray(d["x"], "float64"))
 
-    y, cache = run(x)
+    y, cache = run({"x": x})
     like = backend.asarray(x, "float64")
     xp_assert_close(y, np.maximum(x, 0.0), rtol=0, like=like, what="y")
     dx = P.relu_backward(backend.asarray(weight, "float64"), cache)
     xp_assert_close(dx, weight * (x > 0), rtol=0, like=like, what="dx")
-    check_directional(
-        lambda d: float(np.sum(backend.to_numpy(run(d["x"])[0]) * weight)),
-        {"x": x},
-        {"x": backend.to_numpy(dx)},
-        rng,
-    )
+    check_block(backend, run, (dx,), {"x": x}, weight, rng)
     # the derivative at exactly 0 is 0 (the spec's relu)
     zeros = backend.asarray(np.zeros((1, 3)), "float64")
     y0, mask = P.relu(zeros)
@@ -191,11 +190,8 @@ def test_attend_block(backend: Any, tq: int, tk: int, causal: bool) -> None:
     expected = _numpy_attention(inputs["q"], inputs["k"], inputs["v"], causal)
     like = backend.asarray(inputs["q"], "float64")
     xp_assert_close(y, expected, rtol=1e-14, like=like, what="attention output")
-    dq, dk, dv = P.attention_backward(backend.asarray(weight, "float64"), cache)
-    grads = {"q": backend.to_numpy(dq), "k": backend.to_numpy(dk), "v": backend.to_numpy(dv)}
-    check_directional(
-        lambda x: float(np.sum(backend.to_numpy(run(x)[0]) * weight)), inputs, grads, rng
-    )
+    grads = P.attention_backward(backend.asarray(weight, "float64"), cache)
+    check_block(backend, run, grads, inputs, weight, rng)
 
 
 def test_causal_attention_block(backend: Any) -> None:
@@ -204,10 +200,10 @@ def test_causal_attention_block(backend: Any) -> None:
     qkv = 1.5 * rng.standard_normal((b, t, 3 * c))
     weight = rng.standard_normal((b, t, c))
 
-    def run(x: np.ndarray) -> tuple[Any, Any]:
-        return P.causal_attention(backend.asarray(x, "float64"), n_head, c // n_head)
+    def run(d: dict[str, np.ndarray]) -> tuple[Any, Any]:
+        return P.causal_attention(backend.asarray(d["qkv"], "float64"), n_head, c // n_head)
 
-    y, cache = run(qkv)
+    y, cache = run({"qkv": qkv})
     heads = [
         np.transpose(qkv[..., i * c : (i + 1) * c].reshape(b, t, n_head, c // n_head), (0, 2, 1, 3))
         for i in range(3)
@@ -215,13 +211,8 @@ def test_causal_attention_block(backend: Any) -> None:
     expected = np.transpose(_numpy_attention(*heads, causal=True), (0, 2, 1, 3)).reshape(b, t, c)
     like = backend.asarray(qkv, "float64")
     xp_assert_close(y, expected, rtol=1e-14, like=like, what="attention output")
-    dqkv = backend.to_numpy(P.causal_attention_backward(backend.asarray(weight, "float64"), cache))
-    check_directional(
-        lambda d: float(np.sum(backend.to_numpy(run(d["qkv"])[0]) * weight)),
-        {"qkv": qkv},
-        {"qkv": dqkv},
-        rng,
-    )
+    dqkv = P.causal_attention_backward(backend.asarray(weight, "float64"), cache)
+    check_block(backend, run, (dqkv,), {"qkv": qkv}, weight, rng)
 
 
 def test_cross_entropy_block(backend: Any) -> None:
@@ -232,21 +223,16 @@ def test_cross_entropy_block(backend: Any) -> None:
     dlosses = rng.uniform(0.1, 1.0, size=n)
     tgt = backend.asarray(targets, dtype="int64")
 
-    def run(x: np.ndarray) -> tuple[Any, Any]:
-        return P.cross_entropy(backend.asarray(x, "float64"), tgt, None)
+    def run(d: dict[str, np.ndarray]) -> tuple[Any, Any]:
+        return P.cross_entropy(backend.asarray(d["logits"], "float64"), tgt, None)
 
-    losses, cache = run(logits)
+    losses, cache = run({"logits": logits})
     shifted = logits - logits.max(axis=-1, keepdims=True)
     expected = np.log(np.exp(shifted).sum(axis=-1)) - shifted[np.arange(n), targets]
     like = backend.asarray(logits, "float64")
     xp_assert_close(losses, expected, rtol=1e-14, like=like, what="losses")
-    dlogits = backend.to_numpy(P.cross_entropy_backward(backend.asarray(dlosses, "float64"), cache))
-    check_directional(
-        lambda d: float(np.sum(backend.to_numpy(run(d["logits"])[0]) * dlosses)),
-        {"logits": logits},
-        {"logits": dlogits},
-        rng,
-    )
+    dlogits = P.cross_entropy_backward(backend.asarray(dlosses, "float64"), cache)
+    check_block(backend, run, (dlogits,), {"logits": logits}, dlosses, rng)
 
 
 # -- the whole model -------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ def test_zero_gradient_weights_keep_moving(backend: Any) -> None:
     assert np.all(s2["wte"][0] < s1["wte"][0])  # momentum keeps the direction of g > 0
 
 
-def test_stepping_past_num_steps(backend: Any) -> None:
+def test_step_errors(backend: Any) -> None:
     params = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float64")
     grads = params.map(lambda a: a * 0.0 + 1.0)
     adam = Adam(params, num_steps=2)
@@ -154,13 +154,15 @@ def test_stepping_past_num_steps(backend: Any) -> None:
     with pytest.raises(ValueError, match=r"taken all its num_steps=2 steps"):
         adam.step(params, grads)
     assert adam.t == 2
-
-
-def test_grads_of_another_config() -> None:
-    params = init_params(CONFIG)
     other = init_params(GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=4, block_size=5))
     with pytest.raises(ValueError, match="different configs"):
         Adam(params).step(params, other)
+    with pytest.raises(ValueError, match=r"t must be an int in \[0, 2\], got 3"):
+        adam.restore(adam.m, adam.v, 3)
+    with pytest.raises(ValueError, match="Adam's moments must be Params of"):
+        adam.restore(other, adam.v, 1)
+    with pytest.raises(TypeError, match="Adam needs a Params"):
+        Adam(params.to_state_dict())  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -182,10 +184,6 @@ def test_grads_of_another_config() -> None:
     ],
 )
 def test_bad_hyperparameters(kwargs: dict[str, Any], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as info:
         Adam(init_params(CONFIG), **kwargs)
-
-
-def test_adam_needs_params() -> None:
-    with pytest.raises(TypeError, match="Adam needs a Params"):
-        Adam(init_params(CONFIG).to_state_dict())  # type: ignore[arg-type]
+    assert info.value.param == next(iter(kwargs))  # type: ignore[attr-defined]

@@ -4,7 +4,6 @@ default block size, and the one record of Adam's hyper-parameters."""
 
 from __future__ import annotations
 
-import inspect
 import multiprocessing
 import subprocess
 import sys
@@ -108,7 +107,9 @@ def test_two_new_runs_on_one_checkpoint_exactly_one_proceeds(tmp_path: Path) -> 
         p.join(120)
     outcomes = sorted(results.get(timeout=5) for _ in runs)
     assert outcomes[1] == "trained", outcomes
-    assert outcomes[0].startswith("refused:") and ("claimed" in outcomes[0] or "exists" in outcomes[0])
+    assert outcomes[0].startswith("refused:") and (
+        "claimed" in outcomes[0] or "exists" in outcomes[0]
+    )
     assert mx.load(path).step == 30
 
 
@@ -180,7 +181,10 @@ def test_prompt_and_top_k() -> None:
         params, tokenizer, 40, seed=1
     )
     greedy = mx.sample(params, tokenizer, 5, seed=1, top_k=1)
-    assert len(set(greedy)) == 1 and greedy[0] == mx.sample(params, tokenizer, 1, temperature=1e-300)[0]
+    assert (
+        len(set(greedy)) == 1
+        and greedy[0] == mx.sample(params, tokenizer, 1, temperature=1e-300)[0]
+    )
     few = mx.sample(params, tokenizer, 200, seed=1, top_k=3, temperature=2.0)
     wide = mx.sample(params, tokenizer, 200, seed=1, temperature=2.0)
     assert len({n[0] for n in few if n}) <= 3 < len({n[0] for n in wide if n})
@@ -200,11 +204,7 @@ def test_the_library_picks_the_block_size_as_the_cli_does() -> None:
     assert mx.train(DOCS[:20], steps=1, batch_size=4).params.config.block_size == 16
 
 
-def test_train_takes_at_most_14_parameters_and_adam_one_record() -> None:
-    named = [
-        p for p in inspect.signature(mx.train).parameters.values() if p.kind != p.VAR_KEYWORD
-    ]
-    assert len(named) <= 14
+def test_adam_takes_one_record_and_train_refuses_unknown_options() -> None:
     config = mx.AdamConfig(lr=0.02, num_steps=10)
     params = mx.init_params(mx.GPTConfig(27))
     assert mx.Adam(params, config).config == config == mx.Adam(params, lr=0.02, num_steps=10).config
@@ -212,13 +212,16 @@ def test_train_takes_at_most_14_parameters_and_adam_one_record() -> None:
         mx.AdamConfig(beta1=1.0)
     with pytest.raises(TypeError, match="unknown Adam hyper-parameters"):
         mx.Adam(params, momentum=0.9)
-    with pytest.raises(TypeError, match="unexpected keyword arguments"):
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
         mx.train(DOCS, steps=1, learning_rate=0.1)  # type: ignore[call-arg]
 
 
 def test_python_dash_m_microgpt_xp_runs_the_cli() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "microgpt_xp", "--version"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "microgpt_xp", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0 and done.stdout.startswith("microgpt-xp ")
 

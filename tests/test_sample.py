@@ -108,13 +108,14 @@ def test_iter_samples_takes_memory_of_a_batch_not_of_all_samples() -> None:
     assert next(ids).shape == (3, CONFIG.block_size)
 
 
-def test_iter_samples_checks_its_arguments_at_the_call() -> None:
+@pytest.mark.parametrize("fn", [sample, iter_samples])
+def test_arguments_are_checked_at_the_call(fn: Any) -> None:
     with pytest.raises(ValueError, match="temperature"):
-        iter_samples(_params(), TOKENIZER, 3, temperature=0)
+        fn(_params(), TOKENIZER, 3, temperature=0)
     with pytest.raises(ValueError, match="batch size"):
-        iter_samples(_params(), TOKENIZER, 3, batch_size=0)
-    with pytest.raises(ValueError, match="tokenizer has 7 ids"):
-        iter_samples(_params(), Tokenizer("abcdef"), 3)
+        fn(_params(), TOKENIZER, 3, batch_size=0)
+    with pytest.raises(ValueError, match="tokenizer has 7 ids but the model 6"):
+        fn(_params(), Tokenizer("abcdef"), 3)
 
 
 def test_seed_changes_the_samples() -> None:
@@ -287,16 +288,6 @@ def test_bad_num_samples(num_samples: Any) -> None:
 def test_bad_temperature(temperature: Any) -> None:
     with pytest.raises(ValueError, match="temperature"):
         sample(_params(), TOKENIZER, 2, temperature=temperature)
-
-
-def test_tokenizer_model_vocab_mismatch() -> None:
-    with pytest.raises(ValueError, match="tokenizer has 7 ids but the model 6"):
-        sample(_params(), Tokenizer("abcdef"), 2)
-
-
-def test_bad_batch_size() -> None:
-    with pytest.raises(ValueError, match="batch size"):
-        sample(_params(), TOKENIZER, 2, batch_size=0)
 
 
 @pytest.mark.parametrize("bos", [-1, CONFIG.vocab_size])

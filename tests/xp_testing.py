@@ -106,4 +106,6 @@ def state_dict_arrays(params: Params) -> dict[str, Any]:
 def _host(x: Any) -> Any:
     if isinstance(x, (list, tuple, float, int, np.ndarray, np.generic)):
         return x
+    if hasattr(x, "unwrap_numpy"):  # ndonnx's eager arrays offer neither DLPack nor __array__
+        return np.asarray(x.unwrap_numpy())
     return _xp.to_numpy(x)

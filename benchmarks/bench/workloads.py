@@ -139,11 +139,9 @@ def ours(case: Case, pkg: str = "microgpt_xp") -> Timed:
     lens = xp.asarray(np.full(case.batch, case.seq_len + 1), case.backend, device=case.device)
     name = f"ours[{case.backend}]"
     if case.workload == "train":
-        if hasattr(optim, "AdamConfig"):  # one record of hyper-parameters
-            hyper = {"optimizer": optim.AdamConfig(num_steps=NUM_STEPS)}
-        else:  # a checkout from before it (--ab)
-            hyper = optim.Adam(params, num_steps=NUM_STEPS).hyperparameters
-        step = functools.partial(model._train_step, reduction="mean", **hyper)
+        # the step train() runs: the private twin where a checkout has one (before issue 30)
+        pure = getattr(model, "_train_step", model.train_step)
+        step = functools.partial(pure, reduction="mean", optimizer=optim.AdamConfig(num_steps=NUM_STEPS))
         step = (xp.compiler(case.backend, None) or (lambda f: f))(step)
         state = {"params": params, "adam": lib.adam_init(params)}
 

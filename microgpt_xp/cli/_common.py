@@ -1,42 +1,29 @@
-"""What the subcommands of ``microgpt-xp`` share: the parser classes and argparse types,
-the options several subcommands take, the checks that must pass before any work starts,
-and the printing of notes, samples and JSON."""
+"""What the subcommands share: every option, declared once (:data:`ARGUMENTS`), the
+table of library arguments and their options, the checks made before any work, and the
+printing of notes, samples and JSON."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import logging
 import math
-import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
-from .._xp import BACKENDS
-
-if TYPE_CHECKING:
-    from ..checkpoint import Checkpoint
-    from ..data import Tokenizer
+from .._xp import BACKENDS, DTYPES
+from ..sample import DEFAULT_BATCH_SIZE
 
 PROG = "microgpt-xp"
-
-# Defaults shared by several subcommands (and compared against in microgpt-exact mode).
-DEFAULT_STEPS = 1000
-DEFAULT_BATCH_SIZE = 32
-DEFAULT_LR = 0.01
-DEFAULT_SEED = 0
-DEFAULT_NUM_SAMPLES = 20
-DEFAULT_TEMPERATURE = 0.5
+SPEC_SHAPE = {"n_layer": 1, "n_embd": 16, "n_head": 4, "block_size": 16}  # the defaults
 
 
 class UsageError(Exception):
     """A combination of options that cannot be used together (exit status 2)."""
 
 
-# -- argument parsing ---------------------------------------------------------------------
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line: ``microgpt-xp: error: ...``."""
 
@@ -46,10 +33,8 @@ class Parser(argparse.ArgumentParser):
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
-    """Keep the line breaks of descriptions and epilogs, and end an option's help with
-    ``(default: VALUE)`` where that says something: not for a required option, a flag, a
-    default of ``None`` (the help says in words what happens then) or a help that already
-    names its default."""
+    """Keep the line breaks of descriptions, and end an option's help with ``(default:
+    VALUE)`` unless it is required, a flag, ``None`` or already said."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -57,24 +42,22 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
             "(default" in text
             or action.required
             or any(action.default is v for v in (None, False, argparse.SUPPRESS))
-            or not action.option_strings
         ):
             return text
         return f"{text} (default: %(default)s)"
 
 
-#: What ``Parser.add_subparsers`` returns; each subcommand module adds its parser to it.
 Subcommands: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
-def int_at_least(minimum: int, what: str) -> Callable[[str], int]:
-    """An argparse ``type=`` for integers ``>= minimum``; ``what`` names them in errors."""
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type=`` for integers ``>= minimum``."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value
@@ -82,8 +65,7 @@ def int_at_least(minimum: int, what: str) -> Callable[[str], int]:
     return parse
 
 
-positive_int = int_at_least(1, "a positive integer")
-nonnegative_int = int_at_least(0, "an integer >= 0")
+positive_int, nonnegative_int = int_at_least(1), int_at_least(0)
 
 
 def positive_float(text: str) -> float:
@@ -97,178 +79,335 @@ def positive_float(text: str) -> float:
     return value
 
 
+def thread_count(text: str) -> int | str:
+    """``--threads``: ``auto``, or a positive count capped (with a note) at the cores this
+    process may use, so that no larger count reaches a native thread pool."""
+    if text == "auto":
+        return text
+    from ..resources import usable_cpus
+
+    value, cpus = positive_int(text), usable_cpus()
+    if value > cpus:
+        note(f"--threads {value}: this process may use {cpus} cores; using {cpus}")
+    return min(value, cpus)
+
+
+def opt(help: str, default: Any = None, type: Any = None, **more: Any) -> dict[str, Any]:
+    """The keywords of ``add_argument`` for an option (``N`` stands for a count)."""
+    if type in (positive_int, nonnegative_int) and "metavar" not in more:
+        more["metavar"] = "N"
+    return {"help": help, "default": default, **({"type": type} if type else {}), **more}
+
+
+def flag(help: str) -> dict[str, Any]:
+    return {"action": "store_true", "help": help}
+
+
+#: Every option of every subcommand, by its ``dest`` (``dest/variant`` where subcommands
+#: differ): the keywords of ``add_argument``.
+ARGUMENTS: dict[str, dict[str, Any]] = {
+    "checkpoint": opt(
+        "checkpoint to load (written by 'microgpt-xp train --checkpoint PATH'; it holds the "
+        "model's shape, weights and tokenizer)",
+        metavar="PATH",
+        required=True,
+    ),
+    "checkpoint/save": opt(
+        "save the run here at the end and every --checkpoint-every steps (a replay: with the "
+        "random state that 'sample --microgpt-exact' continues); an existing file needs "
+        "--resume or --overwrite (default: no checkpoint)",
+        metavar="PATH",
+    ),
+    "data": opt(
+        "UTF-8 text file, one document per line (default: the embedded corpus of names)",
+        metavar="FILE",
+    ),
+    "val_data": opt("held-out documents, one a line", metavar="FILE"),
+    "val_fraction": opt(
+        "hold out this fraction of --data (a split fixed by --seed; a resumed run keeps it)",
+        type=positive_float,
+        metavar="F",
+    ),
+    "eval_every": opt(
+        "score the held-out documents every N steps and after the last (default: a tenth of "
+        "the run)",
+        type=positive_int,
+    ),
+    "backend": opt("array backend", "numpy", choices=BACKENDS),
+    "device": opt("device of the backend, e.g. 'cpu', 'cuda:0' (default: the backend's)"),
+    "dtype": opt("floating dtype of the weights", "float32", choices=DTYPES),
+    "steps": opt(
+        "Adam steps, the length of the learning-rate decay (with --resume, more than a "
+        "finished run took extend it)",
+        1000,
+        positive_int,
+        metavar="STEPS",
+    ),
+    "batch_size": opt("documents per step", 32, positive_int, metavar="BATCH_SIZE"),
+    "batch_size/sample": opt(
+        "samples generated at once: memory grows with it, the names do not depend on it",
+        DEFAULT_BATCH_SIZE,
+        positive_int,
+    ),
+    "lr": opt("initial learning rate", 0.01, positive_float),
+    "seed": opt("seed of the weights, batch order and sampling (sample: of its draws)", 0, int),
+    "checkpoint_every": opt("also save every N steps; 0: only at the end", 0, nonnegative_int),
+    "resume": flag(
+        "continue the run in --checkpoint if that file exists, with its corpus, --seed, "
+        "--batch-size, --lr, --dtype and shape (an option given must match); its --steps, or "
+        "more to extend a finished run"
+    ),
+    "overwrite": flag("replace an existing --checkpoint with a new run"),
+    "chunk_size": opt("dask: documents per task (default: one task a batch)", type=positive_int),
+    "chunk_size/eval": opt(
+        "documents scored at once; on dask, documents per task (default: the most whose "
+        "activations fit the memory budget, at most the fastest measured size)",
+        type=positive_int,
+    ),
+    "memory_budget": opt(
+        "megabytes of activations a chunk may take, without --chunk-size",
+        500,
+        positive_int,
+        metavar="MB",
+    ),
+    "workers": opt(
+        "N processes (not threads) share each batch by rows: this one and N-1 workers it "
+        "spawns (default: this process alone)",
+        type=positive_int,
+    ),
+    "threads": opt(
+        "BLAS threads of this process, at most its cores; 'auto' leaves out the cores other "
+        "processes keep busy (default: chosen for the model's size)",
+        type=thread_count,
+        metavar="N",
+    ),
+    "jit": opt(
+        "compile with the backend's compiler (jax: jax.jit), or run eagerly with --no-jit "
+        "(default: compile where the backend has a compiler)",
+        action=argparse.BooleanOptionalAction,
+    ),
+    "scheduler": opt(
+        "a dask.distributed scheduler to compute on (tcp://host:8786, a scheduler file, or "
+        "'local' for a local cluster); needs --backend dask (default: Dask's threads here)",
+        metavar="ADDRESS",
+    ),
+    "n_layer": opt("transformer blocks (default: 1)", type=positive_int),
+    "n_embd": opt("residual channels, a multiple of --n-head (default: 16)", type=positive_int),
+    "n_head": opt("attention heads (default: 4)", type=positive_int),
+    "block_size": opt(
+        "positions the model reads: longer documents are cut, with a note saying how many "
+        "(replay: 16 unless given) (default: the spec's 16, or the longest document + 1 "
+        "where that is more)",
+        type=positive_int,
+    ),
+    "plot": opt("save the loss curve to FILE (e.g. loss.png; needs matplotlib)", metavar="FILE"),
+    "num_samples": opt("names to sample after training (0: none)", 20, nonnegative_int),
+    "num_samples/sample": opt("names to sample", 20, positive_int, metavar="NUM_SAMPLES"),
+    "temperature": opt("sampling temperature", 0.5, positive_float),
+    "top_k": opt(
+        "draw among the K most likely next characters (default: among all)",
+        type=positive_int,
+        metavar="K",
+    ),
+    "prompt": opt("the start every name continues (printed with it)", metavar="TEXT"),
+    "out/sample": opt(
+        "write the names to FILE, one a line, complete or not at all (a temporary file "
+        "renamed at the end); stdout then gets one summary line (default: stdout)",
+        metavar="FILE",
+    ),
+    "out": opt("file to write ('-': stdout, JSON only)", metavar="FILE", required=True),
+    "format": opt("what to write", "json", choices=("json", "onnx")),
+    "graph": opt(
+        "with --format onnx: the whole-sequence forward or one decoding step (default: forward)",
+        choices=("forward", "decode"),
+    ),
+    "json": flag("print JSON instead of text (train, replay: a summary with the losses)"),
+    "microgpt_exact": flag(
+        "train: replay the original script (see 'microgpt-xp replay --help'); sample: continue "
+        "the random state that 'microgpt-xp replay --checkpoint' saved"
+    ),
+    "newlines": flag("with --microgpt-exact: end step lines with a newline instead of '\\r'"),
+}
+
+#: The option that sets each library argument (``param`` of a user error, ``option`` of
+#: a ``ResumeError``): the one place where a library error gets the command line's words.
+OPTIONS = {
+    **{k.split("/")[0]: "--" + k.split("/")[0].replace("_", "-") for k in ARGUMENTS},
+    **{"docs": "--data", "val_docs": "--val-data", "fraction": "--val-fraction"},
+    **{"num_steps": "--steps", "budget_bytes": "--memory-budget", "address": "--scheduler"},
+}
+
+
 def add_command(sub: Subcommands, name: str, summary: str, description: str) -> Parser:
-    """Add the subcommand ``name`` to ``sub`` (the result of ``add_subparsers``), with
-    ``summary`` in the list of commands and ``description`` atop its ``--help``."""
+    """Add the subcommand ``name`` with ``summary`` and ``description``."""
     return sub.add_parser(name, help=summary, description=description, formatter_class=Formatter)
 
 
-def add_checkpoint_option(p: argparse.ArgumentParser) -> None:
-    """``--checkpoint PATH``, required: the checkpoint to load."""
-    p.add_argument(
-        "--checkpoint",
-        metavar="PATH",
-        required=True,
-        help="checkpoint to load (written by 'microgpt-xp train --checkpoint PATH'; it "
-        "holds the model's shape, weights and tokenizer)",
+def add(p: Any, names: str) -> None:
+    """Add the options ``names`` (keys of :data:`ARGUMENTS`, space-separated) to ``p``."""
+    for name in names.split():
+        p.add_argument(OPTIONS[name.split("/")[0]], **ARGUMENTS[name])
+
+
+def keywords(args: argparse.Namespace, names: str) -> dict[str, Any]:
+    """The options ``names`` (space-separated) as the library keywords of the same name."""
+    return {name: getattr(args, name) for name in names.split()}
+
+
+def shape_of(args: argparse.Namespace, block_size: int | None = None) -> dict[str, int]:
+    """The shape the options give (the spec's where not given, ``block_size`` first),
+    refused in the options' words when ``--n-embd`` is not a multiple of ``--n-head``."""
+    shape = {k: getattr(args, k) or SPEC_SHAPE[k] for k in SPEC_SHAPE}
+    if args.block_size is None and block_size is not None:
+        shape["block_size"] = block_size
+    if shape["n_embd"] % shape["n_head"]:
+        raise UsageError(
+            f"--n-embd {shape['n_embd']} is not a multiple of --n-head {shape['n_head']} "
+            "(each head takes n_embd / n_head channels)"
+        )
+    return shape
+
+
+def note_cut(docs: Sequence[str], size: int, what: str, scored: bool = False) -> None:
+    """Say on stderr how many documents ``what`` (a block size of ``size``) cuts."""
+    from ..data import block_size_for, count_cut
+
+    cut = count_cut(docs, size)
+    then = (
+        f"they are scored on their first {size} characters"
+        if scored
+        else f"training sees only their first {size} characters, never their end "
+        f"(--block-size {block_size_for(docs)} fits the longest)"
     )
-
-
-def add_backend_options(p: argparse.ArgumentParser) -> None:
-    """``--backend`` and ``--device``."""
-    p.add_argument("--backend", choices=BACKENDS, default="numpy", help="array backend")
-    p.add_argument(
-        "--device",
-        default=None,
-        help="device of the backend, e.g. 'cpu', 'cuda:0', 'device1' (array_api_strict) "
-        "(default: the backend's default device)",
-    )
-
-
-def add_workers_option(p: argparse.ArgumentParser) -> None:
-    """``--workers N``: processes that share each batch (``runner=Processes(N)``)."""
-    p.add_argument(
-        "--workers",
-        metavar="N",
-        type=positive_int,
-        default=None,
-        help="N processes (not threads) share each batch by rows: this one and N-1 "
-        "spawned worker processes, ended with the command; the arrays stay on --backend "
-        "(default: this process alone)",
-    )
-
-
-def add_threads_option(p: argparse.ArgumentParser) -> None:
-    """``--threads N``: BLAS threads of this process (``threads=`` of the library)."""
-    p.add_argument(
-        "--threads",
-        metavar="N",
-        type=positive_int,
-        default=None,
-        help="BLAS threads of this process (default: chosen for the model's size, see "
-        "docs/performance.md, Threads)",
-    )
-
-
-def add_jit_option(p: argparse.ArgumentParser) -> None:
-    """``--jit/--no-jit``: ``args.jit`` is ``None`` (the default), ``True`` or ``False``,
-    the ``jit`` argument of the library's functions."""
-    p.add_argument(
-        "--jit",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="compile the computation with the backend's compiler (jax: jax.jit); "
-        "--no-jit runs it eagerly; --jit on a backend without a compiler is an error "
-        "(default: compile where the backend has a compiler)",
-    )
-
-
-def add_scheduler_option(p: argparse.ArgumentParser) -> None:
-    """``--scheduler ADDRESS`` (check it with :func:`check_scheduler`, use it with
-    :func:`dask_client`)."""
-    p.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        default=None,
-        help="a running dask.distributed scheduler to compute on (tcp://host:8786, or the "
-        "JSON file of 'dask scheduler --scheduler-file'; 'local' starts a local cluster); "
-        "only with --backend dask (default: Dask's threads in this process)",
-    )
-
-
-def add_json_option(p: argparse.ArgumentParser, text: str = "print JSON instead of text") -> None:
-    """``--json``, with ``text`` as its help."""
-    p.add_argument("--json", action="store_true", help=text)
+    if cut:
+        note(
+            f"{cut} of {len(docs)} documents are longer than {what} reads whole "
+            f"({size - 1} characters): {then}"
+        )
 
 
 # -- checks before any work ---------------------------------------------------------------
-def check_jit(args: argparse.Namespace) -> None:
-    """Refuse ``--jit`` on a backend without a compiler, before any work."""
-    from .._xp import compiler
+def check_common(args: argparse.Namespace) -> None:
+    """Refuse ``--jit`` without a compiler, ``--scheduler`` off Dask, and a backend or
+    device that is missing, before any work."""
+    from .. import _xp
 
-    if args.jit:
+    if getattr(args, "jit", None):
         try:
-            compiler(args.backend, True)
+            _xp.compiler(args.backend, True)
         except ValueError:
             raise UsageError(
                 f"--jit: backend {args.backend!r} has no compiler; leave --jit out or give --no-jit"
             ) from None
+    chunked = _xp.entry(args.backend).chunked
+    if getattr(args, "scheduler", None) is not None:
+        if not chunked:
+            raise UsageError("--scheduler needs --backend dask")
+        import importlib.util
+
+        if importlib.util.find_spec("distributed") is None:
+            raise ImportError(f"--scheduler needs dask.distributed: {_xp.entry('dask').install}")
+    try:
+        _xp.resolve_device(args.backend, args.device)
+    except RuntimeError as exc:  # torch.device("bogus"), CUDA without a GPU
+        if _xp.entry(args.backend).needs_gpu:
+            which = "a GPU" if args.device is None else f"the GPU {args.device!r}"
+            raise ValueError(
+                f"backend {args.backend!r} needs an NVIDIA GPU with CUDA, and {which} is not "
+                f"available here ({exc}); use --backend numpy (or torch, jax) on a CPU"
+            ) from exc
+        raise ValueError(
+            f"unknown device {args.device!r} for backend {args.backend!r}: {exc}"
+        ) from exc
 
 
-def check_scheduler(args: argparse.Namespace) -> None:
-    """Refuse ``--scheduler`` without ``--backend dask`` or without ``dask.distributed``
-    installed (the address itself is checked by :func:`microgpt_xp.cluster.connect`)."""
-    if args.scheduler is None:
-        return
-    from .. import _xp
-
-    if not _xp.entry(args.backend).chunked:  # a cluster runs Dask tasks
-        raise UsageError("--scheduler needs --backend dask")
-    if importlib.util.find_spec("distributed") is None:
-        raise ImportError(f"--scheduler needs dask.distributed: {_xp.entry('dask').install}")
-
-
-def check_output(out: str | None, checkpoint: str | None = None, what: str = "--out") -> None:
-    """Fail before the work if ``out`` cannot be written, or is the checkpoint itself
-    (the same file, however it is spelled)."""
-    if out is None or out == "-":
-        return
+def check_files(args: argparse.Namespace, out: str | None = None, what: str = "--out") -> None:
+    """Outputs never replace inputs: refuse an ``out`` that is ``--checkpoint`` and a
+    ``--checkpoint`` that is ``--data``/``--val-data`` (however spelled); fail now if
+    ``out`` cannot be written."""
     from .._files import check_writable, same_file
 
-    if checkpoint is not None and same_file(out, checkpoint):
-        raise UsageError(
-            f"{what} {out!r} is --checkpoint {checkpoint!r}: it would replace the model"
-        )
+    ckpt = args.checkpoint
+    for option in ("data", "val_data"):
+        given = getattr(args, option, None)
+        if ckpt is not None and given is not None and same_file(ckpt, given):
+            raise UsageError(
+                f"--checkpoint {ckpt!r} is {OPTIONS.get(option, '--val-data')} {given!r}: "
+                "the run would replace its corpus"
+            )
+    if out is None or out == "-":
+        return
+    if same_file(out, ckpt):
+        raise UsageError(f"{what} {out!r} is --checkpoint {ckpt!r}: it would replace the model")
     check_writable(out, make_parents=False)
 
 
-def check_corpus_kept(args: argparse.Namespace, *options: str) -> None:
-    """Refuse a ``--checkpoint`` that is the file of one of ``options`` (``"data"``,
-    ``"val_data"``; the same file, however it is spelled): the run would replace its
-    corpus."""
-    from .._files import same_file
-
-    for option in options:
-        given = getattr(args, option)
-        if args.checkpoint is not None and given is not None and same_file(args.checkpoint, given):
-            raise UsageError(
-                f"--checkpoint {args.checkpoint!r} is --{option.replace('_', '-')} {given!r}: "
-                "the run would replace its corpus"
-            )
-
-
-def check_device(backend: str, device: str | None) -> None:
-    """Import the backend and resolve the device now, so that a bad one fails before any
-    work (``ImportError`` for a missing backend, ``ValueError`` for an unknown device or
-    a GPU backend on a machine without a usable GPU)."""
-    from .. import _xp
+def check_plot(path: str | None) -> None:
+    """Fail before training if ``--plot`` cannot be written."""
+    if path is None:
+        return
+    from pathlib import Path
 
     try:
-        _xp.resolve_device(backend, device)
-    except RuntimeError as exc:  # torch.device("bogus"), CUDA without a GPU
-        if _xp.entry(backend).needs_gpu:
-            which = "a GPU" if device is None else f"the GPU {device!r}"
-            raise ValueError(
-                f"backend {backend!r} needs an NVIDIA GPU with CUDA, and {which} is not "
-                f"available here ({exc}); use --backend numpy (or torch, jax) on a CPU"
-            ) from exc
-        raise ValueError(f"unknown device {device!r} for backend {backend!r}: {exc}") from exc
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError as exc:
+        from .._backends import install_extra
+
+        raise ImportError(f"--plot needs matplotlib: {install_extra('plot')} ({exc})") from exc
+    suffix = Path(path).suffix.lstrip(".").lower()
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if suffix not in formats:
+        raise ValueError(
+            f"--plot {path!r}: unsupported image format {suffix!r}; use one of "
+            f"{', '.join(sorted(formats))}"
+        )
+    if not (folder := Path(path).parent).is_dir():
+        raise FileNotFoundError(f"--plot {path!r}: folder {str(folder)!r} does not exist")
+
+
+def plot_losses(path: str, losses: Sequence[float], first: int, title: str, val: Any = ()) -> None:
+    """Save the per-step losses (step ``first + 1`` first), their running mean and the
+    held-out losses ``(step, loss)`` as an image, written atomically."""
+    import io
+    from pathlib import Path
+
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from .._files import atomic_write
+
+    fig = Figure(figsize=(7, 4), layout="constrained")  # no pyplot: no global state
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    steps = np.arange(first + 1, first + len(losses) + 1)
+    ax.plot(steps, losses, lw=0.6, alpha=0.5, label="batch loss")
+    window = max(1, len(losses) // 50)
+    if window > 1:
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1 :], smooth, lw=1.5, label=f"mean of {window} steps")
+    if val:
+        at, value = zip(*val, strict=True)
+        ax.plot(at, value, "o-", lw=1.5, ms=3, label="held-out loss")
+    ax.set(xlabel="step", ylabel="loss", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format=Path(path).suffix.lstrip(".").lower())
+    atomic_write(path, buf.getvalue())
 
 
 # -- work -----------------------------------------------------------------------------------
 @contextlib.contextmanager
 def dask_client(address: str | None) -> Iterator[None]:
     """Compute on the dask.distributed scheduler at ``address`` inside the block (nothing
-    for ``None``): :func:`microgpt_xp.cluster.connect`, closed when the block ends, with
-    the errors of a scheduler lost mid-computation turned into one ``ClusterError``."""
+    for ``None``); a lost scheduler is one ``ClusterError``, without distributed's log."""
     if address is None:
         yield
         return
     from .. import cluster
 
-    # a lost scheduler is reported as one ClusterError line; distributed's own log of
-    # its reconnection attempts would repeat it
-    client_log = logging.getLogger("distributed.client")
+    client_log = logging.getLogger("distributed.client")  # its reconnection attempts
     level = client_log.level
     client_log.setLevel(logging.CRITICAL)
     try:
@@ -285,82 +424,41 @@ def read_docs(path: str | None) -> list[str]:
     return default_docs() if path is None else read_docs(path)
 
 
-def checkpoint_tokenizer(ck: Checkpoint, path: str) -> Tokenizer:
-    """The tokenizer saved in ``ck`` (loaded from ``path``); ``CheckpointError`` if none."""
-    from ..checkpoint import CheckpointError
+def load_checkpoint(args: argparse.Namespace, backend: str, device: Any) -> Any:
+    """``--checkpoint``, read once, with its tokenizer (``CheckpointError`` if none)."""
+    from ..checkpoint import CheckpointError, load
 
+    ck = load(args.checkpoint, backend=backend, device=device)
     if ck.tokenizer is None:
-        raise CheckpointError(f"checkpoint {path!r} holds no tokenizer")
-    return ck.tokenizer
+        raise CheckpointError(f"checkpoint {args.checkpoint!r} holds no tokenizer")
+    return ck
+
+
+def threads_for(args: argparse.Namespace, config: Any, batch: int, workload: str) -> Any:
+    """The block that runs on ``--threads``: a count, ``auto`` (the load-aware choice), or
+    by default the count that follows from the model, ``batch`` rows of ``workload`` and
+    this machine's cores (never its load, so a command repeats its numbers)."""
+    from ..resources import default_threads, use_threads
+
+    threads = args.threads
+    if threads is None:
+        threads = default_threads(config, batch, workload=workload)
+    return use_threads(threads, config=config, batch_size=batch, workload=workload)
 
 
 # -- output ---------------------------------------------------------------------------------
-#: The library's words for its arguments and the options that set them: where a library
-#: error is put in the command line's words (:func:`in_option_words`), the one place.
-OPTIONS = {
-    "seed": "--seed",
-    "batch size": "--batch-size",
-    "steps": "--steps",
-    "lr": "--lr",
-    "chunk size": "--chunk-size",
-    "workers": "--workers",
-    "threads": "--threads",
-    "eval every": "--eval-every",
-    "top_k": "--top-k",
-    "temperature": "--temperature",
-    "the held-out fraction": "--val-fraction",
-}
-_ARGUMENT = re.compile(r"^(" + "|".join(map(re.escape, OPTIONS)) + r") (must|is) ")
-_KEYWORD = re.compile(r"\b(resume|overwrite)=True\b|\bbackend='(\w+)'")
-_SHAPE = re.compile(r"GPTConfig\.n_embd \((\d+)\) must be divisible by n_head \((\d+)\)")
-_BATCH = re.compile(r"has (\d+) documents, fewer than the batch size \d+$")
-
-
-def in_option_words(text: str) -> str:
-    """A library error's text with its argument names as the options that set them, and
-    a hint where one helps (``seed must be ...`` -> ``--seed must be ...``)."""
-    text = _ARGUMENT.sub(lambda m: f"{OPTIONS[m.group(1)]} {m.group(2)} ", text)
-    text = _KEYWORD.sub(
-        lambda m: f"--{m.group(1)}" if m.group(1) else f"--backend {m.group(2)}", text
-    )
-    text = _SHAPE.sub(
-        r"--n-embd \1 is not a multiple of --n-head \2 (each head takes n_embd / n_head channels)",
-        text,
-    )
-    found = _BATCH.search(text)
-    if found:
-        text += f": use --batch-size {found.group(1)} (or less), or more documents"
-    return text
-
-
-#: The option of each ``train`` argument a ResumeError can name.
-RESUME_OPTIONS = {
-    "seed": "--seed",
-    "batch_size": "--batch-size",
-    "lr": "--lr",
-    "dtype": "--dtype",
-    "steps": "--steps",
-    "docs": "--data",
-    "val_docs": "--val-data",
-}
-
-
-def resume_words(exc: Any, args: argparse.Namespace) -> str:
-    """A ``ResumeError`` in the words of the command line: the option, given and saved."""
-    name = args.checkpoint
-    if exc.option in ("docs", "val_docs"):
-        given = getattr(args, "data", None) or "(the embedded corpus)"
-        held = "" if exc.option == "docs" else " held-out"
-        option = "--data" if exc.option == "docs" else "--val-data/--val-fraction"
-        return (
-            f"cannot resume {name!r} with {option} {given}: its run trained on another{held} "
-            f"corpus ({exc.saved}, not {exc.given})"
-        )
-    option = RESUME_OPTIONS.get(exc.option, exc.option)
-    text = f"cannot resume {name!r} with {option} {exc.given}: its run has {option} {exc.saved}"
-    if exc.option == "steps":
-        text += " (a finished run is extended by a larger --steps; an unfinished one keeps its own)"
-    return text
+def in_option_words(exc: BaseException) -> str:
+    """A library error as one line, led by the option that sets the argument it names
+    (``param``): ``seed must be ...`` -> ``--seed must be ...``, else ``--option: ...``."""
+    text = one_line(str(exc)) or type(exc).__name__
+    param = getattr(exc, "param", None) or ""
+    option = OPTIONS.get(param)
+    if option is None:
+        return text
+    for words in (f"{param} ", f"{param.replace('_', ' ')} "):
+        if text.startswith(words):
+            return f"{option} {text[len(words) :]}"
+    return f"{option}: {text}"
 
 
 def one_line(text: str) -> str:
@@ -390,10 +488,9 @@ def print_samples(names: Sequence[str], start: int = 1) -> None:
 
 
 def print_json_stream(head: dict[str, Any], key: str, batches: Iterable[Sequence[Any]]) -> None:
-    """Print ``{**head, key: [items of all batches]}`` as :func:`print_json` prints it,
-    writing each batch as it comes (memory follows a batch, not the whole list)."""
+    """Print ``{**head, key: [items of all batches]}`` as :func:`print_json` would,
+    writing each batch as it comes."""
     opening = json.dumps({**head, key: []}, indent=2)
-    assert opening.endswith("[]\n}")
     sys.stdout.write(opening[: -len("]\n}")])
     first = True
     for batch in batches:

@@ -1,18 +1,18 @@
 """``microgpt-xp export``: a checkpoint's weights as JSON in the original's state-dict
-layout with its tokenizer (:func:`microgpt_xp.exact.export_state_dict`), or the model as an
-ONNX graph (:func:`microgpt_xp.export_onnx`)."""
+layout with its tokenizer (:func:`microgpt_xp.exact.export_state_dict`), or the model as
+an ONNX graph (:func:`microgpt_xp.export_onnx`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from ._common import Subcommands, UsageError, add_checkpoint_option, add_command, check_output
+from . import _common as cli
 
 
-def add_parser(sub: Subcommands) -> None:
-    """Add the ``export`` subcommand to ``sub`` (the result of ``add_subparsers``)."""
-    x = add_command(
+def add_parser(sub: cli.Subcommands) -> None:
+    """Add the ``export`` subcommand to ``sub``."""
+    x = cli.add_command(
         sub,
         "export",
         "write a checkpoint's weights as JSON, or the model as an ONNX graph",
@@ -25,25 +25,17 @@ def add_parser(sub: Subcommands) -> None:
         "logits (batch, time, vocab) out; --graph decode: one KV-cache step); needs the\n"
         "[onnx] extra. Either file is written atomically.",
     )
-    add_checkpoint_option(x)
-    x.add_argument(
-        "--out", metavar="FILE", required=True, help="file to write ('-': stdout, JSON only)"
-    )
-    x.add_argument("--format", choices=("json", "onnx"), default="json", help="what to write")
-    x.add_argument(
-        "--graph",
-        choices=("forward", "decode"),
-        default="forward",
-        help="with --format onnx: the whole-sequence forward or one decoding step",
-    )
+    cli.add(x, "checkpoint out format graph")
     x.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the weights (or the graph) to ``--out``."""
     if args.format == "onnx" and args.out == "-":
-        raise UsageError("--format onnx writes a file: give --out FILE")
-    check_output(args.out, args.checkpoint)
+        raise cli.UsageError("--format onnx writes a file: give --out FILE")
+    if args.format != "onnx" and args.graph is not None:
+        raise cli.UsageError("--graph applies only with --format onnx")
+    cli.check_files(args, args.out)
     from .._files import atomic_write
     from ..checkpoint import load
 
@@ -51,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "onnx":
         from ..export import export_onnx
 
-        export_onnx(ck.params, args.out, graph=args.graph, tokenizer=ck.tokenizer)
-        print(f"wrote the {args.graph} graph of {ck.config.num_params} weights to {args.out}")
+        graph = args.graph or "forward"
+        export_onnx(ck.params, args.out, graph=graph, tokenizer=ck.tokenizer)
+        print(f"wrote the {graph} graph of {ck.config.num_params} weights to {args.out}")
         return 0
     from ..exact import export_state_dict
     from ..params import TOKENIZER_KEY

@@ -1,52 +1,28 @@
-"""``microgpt-xp replay`` (also spelled ``train --microgpt-exact``): the original microgpt
+"""``microgpt-xp replay`` (also ``train --microgpt-exact``): the original microgpt
 script's run (:func:`microgpt_xp.run_exact`), and ``sample --microgpt-exact``, which
 continues the random state it saved (:func:`microgpt_xp.sample_exact`).
 
-The replay has a parser of its own, with only the options that apply to it; ``train
+The replay has a parser of its own with only the options that apply to it; ``train
 --microgpt-exact ...`` is parsed by it, so an option of batched training given there is
 argparse's one-line "unrecognized arguments" error."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-from ._common import (
-    DEFAULT_NUM_SAMPLES,
-    DEFAULT_TEMPERATURE,
-    PROG,
-    Parser,
-    Subcommands,
-    UsageError,
-    add_backend_options,
-    add_command,
-    add_json_option,
-    check_corpus_kept,
-    check_device,
-    in_option_words,
-    nonnegative_int,
-    note,
-    positive_float,
-    positive_int,
-    print_json,
-    read_docs,
-)
-from ._plot import check_plot, plot_losses
-from ._shape import SPEC_SHAPE, add_shape_options, note_cut
+from . import _common as cli
 
-if TYPE_CHECKING:
-    from ..checkpoint import Checkpoint
-    from ..data import Tokenizer
-
-#: The flag of ``train`` that hands its command line to this module.
-FLAG = "--microgpt-exact"
+FLAG = "--microgpt-exact"  # the flag of train that hands its command line to this module
 
 
-def add_parser(sub: Subcommands) -> None:
-    """Add the ``replay`` subcommand to ``sub`` (the result of ``add_subparsers``)."""
-    r = add_command(
+def add_parser(sub: cli.Subcommands) -> None:
+    """Add the ``replay`` subcommand to ``sub``."""
+    r = cli.add_command(
         sub,
         "replay",
         "replay the original microgpt script (also: train --microgpt-exact)",
@@ -58,50 +34,13 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def _add_options(r: argparse.ArgumentParser) -> None:
-    add_backend_options(r)
-    r.add_argument(
-        "--data",
-        metavar="FILE",
-        default=None,
-        help="UTF-8 text file, one document a line (default: the embedded corpus)",
-    )
-    r.add_argument("--steps", type=positive_int, default=1000, help="number of steps")
-    r.add_argument(
-        "--num-samples",
-        type=nonnegative_int,
-        default=DEFAULT_NUM_SAMPLES,
-        help="names to sample after training (0: none)",
-    )
-    r.add_argument(
-        "--temperature",
-        type=positive_float,
-        default=DEFAULT_TEMPERATURE,
-        help="sampling temperature",
-    )
-    r.add_argument(
-        "--checkpoint",
-        metavar="PATH",
-        default=None,
-        help="save the replay's weights, optimizer and random state here ('sample --microgpt-exact' continues it)",
-    )
-    r.add_argument("--overwrite", action="store_true", help="replace an existing --checkpoint")
-    r.add_argument(
-        "--plot",
-        metavar="FILE",
-        default=None,
-        help="save the loss curve to FILE (needs matplotlib)",
-    )
-    add_json_option(r, "print a JSON summary instead of the original's lines")
-    r.add_argument(
-        "--newlines", action="store_true", help="end step lines with a newline instead of '\\r'"
-    )
-    add_shape_options(r, "(default: the original's)")
+    cli.add(r, "backend device data steps num_samples temperature checkpoint/save overwrite plot")
+    cli.add(r, "json newlines n_layer n_embd n_head block_size")
 
 
 def parse_train_argv(argv: Sequence[str]) -> argparse.Namespace:
-    """The replay's arguments from a ``train ... --microgpt-exact ...`` command line
-    (``argv`` without ``train``)."""
-    parser = Parser(prog=f"{PROG} train {FLAG}", description=__doc__)
+    """The replay's arguments from ``train ... --microgpt-exact ...`` (without ``train``)."""
+    parser = cli.Parser(prog=f"{cli.PROG} train {FLAG}", description=__doc__)
     _add_options(parser)
     args = parser.parse_args([a for a in argv if a != FLAG])
     args.argv = ["train", *argv]
@@ -109,86 +48,66 @@ def parse_train_argv(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Replay the original run, printing what the original prints."""
-    import contextlib
-    from pathlib import Path
-
+    """Replay the original run, printing what the original prints, then save, plot and
+    summarize."""
     from .._files import claim
+    from ..exact import run_exact
 
     if args.overwrite and args.checkpoint is None:
-        raise UsageError("--overwrite needs --checkpoint PATH")
-    check_plot(args.plot)
-    check_corpus_kept(args, "data")
+        raise cli.UsageError("--overwrite needs --checkpoint PATH")
+    cli.check_plot(args.plot)
+    cli.check_files(args)
     if args.checkpoint is not None and Path(args.checkpoint).exists() and not args.overwrite:
         raise FileExistsError(f"checkpoint {args.checkpoint!r} exists: replace it with --overwrite")
-    check_device(args.backend, args.device)
-    docs = read_docs(args.data)
+    cli.check_common(args)
+    docs = cli.read_docs(args.data)
     if args.data is None:
-        note(
+        cli.note(
             f"no --data: using the embedded corpus ({len(docs)} names); the original microgpt "
             "trained on makemore's names.txt"
         )
-    shape: dict[str, Any] = {
-        k: SPEC_SHAPE[k] if getattr(args, k) is None else getattr(args, k) for k in SPEC_SHAPE
-    }
-    from ..config import GPTConfig
-
-    try:
-        GPTConfig(2, **shape)  # the shape alone, before any work
-    except ValueError as exc:
-        raise UsageError(in_option_words(str(exc))) from None
+    shape: dict[str, Any] = cli.shape_of(args)
     size = shape["block_size"]
     what = (
         f"the original's block size {size}" if args.block_size is None else f"--block-size {size}"
     )
-    note_cut(docs, size, what)
-    # held from the writability check to the save: no other run writes the checkpoint
-    # meanwhile, and of two new replays on one path only one starts
+    cli.note_cut(docs, size, what)
+    # held from here to the save: of two replays on one path only one starts
     owned = (
         claim(args.checkpoint, exist_ok=args.overwrite)
         if args.checkpoint is not None
         else contextlib.nullcontext()
     )
     with owned:
-        return _replay(args, docs, shape)
-
-
-def _replay(args: argparse.Namespace, docs: list[str], shape: dict[str, Any]) -> int:
-    """The replay itself, its checkpoint, plot and summary."""
-    from ..exact import run_exact
-
-    start = time.perf_counter()
-    # run_exact prints the original's lines itself (print_fn's default) unless --json
-    printing: dict[str, Any] = {"print_fn": None} if args.json else {}
-    replay = run_exact(
-        docs,
-        backend=args.backend,
-        device=args.device,
-        num_steps=args.steps,
-        num_samples=args.num_samples,
-        temperature=args.temperature,
-        newlines=args.newlines,
-        **shape,
-        **printing,
-    )
-    seconds = time.perf_counter() - start
-    assert replay.params is not None and replay.adam is not None
-    if args.checkpoint is not None:
-        from ..checkpoint import save
-
-        version, internal, gauss_next = replay.sample_rng_state
-        save(
-            args.checkpoint,
-            replay.params,
-            adam=replay.adam,
-            step=len(replay.losses),
-            tokenizer=replay.tokenizer,
-            meta={"microgpt_exact": {"sample_rng_state": [version, list(internal), gauss_next]}},
+        start = time.perf_counter()
+        replay = run_exact(
+            docs,
+            num_steps=args.steps,
+            **cli.keywords(args, "backend device num_samples temperature newlines"),
+            **shape,
+            **({"print_fn": None} if args.json else {}),  # type: ignore[arg-type]
         )
+        seconds = time.perf_counter() - start
+        assert replay.params is not None and replay.adam is not None
+        if args.checkpoint is not None:
+            from ..checkpoint import save
+
+            version, internal, gauss_next = replay.sample_rng_state
+            rng = {"sample_rng_state": [version, list(internal), gauss_next]}
+            save(
+                args.checkpoint,
+                replay.params,
+                adam=replay.adam,
+                step=len(replay.losses),
+                tokenizer=replay.tokenizer,
+                meta={"microgpt_exact": rng},
+            )
     if args.plot is not None:
-        plot_losses(args.plot, replay.losses, 0, "microgpt-exact (one document a step, float64)")
+        cli.plot_losses(
+            args.plot, replay.losses, 0, "microgpt-exact (one document a step, float64)"
+        )
     if args.json:
-        print_json(
+        cli.print_json(
             {
                 "mode": "microgpt-exact",
                 "final_loss": replay.losses[-1] if replay.losses else None,
@@ -205,7 +124,7 @@ def _replay(args: argparse.Namespace, docs: list[str], shape: dict[str, Any]) ->
     return 0
 
 
-def sample_exact(args: argparse.Namespace, ck: Checkpoint, tokenizer: Tokenizer) -> list[str]:
+def sample_exact(args: argparse.Namespace, ck: Any) -> list[str]:
     """``sample --microgpt-exact``: the original's sampling from the saved random state."""
     import random
 
@@ -227,4 +146,4 @@ def sample_exact(args: argparse.Namespace, ck: Checkpoint, tokenizer: Tokenizer)
         raise CheckpointError(
             f"checkpoint {args.checkpoint!r}: malformed microgpt-exact random state ({exc})"
         ) from exc
-    return sample_exact(ck.params, tokenizer, rng, args.num_samples, args.temperature)
+    return sample_exact(ck.params, ck.tokenizer, rng, args.num_samples, args.temperature)

@@ -25,13 +25,18 @@ _PACKAGE = __name__.rsplit(".", 1)[0]
 
 
 def native_module(x: Any) -> ModuleType | None:
-    """The module of overrides that inputs like ``x`` take, or ``None`` (the generic code):
-    the first of NumPy, PyTorch, JAX, CuPy and Dask whose array-api-compat ``is_*_array``
-    test ``x`` passes (NumPy arrays include subclasses; JAX arrays include tracers)."""
+    """The module of overrides that inputs like ``x`` take (the first whose array-api-compat
+    ``is_*_array`` test ``x`` passes: NumPy subclasses, JAX tracers included), or ``None``."""
     for test, name in _MODULES:
         if test(x):
             return importlib.import_module(f"{_PACKAGE}.{name}")
     return None
+
+
+def writable(x: Any) -> bool:
+    """Whether ``x`` can be written in place: an eager array whose library allows it
+    (NumPy, PyTorch, CuPy, array-api-strict; not JAX's, not Dask's)."""
+    return bool(array_api_compat.is_writeable_array(x) and not array_api_compat.is_lazy_array(x))
 
 
 def overridable(arg: int = 0) -> Callable[[F], F]:

@@ -1,18 +1,10 @@
-"""NumPy's overrides of :mod:`microgpt_xp.primitives`, each justified by a measurement on
-NumPy (docs/performance.md, "What each override is for").
+"""NumPy's overrides of :mod:`microgpt_xp.primitives`, each measured (docs/performance.md).
 
-NumPy runs elementwise work and reductions on one core and products through BLAS. It
-reduces a short contiguous last axis (16 or 27 long) one row at a time, at several times
-the cost of the rest of a softmax or a norm, while a product with a column of ones sums
-rows at BLAS speed; a batched product whose first operand has leading axes runs one
-small BLAS call per matrix, so products flatten the leading axes into one matrix
-(views); BLAS prefers the longer side first in a weight gradient; a scatter-add is
-fastest as a one-hot product, and running sums over the leading axis as a product with
-a triangular matrix of ones. NumPy's products are always computed in the arrays'
-precision, so these tricks cost no accuracy. Causal attention and the loss keep the
-layouts in which their reductions run over a leading axis (see their docstrings).
-Constants (ones, aranges, the causal mask) are cached read-only arrays, built once per
-shape and dtype.
+NumPy reduces a short contiguous last axis one row at a time, at several times the cost of
+a product with ones through BLAS; a batched product runs one small BLAS call per matrix, so
+products flatten leading axes into one matrix; BLAS prefers the longer side first. Its
+products run in the arrays' precision, so these tricks cost no accuracy. Constants (ones,
+aranges, the causal mask) are cached read-only arrays.
 """
 
 from __future__ import annotations
@@ -43,10 +35,8 @@ def positions(x: Any, axis: int = 1) -> Any:
 
 # -- reductions and products -----------------------------------------------------------
 def sum_last(x: Any) -> Any:
-    """``x @ ones((n, 2))``, the first column kept, over the rows of ``x`` flattened to a
-    matrix: BLAS rounds a matrix-vector product of a row differently depending on how
-    many rows there are, and a matrix-matrix product does not, so a row's sum does not
-    depend on its batch. 1-d ``x``: a dot product with ones."""
+    """``x @ ones((n, 2))``, the first column kept (a matrix-vector product would round a
+    row's sum by how many rows there are); 1-d ``x``: a dot product with ones."""
     n = x.shape[-1]
     if x.ndim == 1:
         return x @ _ones(n, 1, x.dtype)
@@ -87,11 +77,22 @@ def cumulative_sum0(x: Any) -> Any:
     return (ids[:, None] >= ids[None, :]).astype(x.dtype) @ x
 
 
+# -- activations ------------------------------------------------------------------------------
+def relu(x: Any) -> tuple[Any, Any]:
+    """``np.maximum(x, 0)``, its output the cache: one pass where the mask takes three."""
+    y = np.maximum(x, 0)
+    return y, y
+
+
+def relu_backward(dy: Any, y: Any) -> Any:
+    """``dy`` where the output is positive, else 0."""
+    return dy * (y > 0)
+
+
 # -- indexing ---------------------------------------------------------------------------------
 def one_hot(ids: Any, num_classes: int, dtype: Any, *, axis: int = -1) -> Any:
-    """Zeros with a 1 written at each id's flat index, instead of comparing every id with
-    every class and converting the booleans (ids in ``[0, num_classes)``, which is what the
-    model passes; the generic code gives a row of zeros for an id outside)."""
+    """Zeros with a 1 written at each id's flat index (ids in ``[0, num_classes)``, as the
+    model passes them)."""
     flat_ids = ids.reshape(-1)
     n = flat_ids.shape[0]
     if axis == 0:

@@ -45,10 +45,9 @@ class Attention(NamedTuple):
 
 
 def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
-    """The generic math with torch's fused kernels: the mask added in place to the scores
-    and ``torch.softmax`` (one kernel for the six of the generic softmax). ``q``, ``k``,
-    ``v`` are laid out head-major by one copy (a batched product copies a strided operand
-    each time it reads it: twice each here and in the backward)."""
+    """The generic math with torch's fused kernels (the mask added in place, ``torch.softmax``);
+    ``q``, ``k``, ``v`` laid out head-major by one copy (a batched product would copy a
+    strided operand at every read)."""
     b, t, _ = qkv.shape
     h, d = n_head, head_dim
     c = h * d
@@ -64,10 +63,9 @@ def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
 
 
 def causal_attention_backward(dy: Any, cache: Attention) -> Any:
-    """The softmax's backward is torch's one kernel, ``_softmax_backward_data`` (what
-    autograd runs; a private function whose behaviour tests/test_primitives.py pins
-    against the generic code); ``dq``, ``dk``, ``dv`` are written into one head-major
-    buffer and relaid into ``dqkv`` by one copy."""
+    """The softmax's backward is autograd's one kernel, ``_softmax_backward_data`` (private:
+    tests/test_primitives.py pins it); ``dq``, ``dk``, ``dv`` go into one head-major buffer,
+    relaid into ``dqkv`` by one copy."""
     qs, k, v, att, scale = cache
     b, h, t, d = qs.shape
     dy_heads = dy.reshape(b, t, h, d).transpose(1, 2).contiguous()

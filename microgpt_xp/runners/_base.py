@@ -8,24 +8,27 @@ from typing import Any
 import numpy as np
 
 from .. import _xp
+from .._errors import ArgumentTypeError
 from ..params import Params
 
 Combine = Callable[[Any, Any], Any]
 
 
 class Runner:
-    """Runs a function over the row shards of a batch; subclasses say how.
-
-    ``shards`` is False for a runner that runs the whole batch at once in this process
-    (the drivers then use the namespace's compiled step, see ``jit``).
-    """
+    """Runs a function over the row shards of a batch; subclasses say how. ``shards``:
+    whether :meth:`map` spreads the rows (drivers then hand it a whole corpus at once)."""
 
     shards: bool = True
-    jit: bool | None = None
+    jit: bool | None = False
 
     def bounds(self, rows: int) -> list[tuple[int, int]]:
         """The ``(start, stop)`` row ranges of the shards of a batch of ``rows`` rows."""
         return [(0, rows)]
+
+    def place(self, params: Params) -> Params:
+        """``params`` where this runner's tasks run them (Dask-array weights: on their
+        chunks' namespace; others unchanged)."""
+        return params
 
     def map(
         self,
@@ -39,11 +42,11 @@ class Runner:
         (split alike along their first axis), on ``params``' backend and device. Returns
         the results in shard order, or, with ``combine``, their :func:`tree_sum`. ``fn``
         must be a module-level function (it may be pickled by name)."""
-        raise NotImplementedError
+        results = [fn(params, *(r[a:b] for r in rows), *args) for a, b in self.bounds(len(rows[0]))]
+        return results if combine is None else tree_sum(results, combine)
 
     def close(self) -> None:
-        """Release what the runner started (worker processes); a runner is reusable
-        until then."""
+        """Release what the runner started (worker processes); reusable until then."""
 
     def __enter__(self) -> Runner:
         return self
@@ -61,17 +64,6 @@ class Local(Runner):
 
     def __init__(self, jit: bool | None = None) -> None:
         self.jit = _xp.check_jit(jit)
-
-    def map(
-        self,
-        fn: Callable[..., Any],
-        params: Params,
-        rows: Sequence[np.ndarray],
-        *args: Any,
-        combine: Combine | None = None,
-    ) -> Any:
-        out = fn(params, *rows, *args)
-        return out if combine is not None else [out]
 
     def __repr__(self) -> str:
         return f"Local(jit={self.jit})"
@@ -115,7 +107,7 @@ def tree_sum(values: Sequence[Any], add: Combine) -> Any:
 def host_params(params: Params) -> Params:
     """``params`` as NumPy arrays on this host (what travels to workers)."""
     if not isinstance(params, Params):
-        raise TypeError(f"params must be a Params, got {type(params).__name__}")
+        raise ArgumentTypeError("params", f"params must be a Params, got {type(params).__name__}")
     return params if params.backend == "numpy" else params.to("numpy")
 
 

@@ -1,18 +1,11 @@
 """Worker processes that share the rows of a batch: :class:`Processes`, a runner.
 
-``runner=Processes(N)`` (or ``workers=N``) splits each batch into ``N`` row shards: this
-process computes the first, ``N - 1`` worker processes the others, and the results are
-combined in a fixed order (so a run is the same from run to run, and equal to a
-one-process run up to rounding). By default everything runs in the calling process;
-nothing is started.
-
-The workers are a :class:`concurrent.futures.ProcessPoolExecutor` of *spawned* processes
-(no ``fork``: safe in programs with threads, under Jupyter, with CUDA, and the default of
-Python 3.14). Each worker holds its BLAS to one thread and watches its parent: when the
-parent process ends in any way (``SIGKILL`` included) the worker exits at once. A worker
-that dies mid-step makes the step raise one :class:`WorkerDied`; the next step starts a
-fresh pool. Weights and rows travel pickled with each shard, so worker processes pay off
-only where a shard's work is large against that copy (see ``docs/training.md``).
+``Processes(N)`` (``workers=N``) splits each batch into ``N`` row shards: this process
+computes the first, ``N - 1`` *spawned* workers (safe with threads, Jupyter, CUDA) the
+others, combined in a fixed order. Each worker holds its BLAS to one thread and exits as
+soon as its parent ends (``SIGKILL`` included). A worker that dies mid-step makes the
+step raise one :class:`WorkerDied`; the next step starts a fresh pool. Weights and rows
+travel pickled with each shard (see ``docs/training.md`` for when that pays).
 """
 
 from __future__ import annotations
@@ -29,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .._errors import ArgumentValueError
 from ..params import Params
 from ._base import Combine, Runner, host_params, run_on, shard_bounds, tree_sum
 
@@ -42,16 +36,16 @@ class WorkerDied(RuntimeError):
 
 def check_workers(workers: Any) -> int | None:
     """Return ``workers`` if it is ``None`` or a positive int, else raise ``ValueError``."""
-    if workers is None:
-        return None
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(
-            f"workers must be a positive int (processes that share a batch) or None, got {workers!r}"
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
+        raise ArgumentValueError(
+            "workers",
+            f"workers must be a positive int (processes that share a batch) or None, got {workers!r}",
         )
     return workers
 
 
-# -- in the worker processes ---------------------------------------------------------------
 def _start_worker() -> None:
     """A worker's initializer: one BLAS thread (the cores are shared by the processes),
     and a thread that ends the process as soon as its parent is gone."""
@@ -70,12 +64,10 @@ def _exit_with(sentinel: int) -> None:
     os._exit(1)
 
 
-# -- in this process -------------------------------------------------------------------------
 class WorkerPool:
-    """``processes`` processes that share each batch: this one and ``processes - 1``
-    spawned workers (started on first use). While they run, this process's BLAS is held
-    to one thread, as each worker's is. Use as a context manager, or call :meth:`close`;
-    a pool also ends its workers when this process exits."""
+    """This process and ``processes - 1`` spawned workers (started on first use; this
+    process's BLAS then held to one thread, as each worker's). Close it, or use it as a
+    context manager."""
 
     def __init__(self, processes: int) -> None:
         check_workers(processes)
@@ -90,8 +82,7 @@ class WorkerPool:
         self.close()
 
     def close(self) -> None:
-        """Stop the worker processes (waiting for them to exit) and give this process's
-        BLAS its threads back."""
+        """Stop the workers (waiting for them) and give this process's BLAS its threads back."""
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
@@ -113,8 +104,7 @@ class WorkerPool:
                     "(such as a multiprocessing.Pool worker); use workers=None there"
                 )
             if self._blas is None:
-                # the processes share the cores: this one's BLAS takes one, as each
-                # worker's does (otherwise its helper threads spin on the workers' cores)
+                # else this process's BLAS helper threads spin on the workers' cores
                 from threadpoolctl import ThreadpoolController
 
                 self._blas = ThreadpoolController().select(user_api="blas").limit(limits=1)
@@ -159,11 +149,8 @@ class WorkerPool:
     def map(
         self, fn: Callable[..., R], params: Params, rows: Sequence[np.ndarray], *args: Any
     ) -> list[tuple[tuple[int, int], R]]:
-        """``fn(params, *shard_rows, *args)`` for each row shard of the NumPy arrays
-        ``rows`` (split alike along their first axis): the first shard here, the others
-        on the workers, all at once. Returns ``[((start, stop), result), ...]`` in shard
-        order. ``fn`` must be a module-level function (it is pickled by name); ``params``
-        and the rows are pickled with each shard."""
+        """:meth:`Runner.map` without ``combine``, the first shard here: returns
+        ``[((start, stop), result), ...]`` in shard order."""
         bounds = shard_bounds(int(rows[0].shape[0]), self.processes)
         shards = [tuple(r[a:b] for r in rows) for a, b in bounds]
         calls = [(fn, params, *shard, *args) for shard in shards[1:]]
@@ -172,14 +159,12 @@ class WorkerPool:
 
 
 class Processes(Runner):
-    """A runner over ``processes`` processes: this one and ``processes - 1`` spawned
-    workers (a :class:`WorkerPool`, started on first use and ended by :meth:`close`).
-    The weights travel to the workers as NumPy arrays with each shard and run on the
-    weights' backend there (NumPy; any backend whose arrays the workers can make)."""
+    """A runner over a :class:`WorkerPool` of ``processes`` processes; the weights travel
+    as NumPy arrays and run on their own backend in the workers."""
 
     def __init__(self, processes: int) -> None:
         if check_workers(processes) is None:
-            raise ValueError("Processes needs a number of processes")
+            raise ArgumentValueError("workers", "Processes needs a number of processes")
         self.processes = processes
         self._pool = WorkerPool(processes)
 
