@@ -1,8 +1,6 @@
-"""PHASE-1 PROTOTYPE of ``primitives/_ndonnx.py`` (issue 32): overrides of the generic
-primitives for ndonnx arrays, each one plain ONNX operator (or two) through spox, with the
-batch and the time left dynamic. Measured by ``benchmarks/onnx_graphs.py --ndonnx-proto``;
-:func:`install` hooks them into the primitives' dispatch for this process only (phase 2:
-an ``is_ndonnx_array`` entry in ``primitives/_dispatch._MODULES`` instead).
+"""Overrides for ndonnx's lazy arrays (what :func:`~microgpt_xp.export_onnx` traces):
+each primitive one plain ONNX operator (or two) through spox where ndonnx's generic forms
+cost, with the batch and the time left dynamic (``benchmarks/onnx_graphs.py`` measures).
 
 | primitive | generic on ndonnx | here |
 |---|---|---|
@@ -97,27 +95,3 @@ def weight_grad(dy: Array, x: Array) -> Array:
 
     lead = list(range(dy.ndim - 1))
     return ndonnx.tensordot(dy, x, axes=(lead, lead))
-
-
-def install() -> None:
-    """Make ndonnx arrays take these overrides in this process (prototype hook: wraps
-    ``primitives._dispatch.native_module``; call before any ndonnx array has gone through
-    a primitive, whose choice is cached per array type)."""
-    import sys
-
-    from .primitives import _dispatch
-
-    if getattr(_dispatch, "_ndonnx_proto", False):
-        return
-    generic = _dispatch.native_module
-    me = sys.modules[__name__]
-
-    def native_module(x: Any) -> Any:
-        import ndonnx
-
-        if isinstance(x, ndonnx.Array):
-            return me
-        return generic(x)
-
-    _dispatch.native_module = native_module  # type: ignore[assignment]
-    _dispatch._ndonnx_proto = True  # type: ignore[attr-defined]
