@@ -1,5 +1,4 @@
-"""Issue 32's graphs against NumPy, float32, 2 intra-op threads by default (provisional
-prototype: the builders are :mod:`microgpt_xp._graphs`'s):
+"""The exported graphs against NumPy, float32, 2 intra-op threads by default:
 
 - ``forward``: the exported forward graph against ``mx.forward``, default model, B=1024;
 - ``generate``: 10,000 names through the generate graph (one ``session.run`` per batch of
@@ -7,15 +6,14 @@ prototype: the builders are :mod:`microgpt_xp._graphs`'s):
 - ``train``: one step of the train_step graph against ``mx.train_step`` on NumPy at B=32
   (T=16, default model), state fed back.
 
-Each graph runs as exported (``raw``), with ndonnx's zero-size guards removed
-(``unguard``, :func:`microgpt_xp._graphs.unguard`), and that plus ``onnxscript``'s
-optimizer (``+oss``, shapes still dynamic); for ``train`` also with static shapes and the
-optimizer (``static``). Ratio = NumPy's time / onnxruntime's, median of the per-round
+Each graph runs as traced (``raw``), as exported (``clean``: ndonnx's zero-size guards and
+NaN checks removed), and that plus ``onnxscript``'s optimizer (``+oss``, shapes still
+dynamic); for ``train`` also with static shapes and the optimizer (``static+oss``). Ratio = NumPy's time / onnxruntime's, median of the per-round
 ratios (interleaved rounds, rounds where other processes used the CPUs dropped).
 
     python -m benchmarks.onnx_graphs [--rounds 7] [--threads 2] [--cases forward,generate,train]
         [--cpu-time]   # CPU seconds of this process instead of the wall clock
-        [--ndonnx-proto]   # export with microgpt_xp._ndonnx_proto's overrides
+        [--generic]    # export without primitives/_ndonnx.py's overrides
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import numpy as np
 
 import microgpt_xp as mx
 from benchmarks.bench.timing import Timed, calibrate, interleave, set_threads, summary
-from microgpt_xp import _graphs
 
 
 def session(model: Any, threads: int) -> Any:
@@ -44,31 +41,24 @@ def session(model: Any, threads: int) -> Any:
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def variants(model: Any, static: Any = None) -> dict[str, Any]:
-    """The model as exported, unguarded, and unguarded + onnxscript's optimizer."""
-    import onnx
+def variants(params: Any, graph: str, **static: Any) -> dict[str, Any]:
+    """The graph as traced (``raw``), as exported (``clean``: :func:`export.onnx_model`'s
+    default), that plus onnxscript's optimizer where installed (``clean+oss``), and with
+    ``static`` sizes given, static + the optimizer (``static+oss``)."""
+    from microgpt_xp.export import onnx_model
 
-    out = {"raw": model}
-    ug = onnx.ModelProto()
-    ug.CopyFrom(model)
-    out["unguard"] = _graphs.unguard(ug)
+    out = {
+        "raw": onnx_model(params, graph=graph, clean=False),
+        "clean": onnx_model(params, graph=graph),
+    }
     try:
         import onnxscript.optimizer as oso
-
-        out["unguard+oss"] = oso.optimize(_graphs.unguard(_copy(model)))
-        if static is not None:
-            out["static+oss"] = oso.optimize(static)
     except ImportError:
-        pass
+        return out
+    out["clean+oss"] = oso.optimize(onnx_model(params, graph=graph))
+    if static:
+        out["static+oss"] = oso.optimize(onnx_model(params, graph=graph, **static))
     return out
-
-
-def _copy(model: Any) -> Any:
-    import onnx
-
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    return m
 
 
 def compare_cpu(
@@ -121,34 +111,14 @@ def compare(numpy_fn: Callable[[], Any], ort_fns: dict[str, Callable[[], Any]], 
     return "; ".join(parts) + f" [{len(use)} rounds, {rounds.dropped} dropped{clean}]"
 
 
-def build(params: Any, builder: Callable[..., Any], **kw: Any) -> Any:
-    import ndonnx as ndx
-    import onnx
-
-    from microgpt_xp import export
-    from microgpt_xp.params import Params
-
-    on = Params.trusted(
-        params.config, {k: ndx.asarray(np.asarray(a)) for k, a in params.arrays().items()}
-    )
-    ins, outs, shapes = builder(on, ndx, **kw)
-    model = ndx.build(ins, outs)
-    export._constants_to_initializers(model.graph, onnx)
-    export._declare_output_shapes(model.graph, shapes)
-    return model
-
-
 def forward_case(args: Any) -> str:
-    from microgpt_xp import export
-
     params = mx.init_params(mx.GPTConfig(27), dtype="float32")
     b, t = 1024, 16
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 27, size=(b, t))
     lengths = np.full(b, t)
     feed = {"tokens": tokens, "lengths": lengths}
-    model = export.onnx_model(params, graph="forward")
-    sessions = {k: session(m, args.threads) for k, m in variants(model).items()}
+    sessions = {k: session(m, args.threads) for k, m in variants(params, "forward").items()}
     want = mx.forward(params, tokens, lengths)
     errs = {k: float(np.max(np.abs(s.run(None, feed)[0] - want))) for k, s in sessions.items()}
     fns = {k: (lambda s=s: s.run(None, feed)) for k, s in sessions.items()}
@@ -160,8 +130,7 @@ def generate_case(args: Any) -> str:
 
     result = mx.train(steps=100, dtype="float32")
     params, tokenizer, n = result.params, result.tokenizer, args.samples
-    model = build(params, _graphs.generate_graph)
-    sessions = {k: session(m, args.threads) for k, m in variants(model).items()}
+    sessions = {k: session(m, args.threads) for k, m in variants(params, "generate").items()}
     width = params.config.block_size
     u = row_uniforms(1, 0, n, width).astype(np.float32)
     temp = np.asarray(0.5, dtype=np.float32)
@@ -183,8 +152,8 @@ def generate_case(args: Any) -> str:
 
 def train_case(args: Any) -> str:
     from microgpt_xp.data import Tokenizer, default_docs
+    from microgpt_xp.export import onnx_model
 
-    _graphs.patch_model_for_graphs()
     cfg = mx.GPTConfig(27)
     params = mx.init_params(cfg, dtype="float32", seed=0)
     docs = default_docs()
@@ -198,10 +167,10 @@ def train_case(args: Any) -> str:
     t = cfg.block_size + 1
     tokens = np.array([r + [0] * (t - len(r)) for r in rows], dtype=np.int64)
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    model = build(params, _graphs.train_step_graph)
-    static = build(params, _graphs.train_step_graph, batch=b, time=t)
-    sessions = {k: session(m, args.threads) for k, m in variants(model, static).items()}
-    state0 = _graphs.initial_state(params)
+    models = variants(params, "train_step", batch=b, time=t)
+    sessions = {k: session(m, args.threads) for k, m in models.items()}
+    state = session(onnx_model(params, graph="train_init"), 1)
+    state0 = dict(zip([o.name for o in state.get_outputs()], state.run(None, {}), strict=True))
     feeds = {k: {"tokens": tokens, "lengths": lengths, **state0} for k in sessions}
     names = {k: [o.name for o in s.get_outputs()] for k, s in sessions.items()}
 
@@ -215,7 +184,7 @@ def train_case(args: Any) -> str:
     def step_np() -> None:
         box["p"], box["s"], _ = mx.train_step(box["p"], box["s"], tokens, lengths, num_steps=10**9)
 
-    counts = {k: len(m.graph.node) for k, m in variants(model, static).items()}
+    counts = {k: len(m.graph.node) for k, m in models.items()}
     fns = {k: (lambda k=k: step_ort(k)) for k in sessions}
     return compare(step_np, fns, args) + f"; top-level nodes {counts}"
 
@@ -234,15 +203,15 @@ def main() -> None:
         help="time by this process's CPU time, not the wall clock (loaded machines)",
     )
     ap.add_argument(
-        "--ndonnx-proto",
+        "--generic",
         action="store_true",
-        help="export with microgpt_xp._ndonnx_proto's plain-ONNX overrides installed",
+        help="export without primitives/_ndonnx.py's overrides (the generic primitives)",
     )
     args = ap.parse_args()
-    if args.ndonnx_proto:
-        from microgpt_xp import _ndonnx_proto
+    if args.generic:
+        from microgpt_xp.primitives import _dispatch
 
-        _ndonnx_proto.install()
+        _dispatch._MODULES = tuple(m for m in _dispatch._MODULES if m[1] != "_ndonnx")
     threads = set_threads(args.threads)
     print(f"BLAS threads {threads['blas_threads']}, onnxruntime intra-op threads {args.threads}")
     cases = {"forward": forward_case, "generate": generate_case, "train": train_case}

@@ -53,18 +53,13 @@ def write_model(
 ) -> Path:
     """Export the page's graphs and metadata into ``folder`` (see the module); returns it."""
     import microgpt_xp as mx
-    from microgpt_xp import _graphs
 
-    folder.mkdir(parents=True, exist_ok=True)
     params = params.to("numpy", dtype="float32")
     fresh = mx.init_params(params.config, seed=seed, dtype="float32")
     hp = mx.AdamConfig(num_steps=num_steps)
-    gen = _graphs.onnx_graph(params, "generate", tokenizer=tokenizer)
-    train = _graphs.onnx_graph(fresh, "train_step", tokenizer=tokenizer, optimizer=hp)
-    init = _graphs.initial_state_model(fresh)
-    (folder / "generate.onnx").write_bytes(gen.SerializeToString())
-    (folder / "train_step.onnx").write_bytes(train.SerializeToString())
-    (folder / "train_init.onnx").write_bytes(init.SerializeToString())
+    for graph, weights in [("generate", params), ("train_step", fresh), ("train_init", fresh)]:
+        mx.export_onnx(weights, folder / f"{graph}.onnx", graph=graph, tokenizer=tokenizer,
+                       optimizer=hp if graph.startswith("train") else None)  # fmt: skip
     cfg = params.config
     meta = {
         "chars": tokenizer.to_dict()["chars"],
