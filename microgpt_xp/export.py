@@ -47,7 +47,7 @@ import numpy as np
 from . import _xp
 from ._backends import install_extra
 from ._errors import ArgumentTypeError, ArgumentValueError
-from ._files import atomic_write
+from ._files import atomic_open
 from ._version import __version__
 from .data import Tokenizer
 from .model import KVCache, decode_step, forward, train_step
@@ -86,12 +86,12 @@ def export_onnx(
     limit, refused before anything is built), ``ImportError`` (saying what to install)
     without ndonnx or onnx.
     """
-    model = onnx_model(
-        params, graph=graph, tokenizer=tokenizer, batch=batch, time=time, optimizer=optimizer
-    )
-    data = model.SerializeToString()
-    del model  # the bytes alone from here on
-    return atomic_write(path, data)
+    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, clean=True)
+    with atomic_open(Path(path), "wb") as f:  # the weights one at a time: no copy of it all
+        f.write(model.SerializeToString())
+        for tensor in weights:
+            f.write(_as_initializer_field(tensor))
+    return Path(path)
 
 
 def onnx_model(
@@ -105,20 +105,44 @@ def onnx_model(
     clean: bool = True,
 ) -> Any:
     """The ``onnx.ModelProto`` that :func:`export_onnx` writes; ``clean=False`` keeps
-    ndonnx's zero-size guards and NaN checks (see :func:`_unguard`)."""
+    ndonnx's zero-size guards and NaN checks (see :func:`_clean`)."""
+    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, clean=clean)
+    model.graph.initializer.extend(weights)
+    return model
+
+
+def _build(
+    params: Params,
+    graph: str,
+    tokenizer: Tokenizer | None,
+    batch: int | None,
+    time: int | None,
+    optimizer: AdamConfig | None,
+    *,
+    clean: bool,
+) -> tuple[Any, list[Any]]:
+    """The checked model without the weights' initializers, and those (``TensorProto``s)."""
     props = _metadata(params, graph, tokenizer, batch, time, optimizer)
     ndx, onnx = _modules()
+    tensors = []
     if graph == "train_init":
         model = _initial_state_model(params, onnx)
     else:
-        on_ndonnx = Params.trusted(
-            params.config, {k: ndx.asarray(_host(a, ndx)) for k, a in params.arrays().items()}
+        # the weights traced as inputs (no copies, no work on them at export; onnxruntime
+        # folds what depends on them alone, qkv_weight's concatenation, once per session),
+        # made initializers from the host arrays once the model is checked
+        host = {k: _host(a, ndx) for k, a in params.arrays().items()}
+        weights = {
+            k: ndx.argument(shape=h.shape, dtype=getattr(ndx, h.dtype.name))
+            for k, h in host.items()
+        }
+        sizes, opts = {"batch": batch, "time": time}, {}
+        if graph == "train_step":  # the weights are the graph's own inputs
+            opts, weights = {"optimizer": optimizer or AdamConfig()}, {}
+        inputs, outputs, shapes = _BUILDERS[graph](
+            Params.trusted(params.config, weights or host), ndx, sizes, **opts
         )
-        sizes = {"batch": batch, "time": time}
-        opts = {"optimizer": optimizer or AdamConfig()} if graph == "train_step" else {}
-        inputs, outputs, shapes = _BUILDERS[graph](on_ndonnx, ndx, sizes, **opts)
-        del on_ndonnx
-        model = ndx.build(inputs, outputs)
+        model = ndx.build({**inputs, **weights}, outputs)
         _constants_to_initializers(model.graph, onnx)
         for value in model.graph.output:  # ndonnx leaves the dynamic dimensions unknown
             dims = value.type.tensor_type.shape.dim
@@ -133,8 +157,34 @@ def onnx_model(
             _constants_to_initializers(model.graph, onnx)  # those of the inlined branches
     old = {p.key: p.value for p in model.metadata_props}  # ndonnx's schema
     onnx.helper.set_model_props(model, {**old, **props})
-    _check(model, onnx)
-    return model
+    onnx.checker.check_model(model, full_check=True)  # the weights inputs: no copy of them
+    if graph != "train_init":
+        used = set().union(*(_uses(n) for n in model.graph.node))
+        for i in reversed(range(len(model.graph.input))):
+            name = model.graph.input[i].name
+            if name in weights:
+                del model.graph.input[i]
+                if name in used:
+                    tensors.append(onnx.numpy_helper.from_array(host[name], name))
+    return model, tensors[::-1]
+
+
+def _as_initializer_field(tensor: Any) -> bytes:
+    """``tensor`` as the bytes of a ``ModelProto`` whose graph holds it as its one
+    initializer: protobuf merges a message field that occurs twice, so these bytes after a
+    model's add the initializer to its graph."""
+    inner = _field(5, tensor.SerializeToString())  # GraphProto.initializer
+    return _field(7, inner)  # ModelProto.graph
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field: tag, varint length, payload."""
+    n, head = len(payload), bytearray([number << 3 | 2])
+    while n >= 0x80:
+        head.append(n & 0x7F | 0x80)
+        n >>= 7
+    head.append(n)
+    return bytes(head) + payload
 
 
 def _modules() -> tuple[Any, Any]:
@@ -207,24 +257,6 @@ def _metadata(
             )
         props["microgpt_xp.tokenizer"] = json.dumps(tokenizer.to_dict())
     return props
-
-
-def _check(model: Any, onnx: Any) -> None:
-    """``onnx.checker`` with the full check (the declared shapes too) on the model without
-    its large tensors (the checker copies the model twice over): each initializer of over
-    1,024 elements stands aside as a graph input of its type and shape meanwhile."""
-    g = model.graph
-    big = [i for i, t in enumerate(g.initializer) if int(np.prod(t.dims)) > 1024]
-    aside = [g.initializer[i] for i in big]
-    for i in reversed(big):
-        del g.initializer[i]  # aside keeps the messages (moved, not copied)
-    for t in aside:
-        g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    try:
-        onnx.checker.check_model(model, full_check=True)
-    finally:
-        del g.input[len(g.input) - len(aside) :]
-        g.initializer.extend(aside)
 
 
 # -- the builders: the params on ndonnx (constants), ndonnx, the fixed sizes -> Graph ---------
@@ -319,7 +351,7 @@ def _loop(trips: Any, cond: Any, initial: list[Any], body: Any) -> list[Any]:
         ),
         out_variadic=len(graph.requested_results) - 1,
     )
-    return list(node.get_output_vars().v_final_and_scan_outputs)
+    return list(node.get_output_vars().v_final_and_scan_outputs)  # type: ignore[arg-type]
 
 
 STATE = ("wte", "wpe", "lm_head", "attn_wq", "attn_wk", "attn_wv", "attn_wo", "mlp_fc1",
@@ -334,7 +366,8 @@ def _train_step_graph(
     tokens = ndx.argument(shape=(b, t), dtype=ndx.int64)
     lengths = ndx.argument(shape=(b,), dtype=ndx.int64)
     state = {
-        k: ndx.argument(shape=tuple(a.shape), dtype=a.dtype) for k, a in _state(params).items()
+        k: ndx.argument(shape=a.shape, dtype=getattr(ndx, a.dtype.name))
+        for k, a in _state(params).items()
     }
     weights = {k: state[k] for k in params.arrays()}
     adam = AdamState(state["adam_m"], state["adam_v"], state["adam_step"])
