@@ -48,7 +48,10 @@ for _backend in BACKENDS:
 #: Namespaces outside the backends table, tested through the public API alone: what
 #: they install, and the test files.
 FOREIGN = {
-    "ndonnx": ((".[test,onnx]",), ["tests/test_any_namespace.py", "tests/test_export.py"]),
+    "ndonnx": (
+        (".[test,onnx]",),
+        ["tests/test_any_namespace.py", "tests/test_export.py", "tests/test_graphs.py"],
+    ),
     "marray": ((".[test]", "marray"), ["tests/test_any_namespace.py"]),
 }
 
