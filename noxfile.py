@@ -3,9 +3,13 @@
 nox -s tests-numpy           # NumPy (runs every test: CLI, data, checkpoints, exact replay)
 nox -s tests-dask            # only the tests that take the ``backend`` fixture, on Dask
 nox -s lint typecheck
+nox -s browser               # the web page in Debian's headless chromium (skips without it)
 """
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import nox
 
@@ -44,7 +48,10 @@ for _backend in BACKENDS:
 #: Namespaces outside the backends table, tested through the public API alone: what
 #: they install, and the test files.
 FOREIGN = {
-    "ndonnx": ((".[test,onnx]",), ["tests/test_any_namespace.py", "tests/test_export.py"]),
+    "ndonnx": (
+        (".[test,onnx]",),
+        ["tests/test_any_namespace.py", "tests/test_export.py", "tests/test_graphs.py"],
+    ),
     "marray": ((".[test]", "marray"), ["tests/test_any_namespace.py"]),
 }
 
@@ -88,3 +95,18 @@ def bench(session: nox.Session) -> None:
     (pinned by the ``bench`` extra), JAX and Dask."""
     session.install("-e", ".[test,bench,jax,dask]")
     session.run("pytest", "benchmarks/tests", *session.posargs)
+
+
+@nox.session
+def browser(session: nox.Session) -> None:
+    """The web page (examples/web) in Debian's headless chromium, driven by Playwright's
+    Python package through ``/usr/bin/chromium`` (no browser download); onnxruntime-web
+    from the lock file (``npm ci``). Writes the trained page's screenshot to
+    ``docs/assets/web-page.png``. Skips without chromium or npm."""
+    if not Path("/usr/bin/chromium").exists() or shutil.which("npm") is None:
+        session.skip("needs /usr/bin/chromium (apt-get install chromium) and npm")
+    session.install("-e", ".[test,onnx]", "playwright")
+    with session.chdir("examples/web"):
+        session.run("npm", "ci", "--no-audit", "--no-fund", external=True)
+    env = {"MICROGPT_XP_SCREENSHOT": "docs/assets/web-page.png"}
+    session.run("pytest", "tests/test_browser.py", *session.posargs, env=env)

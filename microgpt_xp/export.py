@@ -1,40 +1,63 @@
 """The model as a standalone ONNX file: the model's own code run on ndonnx's lazy arrays
-(no second implementation, no hand-written nodes), its constants stored as initializers.
+(no second implementation, no hand-written model nodes), its constants stored as
+initializers. ``B`` (batch) and ``T`` (time) are dynamic unless fixed at export; ``L``
+n_layer, ``S`` block_size, ``C`` n_embd, ``V`` vocab_size, ``N`` num_params; ``float`` the
+params' dtype. The graphs (:data:`GRAPHS`):
 
-Two graphs (``B`` batch and ``T`` time dynamic; ``L`` n_layer, ``S`` block_size, ``C``
-n_embd, ``V`` vocab_size; ``float`` the params' dtype):
-
-- ``"forward"`` (:func:`~microgpt_xp.forward`): ``tokens`` int64 ``(B, T)`` and ``lengths``
+- ``"forward"`` (:func:`~microgpt_xp.forward`): ``tokens`` int64 ``(B, T)``, ``lengths``
   int64 ``(B,)`` (``1 <= T <= S``, ``1 <= lengths <= T``, ids in ``[0, V)``) -> ``logits``
   float ``(B, T, V)``, meaningful at positions ``< lengths``.
 - ``"decode"`` (:func:`~microgpt_xp.decode_step`): ``token_ids`` int64 ``(B,)``, ``keys_l``
-  and ``values_l`` float ``(S, C, B)`` for each layer ``l`` (``KVCache.keys[l]``; zeros at
-  first) and ``pos`` int64 ``()`` (from 0, at most ``S - 1``) -> ``logits`` float ``(B,
-  V)``, ``new_keys_l``, ``new_values_l`` and ``new_pos`` (``pos + 1``), each ``new_X`` the
-  next step's ``X``. One buffer per layer: stacking would copy each twice a step.
+  and ``values_l`` float ``(S, C, B)`` per layer ``l`` (zeros at first), ``pos`` int64 ``()``
+  (from 0, at most ``S - 1``) -> ``logits`` float ``(B, V)``, ``new_keys_l``,
+  ``new_values_l``, ``new_pos``: each ``new_X`` the next step's ``X``.
+- ``"generate"`` (a whole batch of samples, :func:`~microgpt_xp.sample.decode_batch`):
+  ``uniforms`` float ``(B, S)`` (row ``i`` drives sample ``i``, as
+  :func:`~microgpt_xp.sample.row_uniforms` gives them), ``temperature`` float ``()`` ->
+  ``ids`` int64 ``(B, S)``, BOS from a row's first sampled BOS on. The positions run in an
+  ONNX ``Loop`` whose body is :func:`microgpt_xp.sample._position` traced on ndonnx; it
+  stops once every row has drawn BOS. It samples at every temperature (no greedy switch).
+- ``"train_step"`` (one :func:`~microgpt_xp.train_step`, Adam's settings fixed at export):
+  ``tokens`` int64 ``(B, T)`` (``T <= S + 1``), ``lengths`` int64 ``(B,)`` (each ``>= 2``)
+  and the state: the weights under their field names (``wte`` .. ``mlp_fc2``,
+  :class:`~microgpt_xp.Params`' shapes), ``adam_m``, ``adam_v`` float ``(N,)``
+  (:func:`~microgpt_xp.params.flatten`'s layout) and ``adam_step`` int64 ``()`` -> ``loss``
+  float ``()`` (before the update) and ``new_X`` for each state input ``X``, the next
+  call's ``X``. No weights inside.
+- ``"train_init"``: no inputs; outputs the train_step graph's initial state (the params
+  and :func:`~microgpt_xp.adam_init`'s), named like its state inputs.
 
-The graphs do not validate their inputs: out-of-range positions or ids fail in an
-indexing node or give meaningless logits.
+Metadata (``metadata_props``; onnxruntime: ``get_modelmeta().custom_metadata_map``):
+``microgpt_xp.graph``, ``.config``, ``.version``, ``.tokenizer`` (if given: ``{"chars":
+...}``, BOS ``len(chars)``), ``.optimizer`` (train graphs: Adam's settings as JSON). The
+graphs validate nothing: out-of-range positions or ids fail in an indexing node or give
+meaningless values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import _xp
 from ._backends import install_extra
 from ._errors import ArgumentTypeError, ArgumentValueError
-from ._files import atomic_write
+from ._files import atomic_open
 from ._version import __version__
 from .data import Tokenizer
-from .model import KVCache, decode_step, forward
+from .model import KVCache, decode_step, forward, train_step
+from .optim import AdamConfig, AdamState, adam_init
 from .params import Params
+from .sample import _position
 
 #: protobuf cannot serialize a message of 2 GiB or more (ONNX's single-file limit).
 _MAX_BYTES = 2**31 - 1
+Graph = tuple[dict[str, Any], dict[str, Any], dict[str, tuple[int | str, ...]]]
 
 
 def export_onnx(
@@ -43,101 +66,215 @@ def export_onnx(
     *,
     graph: str = "forward",
     tokenizer: Tokenizer | None = None,
+    batch: int | None = None,
+    time: int | None = None,
+    optimizer: AdamConfig | None = None,
 ) -> Path:
     """Write the model as a standalone ONNX file (weights inside) and return its path.
 
     Args:
         params: the weights, float32 or float64 (the graph's dtype), on any backend.
         path: the file to write (replaced atomically; missing folders are made).
-        graph: ``"forward"`` or ``"decode"`` (see :mod:`microgpt_xp.export`).
-        tokenizer: stored, if given, in ``metadata_props`` as ``microgpt_xp.tokenizer``
-            (``{"chars": ...}`` in JSON, BOS ``len(chars)``) beside ``microgpt_xp.graph``,
-            ``microgpt_xp.config`` and ``microgpt_xp.version`` (onnxruntime:
-            ``get_modelmeta().custom_metadata_map``).
+        graph: one of :data:`GRAPHS` (see :mod:`microgpt_xp.export`).
+        tokenizer: stored, if given, in the metadata.
+        batch, time: fix ``B``/``T`` at export (static shapes; dynamic by default); ``time``
+            only for ``forward`` and ``train_step``.
+        optimizer: Adam's settings of the train graphs (the spec's by default).
 
-    ``TypeError`` for params or a tokenizer of another type, ``ValueError`` for an unknown
-    graph, a tokenizer of another vocabulary size or a model of 2 GiB or more (protobuf's
-    limit), ``ImportError`` (saying what to install) without ndonnx or onnx.
+    ``TypeError`` for arguments of another type, ``ValueError`` for an unknown graph, a
+    tokenizer of another vocabulary size, bad sizes or a model of 2 GiB or more (protobuf's
+    limit, refused before anything is built), ``ImportError`` (saying what to install)
+    without ndonnx or onnx.
     """
-    model = onnx_model(params, graph=graph, tokenizer=tokenizer)
-    if model.ByteSize() > _MAX_BYTES:
-        raise ValueError(
-            f"the ONNX model takes {model.ByteSize()} bytes, past protobuf's 2 GiB limit"
-        )
-    return atomic_write(path, model.SerializeToString())
+    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, clean=True)
+    with atomic_open(Path(path), "wb") as f:  # the weights one at a time: no copy of it all
+        f.write(model.SerializeToString())
+        for tensor in weights:
+            f.write(_as_initializer_field(tensor))
+    return Path(path)
 
 
 def onnx_model(
-    params: Params, *, graph: str = "forward", tokenizer: Tokenizer | None = None
+    params: Params,
+    *,
+    graph: str = "forward",
+    tokenizer: Tokenizer | None = None,
+    batch: int | None = None,
+    time: int | None = None,
+    optimizer: AdamConfig | None = None,
+    clean: bool = True,
 ) -> Any:
-    """The ``onnx.ModelProto`` that :func:`export_onnx` writes."""
+    """The ``onnx.ModelProto`` that :func:`export_onnx` writes; ``clean=False`` keeps
+    ndonnx's zero-size guards and NaN checks (see :func:`_clean`)."""
+    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, clean=clean)
+    model.graph.initializer.extend(weights)
+    return model
+
+
+def _build(
+    params: Params,
+    graph: str,
+    tokenizer: Tokenizer | None,
+    batch: int | None,
+    time: int | None,
+    optimizer: AdamConfig | None,
+    *,
+    clean: bool,
+) -> tuple[Any, list[Any]]:
+    """The checked model without the weights' initializers, and those (``TensorProto``s)."""
+    props = _metadata(params, graph, tokenizer, batch, time, optimizer)
+    ndx, onnx = _modules()
+    tensors = []
+    if graph == "train_init":
+        model = _initial_state_model(params, onnx)
+    else:
+        # the weights traced as inputs (no copies, no work on them at export; onnxruntime
+        # folds what depends on them alone, qkv_weight's concatenation, once per session),
+        # made initializers from the host arrays once the model is checked
+        host = {k: _host(a, ndx) for k, a in params.arrays().items()}
+        weights = {
+            k: ndx.argument(shape=h.shape, dtype=getattr(ndx, h.dtype.name))
+            for k, h in host.items()
+        }
+        sizes, opts = {"batch": batch, "time": time}, {}
+        if graph == "train_step":  # the weights are the graph's own inputs
+            opts, weights = {"optimizer": optimizer or AdamConfig()}, {}
+        inputs, outputs, shapes = _BUILDERS[graph](
+            Params.trusted(params.config, weights or host), ndx, sizes, **opts
+        )
+        model = ndx.build({**inputs, **weights}, outputs)
+        _constants_to_initializers(model.graph, onnx)
+        for value in model.graph.output:  # ndonnx leaves the dynamic dimensions unknown
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            for size in shapes[value.name]:
+                if isinstance(size, str):
+                    dims.add().dim_param = size
+                else:
+                    dims.add().dim_value = size
+        if clean:
+            _clean(model.graph, onnx)
+            _constants_to_initializers(model.graph, onnx)  # those of the inlined branches
+    old = {p.key: p.value for p in model.metadata_props}  # ndonnx's schema
+    onnx.helper.set_model_props(model, {**old, **props})
+    onnx.checker.check_model(model, full_check=True)  # the weights inputs: no copy of them
+    if graph != "train_init":
+        used = set().union(*(_uses(n) for n in model.graph.node))
+        for i in reversed(range(len(model.graph.input))):
+            name = model.graph.input[i].name
+            if name in weights:
+                del model.graph.input[i]
+                if name in used:
+                    tensors.append(onnx.numpy_helper.from_array(host[name], name))
+    return model, tensors[::-1]
+
+
+def _as_initializer_field(tensor: Any) -> bytes:
+    """``tensor`` as the bytes of a ``ModelProto`` whose graph holds it as its one
+    initializer: protobuf merges a message field that occurs twice, so these bytes after a
+    model's add the initializer to its graph."""
+    inner = _field(5, tensor.SerializeToString())  # GraphProto.initializer
+    return _field(7, inner)  # ModelProto.graph
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field: tag, varint length, payload."""
+    n, head = len(payload), bytearray([number << 3 | 2])
+    while n >= 0x80:
+        head.append(n & 0x7F | 0x80)
+        n >>= 7
+    head.append(n)
+    return bytes(head) + payload
+
+
+def _modules() -> tuple[Any, Any]:
+    try:
+        import ndonnx
+        import onnx
+    except ImportError as exc:
+        raise ImportError(f"ONNX export needs ndonnx and onnx: {install_extra('onnx')}") from exc
+    return ndonnx, onnx
+
+
+def _host(a: Any, ndx: Any) -> np.ndarray:
+    """``a`` as NumPy (ndonnx's own arrays through ``unwrap_numpy``; lazy ones refused)."""
+    return a.unwrap_numpy() if isinstance(a, ndx.Array) else np.asarray(_xp.to_numpy(a))
+
+
+def _metadata(
+    params: Params,
+    graph: str,
+    tokenizer: Tokenizer | None,
+    batch: int | None,
+    time: int | None,
+    optimizer: AdamConfig | None,
+) -> dict[str, str]:
+    """The checks of :func:`export_onnx`'s arguments, before anything is built, and the
+    ``microgpt_xp.*`` metadata."""
     if not isinstance(params, Params):
         raise ArgumentTypeError("params", f"params must be a Params, got {type(params).__name__}")
-    if graph not in _GRAPHS:
+    if graph not in GRAPHS:
         raise ArgumentValueError(
-            "graph", f"unknown graph {graph!r}; choose one of {', '.join(_GRAPHS)}"
+            "graph", f"unknown graph {graph!r}; choose one of {', '.join(GRAPHS)}"
+        )
+    cfg = params.config
+    limits = {"batch": None, "time": cfg.block_size + (graph == "train_step")}
+    for name, value in (("batch", batch), ("time", time)):
+        if value is None:
+            continue
+        limit = limits[name]
+        if name == "time" and graph not in ("forward", "train_step"):
+            raise ArgumentValueError("time", f"time is fixed by the {graph} graph itself")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentValueError(name, f"{name} must be a positive int, got {value!r}")
+        if limit is not None and value > limit:
+            raise ArgumentValueError(name, f"{name} must be at most {limit}, got {value}")
+    if optimizer is not None and not isinstance(optimizer, AdamConfig):
+        raise ArgumentTypeError("optimizer", "optimizer must be an AdamConfig")
+    weights = cfg.num_params * np.dtype(_xp.dtype_name(params.wte)).itemsize  # none read
+    stored = {"train_step": 0, "train_init": 3 * weights}.get(graph, weights)
+    if stored > _MAX_BYTES:
+        raise ArgumentValueError(
+            "params", f"the {graph} graph would hold {stored} bytes, past protobuf's 2 GiB limit"
         )
     props = {
         "microgpt_xp.graph": graph,
-        "microgpt_xp.config": json.dumps(params.config.to_dict()),
+        "microgpt_xp.config": json.dumps(cfg.to_dict()),
         "microgpt_xp.version": __version__,
     }
+    if graph.startswith("train"):
+        hp = optimizer or AdamConfig()
+        props["microgpt_xp.optimizer"] = json.dumps(dataclasses.asdict(hp))
     if tokenizer is not None:
         if not isinstance(tokenizer, Tokenizer):
             raise ArgumentTypeError(
                 "tokenizer", f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}"
             )
-        if tokenizer.vocab_size != params.config.vocab_size:
+        if tokenizer.vocab_size != cfg.vocab_size:
             raise ArgumentValueError(
                 "tokenizer",
-                f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}",
+                f"tokenizer has {tokenizer.vocab_size} ids but the model {cfg.vocab_size}",
             )
         props["microgpt_xp.tokenizer"] = json.dumps(tokenizer.to_dict())
-    try:
-        import ndonnx as ndx
-        import onnx
-    except ImportError as exc:
-        raise ImportError(f"ONNX export needs ndonnx and onnx: {install_extra('onnx')}") from exc
-    host = {  # ndonnx's own arrays through unwrap_numpy, which refuses lazy ones
-        k: a.unwrap_numpy() if isinstance(a, ndx.Array) else _xp.to_numpy(a)
-        for k, a in params.arrays().items()
-    }
-    on_ndonnx = Params.trusted(params.config, {k: ndx.asarray(a) for k, a in host.items()})
-    inputs, outputs, shapes = _GRAPHS[graph](on_ndonnx, ndx)
-    model = ndx.build(inputs, outputs)
-    _constants_to_initializers(model.graph, onnx)
-    for value in model.graph.output:  # ndonnx leaves the dynamic dimensions unknown
-        dims = value.type.tensor_type.shape.dim
-        del dims[:]
-        for size in shapes[value.name]:
-            if isinstance(size, str):
-                dims.add().dim_param = size
-            else:
-                dims.add().dim_value = size
-    ndonnx_props = {p.key: p.value for p in model.metadata_props}  # ndonnx's schema
-    onnx.helper.set_model_props(model, {**ndonnx_props, **props})
-    onnx.checker.check_model(model, full_check=True)  # also checks the shapes declared
-    return model
+    return props
 
 
-#: ``(inputs, outputs, shapes)``: named ndonnx arguments and results, and the documented
-#: shape of each output (ints, or names of dynamic dimensions).
-Graph = tuple[dict[str, Any], dict[str, Any], dict[str, tuple[int | str, ...]]]
-
-
-def _forward_graph(params: Params, ndx: Any) -> Graph:
-    tokens = ndx.argument(shape=("batch", "time"), dtype=ndx.int64)
-    lengths = ndx.argument(shape=("batch",), dtype=ndx.int64)
+# -- the builders: the params on ndonnx (constants), ndonnx, the fixed sizes -> Graph ---------
+def _forward_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Graph:
+    b, t = (sizes[k] or k for k in ("batch", "time"))
+    tokens = ndx.argument(shape=(b, t), dtype=ndx.int64)
+    lengths = ndx.argument(shape=(b,), dtype=ndx.int64)
     logits = forward(params, tokens, lengths)
-    shape = ("batch", "time", params.config.vocab_size)
+    shape = (b, t, params.config.vocab_size)
     return {"tokens": tokens, "lengths": lengths}, {"logits": logits}, {"logits": shape}
 
 
-def _decode_graph(params: Params, ndx: Any) -> Graph:
+def _decode_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Graph:
     cfg = params.config
-    shape = (cfg.block_size, cfg.n_embd, "batch")
+    b = sizes["batch"] or "batch"
+    shape = (cfg.block_size, cfg.n_embd, b)
     layers = range(cfg.n_layer)
-    token_ids = ndx.argument(shape=("batch",), dtype=ndx.int64)
+    token_ids = ndx.argument(shape=(b,), dtype=ndx.int64)
     keys, values = (
         {f"{kind}_{i}": ndx.argument(shape=shape, dtype=params.dtype) for i in layers}
         for kind in ("keys", "values")
@@ -152,29 +289,265 @@ def _decode_graph(params: Params, ndx: Any) -> Graph:
         "new_pos": new.pos,
     }
     shapes: dict[str, tuple[int | str, ...]] = {name: shape for name in outputs}
-    shapes.update({"logits": ("batch", cfg.vocab_size), "new_pos": ()})
+    shapes.update({"logits": (b, cfg.vocab_size), "new_pos": ()})
     return {"token_ids": token_ids, **keys, **values, "pos": pos}, outputs, shapes
 
 
-_GRAPHS: dict[str, Callable[[Params, Any], Graph]] = {
+def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Graph:
+    """The loop carries ``(token, done, keys_0.., values_0.., pos)``; each position's row
+    of ids is a scan output; the condition is "some row has not drawn BOS yet"."""
+    cfg = params.config
+    xp, s, n, dtype = ndx, cfg.block_size, cfg.n_layer, params.dtype
+    b = sizes["batch"] or "batch"
+    bos = ndx.asarray(cfg.vocab_size - 1, dtype=ndx.int64)
+    uniforms = ndx.argument(shape=(b, s), dtype=dtype)
+    temperature = ndx.argument(shape=(), dtype=dtype)
+    # 1 / temperature computed in float64 and rounded, as the sampler's Python float is
+    inv_t = xp.astype(1.0 / xp.astype(temperature, xp.float64), dtype)
+    u_t = xp.permute_dims(uniforms, (1, 0))  # (S, B): a position's uniforms are a row
+    token0 = xp.astype(xp.zeros_like(uniforms[:, 0]), xp.int64) + bos
+    zeros = xp.zeros_like(uniforms[:, 0])[None, None, :] * xp.zeros((s, cfg.n_embd, 1), dtype=dtype)
+
+    def body(_i: Any, _cond: Any, *carried: Any) -> list[Any]:
+        token, done, *bufs, pos = (ndx.asarray(v) for v in carried)
+        cache = KVCache(tuple(bufs[:n]), tuple(bufs[n:]), pos)
+        u = xp.take(u_t, xp.reshape(pos, (1,)), axis=0)[0, :]
+        token, cache, done, row = _position(
+            params, cache, token, u, done, bos, inv_t, greedy=False, top_k=None
+        )
+        going = xp.logical_not(xp.all(done))
+        return [
+            a.unwrap_spox()
+            for a in (going, token, done, *cache.keys, *cache.values, cache.pos, row)
+        ]
+
+    initial = [token0, token0 != token0, *(zeros,) * (2 * n), ndx.asarray(0, dtype=ndx.int64)]
+    trips, cond = ndx.asarray(s, dtype=ndx.int64), ndx.asarray(True)
+    ran = _loop(trips, cond, initial, body)[-1]  # (positions run, B)
+    ids = xp.concat([ndx.asarray(ran), xp.astype(xp.zeros_like(u_t), xp.int64) + bos], axis=0)
+    ids = xp.permute_dims(ids[:s, :], (1, 0))
+    return {"uniforms": uniforms, "temperature": temperature}, {"ids": ids}, {"ids": (b, s)}
+
+
+def _loop(trips: Any, cond: Any, initial: list[Any], body: Any) -> list[Any]:
+    """An ONNX ``Loop`` (through spox: the only plumbing not from ndonnx) whose body takes
+    the iteration number and the condition as scalars (spox's ``loop`` declares them
+    ``(1,)``, which ONNX's shape inference rejects against a scalar condition)."""
+    import spox.opset.ai.onnx.v21 as op
+    from spox._attributes import AttrGraph
+    from spox._graph import subgraph
+    from spox._type_system import Tensor
+    from spox._var import unwrap_vars
+
+    spox = [a.unwrap_spox() for a in initial]
+    types = [Tensor(np.int64, ()), Tensor(np.bool_, ())] + [v.unwrap_type() for v in spox]
+    graph = subgraph(types, body)
+    node = op._Loop(
+        op._Loop.Attributes(body=AttrGraph(graph, name="body")),
+        op._Loop.Inputs(
+            M=unwrap_vars(trips.unwrap_spox()),
+            cond=unwrap_vars(cond.unwrap_spox()),
+            v_initial=unwrap_vars(spox),
+        ),
+        out_variadic=len(graph.requested_results) - 1,
+    )
+    return list(node.get_output_vars().v_final_and_scan_outputs)  # type: ignore[arg-type]
+
+
+STATE = ("wte", "wpe", "lm_head", "attn_wq", "attn_wk", "attn_wv", "attn_wo", "mlp_fc1",
+         "mlp_fc2", "adam_m", "adam_v", "adam_step")  # fmt: skip
+
+
+def _train_step_graph(
+    params: Params, ndx: Any, sizes: dict[str, int | None], *, optimizer: AdamConfig
+) -> Graph:
+    cfg = params.config
+    b, t = (sizes[k] or k for k in ("batch", "time"))
+    tokens = ndx.argument(shape=(b, t), dtype=ndx.int64)
+    lengths = ndx.argument(shape=(b,), dtype=ndx.int64)
+    state = {
+        k: ndx.argument(shape=a.shape, dtype=getattr(ndx, a.dtype.name))
+        for k, a in _state(params).items()
+    }
+    weights = {k: state[k] for k in params.arrays()}
+    adam = AdamState(state["adam_m"], state["adam_v"], state["adam_step"])
+    new_params, new_state, loss = train_step(
+        Params.trusted(cfg, weights), adam, tokens, lengths, optimizer=optimizer
+    )
+    new = {**new_params.arrays(), "adam_m": new_state.m, "adam_v": new_state.v}
+    new["adam_step"] = new_state.step
+    outputs = {"loss": loss, **{f"new_{k}": new[k] for k in state}}
+    shapes = {"loss": (), **{f"new_{k}": tuple(a.shape) for k, a in state.items()}}
+    return {"tokens": tokens, "lengths": lengths, **state}, outputs, shapes
+
+
+def _state(params: Params) -> dict[str, Any]:
+    """The train_step graph's initial state (NumPy arrays or ndonnx constants)."""
+    adam = adam_init(params)
+    state = {**params.arrays(), "adam_m": adam.m, "adam_v": adam.v, "adam_step": adam.step}
+    return {k: state[k] for k in STATE}
+
+
+def _initial_state_model(params: Params, onnx: Any) -> Any:
+    """The ``train_init`` graph: one ``Constant`` per state tensor. (Initializers named like
+    the train_step graph's inputs, ONNX's default values, would do in onnxruntime, but
+    onnxruntime-web refuses to feed an input it lists as an initializer.)"""
+    from onnx import helper, numpy_helper
+
+    nodes, outputs = [], []
+    for name, value in _state(params).items():
+        host = np.asarray(_xp.to_numpy(value))
+        tensor = numpy_helper.from_array(host, f"{name}_value")
+        nodes.append(helper.make_node("Constant", [], [name], value=tensor))
+        outputs.append(helper.make_tensor_value_info(name, tensor.data_type, list(host.shape)))
+    graph = helper.make_graph(nodes, "train_init", [], outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+_BUILDERS: dict[str, Callable[..., Graph]] = {
     "forward": _forward_graph,
     "decode": _decode_graph,
+    "generate": _generate_graph,
+    "train_step": _train_step_graph,
 }
+#: The graphs :func:`export_onnx` writes (the CLI's ``--graph`` choices).
+GRAPHS = (*_BUILDERS, "train_init")
 
 
+# -- the clean-up of the traced graph (measured: benchmarks/onnx_graphs.py) ------------------
 def _constants_to_initializers(graph: Any, onnx: Any) -> None:
-    """Move the tensors of the top-level ``Constant`` nodes (the weights among them) into
-    ``graph.initializer``, where ONNX tools look for weights."""
+    """Move the tensors of ``Constant`` nodes into ``graph.initializer``, where ONNX tools
+    look for weights: every one of the main graph, and those of subgraphs (the ``Loop``
+    body's weights: ndonnx computes ``qkv_weight``'s concatenation and the constants'
+    transposes while tracing) with at least 16 elements (a subgraph reads the outer names).
+    Each tensor is copied, then cleared at once: one tensor's copy at a time."""
     outputs = {o.name for o in graph.output}
-    kept = []
-    for node in graph.node:
-        attrs = {a.name: a for a in node.attribute}
-        if node.op_type == "Constant" and set(attrs) == {"value"} and node.output[0] not in outputs:
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(attrs["value"].t)
-            tensor.name = node.output[0]
-            graph.initializer.append(tensor)
-        else:
+
+    def walk(g: Any, top: bool) -> None:
+        kept = []
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == attr.GRAPH:
+                    walk(attr.g, False)
+            attrs = node.attribute
+            value = attrs[0] if node.op_type == "Constant" and len(attrs) == 1 else None
+            if (
+                value is not None
+                and value.name == "value"
+                and node.output[0] not in outputs
+                and (top or int(np.prod(value.t.dims)) >= 16)
+            ):
+                tensor = graph.initializer.add()
+                tensor.CopyFrom(value.t)
+                tensor.name = node.output[0]
+                value.t.Clear()
+                continue
             kept.append(node)
-    del graph.node[:]
-    graph.node.extend(kept)
+        if len(kept) < len(g.node):
+            del g.node[:]
+            g.node.extend(kept)
+
+    walk(graph, True)
+
+
+def _clean(graph: Any, onnx: Any) -> None:
+    """Remove, in place and in subgraphs too, what ndonnx adds for cases the graphs never
+    see, and then the nodes and initializers nothing uses. Shapes stay dynamic; results
+    are unchanged for the inputs the graphs take:
+
+    - the zero-size guards: every ``If`` whose condition is ``Equal(<a product of Size
+      nodes>, 0)`` (around each ``MatMul`` and reduction) becomes its ``else`` branch;
+    - the NaN check of a float ``max``, ``Where(ReduceMax(IsNaN(x)), NaN, ReduceMax(x))``,
+      becomes ``ReduceMax(x)`` (a NaN in ``x`` still reaches the results through ``x -
+      max``)."""
+    from onnx import helper, numpy_helper
+
+    small = {t.name: t for t in graph.initializer if int(np.prod(t.dims)) == 1}
+
+    def scalar(name: str, consts: dict[str, Any]) -> Any:
+        t = consts.get(name, small.get(name))
+        return None if t is None else numpy_helper.to_array(t).reshape(-1)[0]
+
+    def walk(g: Any) -> None:
+        producer = {o: n for n in g.node for o in n.output}
+        consts = {
+            n.output[0]: n.attribute[0].t
+            for n in g.node
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
+        }
+
+        def through(name: str, ops: tuple[str, ...]) -> Any:
+            n = producer.get(name)
+            while n is not None and n.op_type in ops:
+                n = producer.get(n.input[0])
+            return n
+
+        def from_sizes(name: str) -> bool:
+            n = producer.get(name)
+            if n is not None and n.op_type in ("Mul", "Identity", "Cast"):
+                return all(from_sizes(i) for i in n.input)
+            return n is not None and n.op_type == "Size"
+
+        def guard(node: Any) -> bool:
+            cond = producer.get(node.input[0]) if node.op_type == "If" else None
+            if cond is None or cond.op_type != "Equal":
+                return False
+            a, b = cond.input
+            return any(from_sizes(x) and scalar(y, consts) == 0 for x, y in ((a, b), (b, a)))
+
+        def nan_check(node: Any) -> bool:
+            if node.op_type != "Where":
+                return False
+            nan = scalar(node.input[1], consts)
+            red = through(node.input[0], ("Identity", "Squeeze", "Unsqueeze", "Cast"))
+            if nan is None or not np.isnan(nan) or red is None or red.op_type != "ReduceMax":
+                return False
+            src = through(red.input[0], ("Identity", "Squeeze", "Unsqueeze", "Cast"))
+            return src is not None and src.op_type == "IsNaN"
+
+        new = []
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == attr.GRAPH:
+                    walk(attr.g)
+            if guard(node):
+                branch = next(a.g for a in node.attribute if a.name == "else_branch")
+                new.extend(branch.node)
+                for out, res in zip(node.output, branch.output, strict=True):
+                    new.append(helper.make_node("Identity", [res.name], [out]))
+            elif nan_check(node):
+                new.append(helper.make_node("Identity", [node.input[2]], [node.output[0]]))
+            else:
+                new.append(node)
+        del g.node[:]
+        g.node.extend(_live(new, {o.name for o in g.output}))
+
+    walk(graph)
+    used = {o.name for o in graph.output}
+    for node in graph.node:
+        used |= _uses(node)
+    for i in reversed(range(len(graph.initializer))):  # in place: no copies
+        if graph.initializer[i].name not in used:
+            del graph.initializer[i]
+
+
+def _uses(node: Any) -> set[str]:
+    """The names ``node`` reads, its subgraphs' reads of outer names included."""
+    names = set(node.input)
+    for attr in node.attribute:
+        if attr.type == attr.GRAPH:
+            for sub in attr.g.node:
+                names |= _uses(sub)
+    return names
+
+
+def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
+    """``nodes`` without those whose results nothing uses."""
+    needed, kept = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed |= _uses(node)
+    return kept[::-1]

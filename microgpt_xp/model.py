@@ -75,10 +75,9 @@ def _backward(params: Params, dx: Array, caches: list[Any]) -> dict[str, Array]:
             per_layer[name].insert(0, g)
     dwte, dwpe = L.embedding_backward(L.rmsnorm_backward(dx, caches[1]), caches[0])
     xp = params.xp
-    # one layer: a view (1, ...), not a copy
+    # one layer: a view (1, ...), not a copy (an index, not a reshape: no dims read)
     stacked = {
-        n: xp.stack(gs, axis=0) if len(gs) > 1 else xp.reshape(gs[0], (1, *gs[0].shape))
-        for n, gs in per_layer.items()
+        n: xp.stack(gs, axis=0) if len(gs) > 1 else gs[0][None, ...] for n, gs in per_layer.items()
     }
     return {"wte": dwte, "wpe": dwpe, **stacked}
 
@@ -160,7 +159,9 @@ def loss_and_grads(
     if reduction == "mean":
         inv_n = 1.0 / xp.astype(n, valid.dtype)
         loss = xp.mean(xp.sum(losses, axis=1) * inv_n)
-        weights = valid * (inv_n * (1.0 / valid.shape[0]))[:, None]
+        rows = valid.shape[0]  # unknown on a lazy graph: the count of rows from the data
+        inv_b = 1.0 / rows if isinstance(rows, int) else 1.0 / xp.sum(xp.ones_like(inv_n))
+        weights = valid * (inv_n * inv_b)[:, None]
     else:
         inv_total = 1.0 / xp.sum(valid)
         loss = xp.sum(losses) * inv_total

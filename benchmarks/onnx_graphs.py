@@ -1,0 +1,224 @@
+"""The exported graphs against NumPy, float32, 2 intra-op threads by default:
+
+- ``forward``: the exported forward graph against ``mx.forward``, default model, B=1024;
+- ``generate``: 10,000 names through the generate graph (one ``session.run`` per batch of
+  ``--gen-batch`` rows) against ``mx.sample`` on NumPy, after 100 training steps;
+- ``train``: one step of the train_step graph against ``mx.train_step`` on NumPy at B=32
+  (T=16, default model), state fed back.
+
+Each graph runs as traced (``raw``), as exported (``clean``: ndonnx's zero-size guards and
+NaN checks removed), and that plus ``onnxscript``'s optimizer (``+oss``, shapes still
+dynamic); for ``train`` also with static shapes and the optimizer (``static+oss``). Ratio = NumPy's time / onnxruntime's, median of the per-round
+ratios (interleaved rounds, rounds where other processes used the CPUs dropped).
+
+    python -m benchmarks.onnx_graphs [--rounds 7] [--threads 2] [--cases forward,generate,train]
+        [--cpu-time]   # CPU seconds of this process instead of the wall clock
+        [--generic]    # export without primitives/_ndonnx.py's overrides
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import microgpt_xp as mx
+from benchmarks.bench.timing import Timed, calibrate, interleave, set_threads, summary
+
+
+def session(model: Any, threads: int) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def variants(params: Any, graph: str, **static: Any) -> dict[str, Any]:
+    """The graph as traced (``raw``), as exported (``clean``: :func:`export.onnx_model`'s
+    default), that plus onnxscript's optimizer where installed (``clean+oss``), and with
+    ``static`` sizes given, static + the optimizer (``static+oss``)."""
+    from microgpt_xp.export import onnx_model
+
+    out = {
+        "raw": onnx_model(params, graph=graph, clean=False),
+        "clean": onnx_model(params, graph=graph),
+    }
+    try:
+        import onnxscript.optimizer as oso
+    except ImportError:
+        return out
+    out["clean+oss"] = oso.optimize(onnx_model(params, graph=graph))
+    if static:
+        out["static+oss"] = oso.optimize(onnx_model(params, graph=graph, **static))
+    return out
+
+
+def compare_cpu(
+    numpy_fn: Callable[[], Any], ort_fns: dict[str, Callable[[], Any]], args: Any
+) -> str:
+    """Interleaved rounds timed by this process's CPU time (all its threads): on a loaded
+    machine the figure that other processes distort least (use with ``--threads 1``:
+    with more, threads that spin would count)."""
+    import time
+
+    fns = {"numpy": numpy_fn, **ort_fns}
+    for f in fns.values():
+        f()
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds):
+        order = list(fns) if r % 2 == 0 else list(fns)[::-1]
+        m = {}
+        for name in order:
+            reps, start = 0, time.process_time()
+            while True:
+                fns[name]()
+                reps += 1
+                spent = time.process_time() - start
+                if spent >= 0.2:
+                    break
+            m[name] = spent / reps
+        rounds.append(m)
+    parts = [f"numpy {1e3 * summary([m['numpy'] for m in rounds])['median']:.2f} ms"]
+    for k in ort_fns:
+        q = summary([m["numpy"] / m[k] for m in rounds])
+        ms = 1e3 * summary([m[k] for m in rounds])["median"]
+        parts.append(f"{k} {ms:.2f} ms = {q['median']:.2f}x ({q['q1']:.2f}..{q['q3']:.2f})")
+    return "; ".join(parts) + f" [CPU time, {len(rounds)} rounds]"
+
+
+def compare(numpy_fn: Callable[[], Any], ort_fns: dict[str, Callable[[], Any]], args: Any) -> str:
+    if args.cpu_time:
+        return compare_cpu(numpy_fn, ort_fns, args)
+    contenders = [Timed("numpy", numpy_fn), *(Timed(k, f) for k, f in ort_fns.items())]
+    for t in contenders:
+        calibrate(t, warmup=2, min_time=0.2)
+    rounds = interleave(contenders, args.rounds, max_other=args.max_other)
+    use = rounds.use()
+    parts = [f"numpy {1e3 * summary([m['numpy'] for m in use])['median']:.2f} ms"]
+    for k in ort_fns:
+        r = summary([m["numpy"] / m[k] for m in use])
+        ms = 1e3 * summary([m[k] for m in use])["median"]
+        parts.append(f"{k} {ms:.2f} ms = {r['median']:.2f}x ({r['q1']:.2f}..{r['q3']:.2f})")
+    clean = "" if rounds.filtered else ", none clean"
+    return "; ".join(parts) + f" [{len(use)} rounds, {rounds.dropped} dropped{clean}]"
+
+
+def forward_case(args: Any) -> str:
+    params = mx.init_params(mx.GPTConfig(27), dtype="float32")
+    b, t = 1024, 16
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 27, size=(b, t))
+    lengths = np.full(b, t)
+    feed = {"tokens": tokens, "lengths": lengths}
+    sessions = {k: session(m, args.threads) for k, m in variants(params, "forward").items()}
+    want = mx.forward(params, tokens, lengths)
+    errs = {k: float(np.max(np.abs(s.run(None, feed)[0] - want))) for k, s in sessions.items()}
+    fns = {k: (lambda s=s: s.run(None, feed)) for k, s in sessions.items()}
+    return compare(lambda: mx.forward(params, tokens, lengths), fns, args) + f"; errors {errs}"
+
+
+def generate_case(args: Any) -> str:
+    from microgpt_xp.sample import row_uniforms
+
+    result = mx.train(steps=100, dtype="float32")
+    params, tokenizer, n = result.params, result.tokenizer, args.samples
+    sessions = {k: session(m, args.threads) for k, m in variants(params, "generate").items()}
+    width = params.config.block_size
+    u = row_uniforms(1, 0, n, width).astype(np.float32)
+    temp = np.asarray(0.5, dtype=np.float32)
+    gb = args.gen_batch
+
+    def run(s: Any) -> list[str]:
+        names: list[str] = []
+        for a in range(0, n, gb):
+            (ids,) = s.run(None, {"uniforms": u[a : a + gb], "temperature": temp})
+            names.extend(tokenizer.decode_rows(ids))
+        return names
+
+    want = mx.sample(params, tokenizer, n, seed=1)
+    same = {k: run(s) == want for k, s in sessions.items()}
+    fns = {k: (lambda s=s: run(s)) for k, s in sessions.items()}
+    line = compare(lambda: mx.sample(params, tokenizer, n, seed=1), fns, args)
+    return line + f"; same names {same}"
+
+
+def train_case(args: Any) -> str:
+    from microgpt_xp.data import Tokenizer, default_docs
+    from microgpt_xp.export import onnx_model
+
+    cfg = mx.GPTConfig(27)
+    params = mx.init_params(cfg, dtype="float32", seed=0)
+    docs = default_docs()
+    tok = Tokenizer.from_docs(docs)
+    rng = np.random.default_rng(0)
+    b = 32
+    rows = [
+        [tok.bos, *tok.encode(docs[i])[: cfg.block_size - 1], tok.bos]
+        for i in rng.integers(0, len(docs), b)
+    ]
+    t = cfg.block_size + 1
+    tokens = np.array([r + [0] * (t - len(r)) for r in rows], dtype=np.int64)
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    models = variants(params, "train_step", batch=b, time=t)
+    sessions = {k: session(m, args.threads) for k, m in models.items()}
+    state = session(onnx_model(params, graph="train_init"), 1)
+    state0 = dict(zip([o.name for o in state.get_outputs()], state.run(None, {}), strict=True))
+    feeds = {k: {"tokens": tokens, "lengths": lengths, **state0} for k in sessions}
+    names = {k: [o.name for o in s.get_outputs()] for k, s in sessions.items()}
+
+    def step_ort(k: str) -> None:
+        res = dict(zip(names[k], sessions[k].run(None, feeds[k]), strict=True))
+        feeds[k] = {"tokens": tokens, "lengths": lengths,
+                    **{n[4:]: v for n, v in res.items() if n.startswith("new_")}}  # fmt: skip
+
+    box = {"p": params, "s": mx.adam_init(params)}
+
+    def step_np() -> None:
+        box["p"], box["s"], _ = mx.train_step(box["p"], box["s"], tokens, lengths, num_steps=10**9)
+
+    counts = {k: len(m.graph.node) for k, m in models.items()}
+    fns = {k: (lambda k=k: step_ort(k)) for k in sessions}
+    return compare(step_np, fns, args) + f"; top-level nodes {counts}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.onnx_graphs")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=10_000)
+    ap.add_argument("--gen-batch", type=int, default=1_000, help="rows per generate call")
+    ap.add_argument("--cases", default="forward,generate,train")
+    ap.add_argument("--max-other", type=float, default=0.05)
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time by this process's CPU time, not the wall clock (loaded machines)",
+    )
+    ap.add_argument(
+        "--generic",
+        action="store_true",
+        help="export without primitives/_ndonnx.py's overrides (the generic primitives)",
+    )
+    args = ap.parse_args()
+    if args.generic:
+        from microgpt_xp.primitives import _dispatch
+
+        _dispatch._MODULES = tuple(m for m in _dispatch._MODULES if m[1] != "_ndonnx")
+    threads = set_threads(args.threads)
+    print(f"BLAS threads {threads['blas_threads']}, onnxruntime intra-op threads {args.threads}")
+    cases = {"forward": forward_case, "generate": generate_case, "train": train_case}
+    for name in args.cases.split(","):
+        print(f"{name}: {cases[name](args)}", flush=True)
+    print("load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()

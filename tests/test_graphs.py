@@ -1,0 +1,146 @@
+"""The generate and train_step graphs in onnxruntime equal the library: ``generate`` gives
+``mx.sample``'s ids, ``train_step`` (from the ``train_init`` graph's state) NumPy's losses
+and weights, with a dynamic batch or a fixed one; sizes past protobuf's limit are refused
+before anything is built."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import microgpt_xp as mx
+from microgpt_xp.params import Params, field_shapes
+
+ndx = pytest.importorskip("ndonnx")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from microgpt_xp.export import export_onnx, onnx_model  # noqa: E402
+from microgpt_xp.sample import decode_batch, row_uniforms  # noqa: E402
+
+DEFAULT = mx.GPTConfig(27)
+TWO = mx.GPTConfig(27, n_layer=2)
+
+
+def session(model: Any) -> Any:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+@functools.cache
+def generate(config: mx.GPTConfig, dtype: str, clean: bool) -> tuple[Any, Any, Any]:
+    params = mx.init_params(config, seed=1, dtype=dtype)
+    model = onnx_model(params, graph="generate", clean=clean)
+    return params, model, session(model)
+
+
+@pytest.mark.parametrize(
+    ("config", "dtype", "clean"),
+    [(DEFAULT, "float32", True), (TWO, "float32", True), (DEFAULT, "float64", False)],
+)
+@pytest.mark.parametrize("temperature", [0.5, 1.0])
+def test_generate_equals_sample(
+    config: mx.GPTConfig, dtype: str, clean: bool, temperature: float
+) -> None:
+    params, _, sess = generate(config, dtype, clean)
+    u = row_uniforms(5, 0, 1000, config.block_size)
+    (ids,) = sess.run(
+        None, {"uniforms": u.astype(dtype), "temperature": np.asarray(temperature, dtype=dtype)}
+    )
+    want = decode_batch(params, config.vocab_size - 1, u, 1.0 / temperature)
+    assert ids.dtype == np.int64 and ids.shape == (1000, config.block_size)
+    np.testing.assert_array_equal(ids, want)
+
+
+def test_generate_any_batch_and_declared_shapes() -> None:
+    params, model, sess = generate(DEFAULT, "float32", True)
+    dims = [d.dim_param or d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", DEFAULT.block_size]
+    for b in (1, 3):
+        u = row_uniforms(9, 0, b, DEFAULT.block_size)
+        feed = {"uniforms": u.astype(np.float32), "temperature": np.asarray(0.7, np.float32)}
+        (ids,) = sess.run(None, feed)
+        np.testing.assert_array_equal(ids, decode_batch(params, 26, u, 1.0 / 0.7))
+
+
+def _batches(steps: int, block_size: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Batches of names of varying batch size and length (dynamic B and T)."""
+    docs = mx.default_docs()
+    tok = mx.Tokenizer.from_docs(docs)
+    rng = np.random.default_rng(seed)
+    out = []
+    for step in range(steps):
+        b = (32, 5, 1, 17)[step % 4]
+        rows = [[tok.bos, *tok.encode(docs[i]), tok.bos][: block_size + 1]
+                for i in rng.integers(0, len(docs), b)]  # fmt: skip
+        t = max(len(r) for r in rows)
+        tokens = np.array([r + [0] * (t - len(r)) for r in rows], dtype=np.int64)
+        out.append((tokens, np.array([len(r) for r in rows], dtype=np.int64)))
+    return out
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-5), ("float64", 1e-10)])
+def test_train_step_equals_numpy(dtype: str, tol: float) -> None:
+    params = mx.init_params(DEFAULT, seed=2, dtype=dtype)
+    sess = session(onnx_model(params, graph="train_step"))
+    init = session(onnx_model(params, graph="train_init"))
+    names = [o.name for o in sess.get_outputs()]
+    state = dict(zip([o.name for o in init.get_outputs()], init.run(None, {}), strict=True))
+    p, s = params, mx.adam_init(params)
+    for tokens, lengths in _batches(100, DEFAULT.block_size, seed=3):
+        res = dict(zip(names, sess.run(None, {"tokens": tokens, "lengths": lengths, **state}),
+                       strict=True))  # fmt: skip
+        p, s, loss = mx.train_step(p, s, tokens, lengths)
+        assert abs(float(res["loss"]) - float(loss)) <= tol * abs(float(loss))
+        state = {n[4:]: v for n, v in res.items() if n.startswith("new_")}
+    assert int(state["adam_step"]) == 100
+    for name, a in p.arrays().items():
+        np.testing.assert_allclose(state[name], np.asarray(a), rtol=0, atol=1e3 * tol)
+
+
+def test_train_step_static_shapes_and_metadata(tmp_path: Path) -> None:
+    params = mx.init_params(DEFAULT, seed=2)
+    hp = mx.AdamConfig(lr=0.02, num_steps=50)
+    path = export_onnx(params, tmp_path / "t.onnx", graph="train_step", batch=5, time=17,
+                       optimizer=hp)  # fmt: skip
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    meta = sess.get_modelmeta().custom_metadata_map
+    assert json.loads(meta["microgpt_xp.optimizer"]) == dataclasses.asdict(hp)
+    assert sess.get_inputs()[0].shape == [5, 17]
+    init = session(onnx_model(params, graph="train_init"))
+    state = dict(zip([o.name for o in init.get_outputs()], init.run(None, {}), strict=True))
+    assert list(state) == [i.name for i in sess.get_inputs()][2:]
+    ((tokens, lengths),) = [b for b in _batches(2, DEFAULT.block_size, seed=4) if len(b[0]) == 5]
+    tokens = np.pad(tokens, ((0, 0), (0, 17 - tokens.shape[1])))
+    loss = sess.run(["loss"], {"tokens": tokens, "lengths": lengths, **state})[0]
+    want = mx.train_step(params, mx.adam_init(params), tokens, lengths, optimizer=hp)[2]
+    assert abs(float(loss) - float(want)) <= 1e-5 * float(want)
+
+
+def test_size_and_shape_refusals(tmp_path: Path) -> None:
+    """Past 2 GiB of weights, refused from the sizes alone (the arrays take no memory)."""
+    big = mx.GPTConfig(27, n_layer=40, n_embd=2048, n_head=16, block_size=64)
+    arrays = {k: np.broadcast_to(np.float32(0), a) for k, a in field_shapes(big).items()}
+    huge = Params.trusted(big, arrays)
+    path = tmp_path / "m.onnx"
+    with pytest.raises(ValueError, match="past protobuf's 2 GiB limit") as info:
+        export_onnx(huge, path, graph="generate")
+    assert info.value.param == "params"  # type: ignore[attr-defined]
+    params = mx.init_params(DEFAULT)
+    for kwargs, message in [
+        ({"batch": 0}, "batch must be a positive int"),
+        ({"time": 17}, "time must be at most 16"),
+        ({"graph": "decode", "time": 3}, "time is fixed by the decode graph"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            export_onnx(params, path, **kwargs)
+    with pytest.raises(TypeError, match="optimizer must be an AdamConfig"):
+        export_onnx(params, path, graph="train_step", optimizer={"lr": 1.0})  # type: ignore[arg-type]
+    assert not path.exists()
