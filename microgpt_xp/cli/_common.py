@@ -237,8 +237,8 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "out": opt("file to write ('-': stdout, JSON only)", metavar="FILE", required=True),
     "format": opt("what to write", "json", choices=("json", "onnx")),
     "graph": opt(
-        "with --format onnx: the whole-sequence forward or one decoding step (default: forward)",
-        choices=("forward", "decode"),
+        "with --format onnx: the graph to write (see microgpt_xp.export; default: forward)",
+        choices=("forward", "decode", "generate", "train_step", "train_init"),
     ),
     "json": flag("print JSON instead of text (train, replay: a summary with the losses)"),
     "microgpt_exact": flag(

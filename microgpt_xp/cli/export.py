@@ -22,8 +22,9 @@ def add_parser(sub: cli.Subcommands) -> None:
         "after the last character).\n\n"
         "--format onnx: a standalone ONNX model built by running the model's own code on\n"
         "ndonnx's lazy arrays (--graph forward: tokens (batch, time) and lengths (batch,) in,\n"
-        "logits (batch, time, vocab) out; --graph decode: one KV-cache step); needs the\n"
-        "[onnx] extra. Either file is written atomically.",
+        "logits (batch, time, vocab) out; --graph decode: one KV-cache step; generate: a\n"
+        "whole batch of samples from uniforms; train_step: one Adam step, train_init: its\n"
+        "initial state); needs the [onnx] extra. Either file is written atomically.",
     )
     cli.add(x, "checkpoint out format graph")
     x.set_defaults(handler=run)
