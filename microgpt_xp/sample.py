@@ -179,7 +179,7 @@ def sample(
 
 def choose(probs: Any, u: Any) -> Any:
     """``(B,)`` int64 inverse-CDF draws as ``random.choices`` makes them, of ``probs (B, V)``
-    (unnormalised) with ``u (B,)`` in ``[0, 1)``: how many of ``c[0..V-2]`` are ``<= u * c[V-1]``."""
+    (unnormalised), ``u (B,)`` in ``[0, 1)``: how many of ``c[0..V-2]`` are ``<= u * c[V-1]``."""
     xp = array_namespace(probs, u)
     return choose_columns(xp.matrix_transpose(probs), u)
 

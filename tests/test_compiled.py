@@ -123,7 +123,7 @@ def test_adam_update_compiles_once_for_every_step(compiles: list[str]) -> None:
 
 # -- the drivers ---------------------------------------------------------------------------------
 def _train_compiles(compiles: list[str]) -> list[int]:
-    """How often train's step functions compiled (train.py: the loss and gradient, then the update)."""
+    """How often train's two compiled functions compiled (loss and gradient; update)."""
     return [compiles.count(name) for name in ("_flat_loss_and_grads", "_update")]
 
 

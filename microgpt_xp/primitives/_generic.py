@@ -38,7 +38,7 @@ def full(shape: tuple[int, ...], value: float, like: Array, *, dtype: Any = None
 
 @overridable()
 def positions(x: Array, axis: int = 1) -> Array:
-    """``(n,)`` int64 ``0 .. n-1`` along ``axis`` of ``x`` (a running count where ``n`` is unknown)."""
+    """``(n,)`` int64 ``0 .. n-1`` along ``axis`` of ``x`` (a running count if ``n`` is unknown)."""
     xp = array_namespace(x)
     n = x.shape[axis]
     if isinstance(n, int):
@@ -68,7 +68,7 @@ def linear_input_grad(dy: Array, w: Array) -> Array:
 @overridable()
 def weight_grad(dy: Array, x: Array) -> Array:
     """:func:`linear`'s weight gradient, ``Σ dy ⊗ x`` over the leading positions: ``dy (…,
-    n_out)``, ``x (…, n_in)`` -> ``(n_out, n_in)`` (a ``tensordot`` where a last axis is unknown)."""
+    n_out)``, ``x (…, n_in)`` -> ``(n_out, n_in)`` (``tensordot`` if a last axis is unknown)."""
     xp = array_namespace(dy, x)
     if dy.shape[-1] is None or x.shape[-1] is None:
         lead = list(range(dy.ndim - 1))

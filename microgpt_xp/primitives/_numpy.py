@@ -91,7 +91,7 @@ def one_hot(ids: Any, num_classes: int, dtype: Any, *, axis: int = -1) -> Any:
 
 
 class Attention(NamedTuple):
-    """:func:`causal_attention`'s cache: ``q, k, v (B, H, T, D)`` views, ``att[h, key, b, query]``."""
+    """:func:`causal_attention`'s cache: ``q, k, v (B, H, T, D)`` views, ``att[h, k, b, q]``."""
 
     q: Any
     k: Any
