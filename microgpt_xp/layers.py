@@ -1,11 +1,6 @@
-"""The model's building blocks as forward/backward pairs, written once against the Array API.
-
-Each ``*_forward(...)`` returns ``(out, cache)`` and each ``*_backward(dout, cache)`` the
-gradients of its inputs, as llm.c's ``train_gpt2`` does. Namespace and device come from
-the arguments; no array is mutated and no value branched on, so the same code runs eagerly,
-lazily (Dask), traced (JAX) and symbolically (ndonnx). Shapes: activations ``(B, T, C)`` or
-``(…, C)``; ``V`` vocabulary, ``H`` heads, ``D`` head channels.
-"""
+"""The model's blocks as forward/backward pairs (llm.c's style): ``*_forward`` returns ``(out,
+cache)``, ``*_backward(dout, cache)`` the input gradients. Nothing mutated, no value branched
+on: runs eagerly, lazily, traced and symbolically. ``V`` vocab, ``H`` heads, ``D`` head size."""
 
 from __future__ import annotations
 
@@ -20,7 +15,6 @@ RMSNORM_EPS = 1e-5
 Array = Any
 
 
-# -- embedding ------------------------------------------------------------------------
 def embedding_forward(tokens: Array, wte: Array, wpe: Array) -> tuple[Array, Any]:
     """``e (B, T, C)``, ``wte[tokens[b, t]] + wpe[t]`` (exact lookups) of ``tokens (B, T)``
     ids in ``[0, V)``, ``wte (V, C)`` and ``wpe (block_size, C)``."""
@@ -41,7 +35,6 @@ def embedding_backward(de: Array, cache: Any) -> tuple[Array, Array]:
     return dwte, dwpe
 
 
-# -- linear ---------------------------------------------------------------------------
 def linear_forward(x: Array, w: Array) -> tuple[Array, Any]:
     """``y = x @ w.T`` for ``x (…, n_in)`` and ``w (n_out, n_in)``: ``y (…, n_out)``."""
     return P.linear(x, w), (x, w)
@@ -53,12 +46,9 @@ def linear_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
     return P.linear_input_grad(dy, w), P.weight_grad(dy, x)
 
 
-# -- rmsnorm --------------------------------------------------------------------------
 def rmsnorm_forward(x: Array, size: int) -> tuple[Array, Any]:
-    """RMSNorm without gain over the last axis, ``x * (sum(x²) * (1/C) + 1e-5) ** -0.5``:
-    ``x (…, C)`` -> ``(…, C)``, ``C = size`` (a symbolic shape may not tell it). The scale
-    is computed on ``(…,)`` and broadcast once (ONNX runtimes run a length-1 last axis
-    element by element)."""
+    """RMSNorm without gain, ``x * (sum(x²) * (1/C) + 1e-5) ** -0.5``: ``x (…, C)`` -> ``(…, C)``,
+    ``C = size``; the scale computed on ``(…,)`` (ONNX runtimes are slow on a length-1 axis)."""
     ms = P.sum_last(x * x)[..., 0] * (1.0 / size)
     s = ((ms + RMSNORM_EPS) ** -0.5)[..., None]
     return x * s, (x, s, size)
@@ -78,17 +68,12 @@ def rmsnorm_backward(dy: Array, cache: Any) -> Array:
     return s * (dy - (s * s * (1.0 / size) * dot) * x)
 
 
-# -- decoding -----------------------------------------------------------------------------
 def decode_attention(
     q_t: Array, keys: Array, values: Array, seen: Any, *, n_head: int, head_dim: int
 ) -> Array:
-    """One query per sequence over the cache, in decoding's column layout: ``q_t (C, B)``,
-    ``keys, values (P, C, B)`` (``C = n_head * head_dim``) -> ``(C, B)``, the heads'
-    outputs in head order. ``seen`` is what :func:`~microgpt_xp.primitives.cache_write`
-    returns: an int ``n`` (attend to slots ``0..n-1``) or a ``(P,)`` mask (the hidden slots
-    get weight exactly 0 and add exact zeros after the visible ones, so both give the same
-    sums). Scores and outputs are products summed over the head-channel and position axes,
-    in the original's order; ``B`` need not be known."""
+    """One query per sequence over the cache: ``q_t (C, B)``, ``keys, values (P, C, B)`` ->
+    ``(C, B)``. ``seen`` from :func:`~microgpt_xp.primitives.cache_write`: an int ``n`` (slots
+    ``0..n-1``) or a ``(P,)`` mask (hidden slots add exact zeros: the same sums)."""
     xp = array_namespace(q_t, keys, values)
     if isinstance(seen, int):
         keys, values = keys[:seen, ...], values[:seen, ...]

@@ -1,12 +1,7 @@
-"""The GPT: whole-sequence ``forward``, token-by-token ``decode_step`` with a ``KVCache``,
-``loss_and_grads`` (the hand-written backward pass), ``train_step`` and ``score``.
-
-Composed from the forward/backward pairs of :mod:`microgpt_xp.layers` and the operations of
-:mod:`microgpt_xp.primitives`, on whatever namespace and device the inputs live on. Only the
-config's sizes are Python ints (a symbolic array's batch and time may be unknown). Each
-public function checks its inputs once, at its start (:mod:`microgpt_xp._checks`: values are
-not read on traced or symbolic arrays, and ride along with Dask's graph).
-"""
+"""The GPT: ``forward``, ``decode_step`` with a ``KVCache``, ``loss_and_grads`` (hand-written
+backward), ``train_step`` and ``score``, on the inputs' namespace and device. Only the
+config's sizes are Python ints (a symbolic batch and time may be unknown); each public
+function checks its inputs once, at its start (:mod:`microgpt_xp._checks`)."""
 
 from __future__ import annotations
 
@@ -32,10 +27,8 @@ def qkv_weight(params: Params, layer: int) -> Array:
     )
 
 
-# -- forward and backward over whole sequences ---------------------------------------------
 def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
-    """The last hidden state ``(B, T, C)`` of valid ``tokens (B, T)`` and the caches of
-    :func:`_backward`."""
+    """The last hidden state ``(B, T, C)`` of valid ``tokens (B, T)`` and the caches."""
     cfg = params.config
     c = cfg.n_embd
     e, c_emb = L.embedding_forward(tokens, params.wte, params.wpe)
@@ -57,8 +50,7 @@ def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
 
 
 def _backward(params: Params, dx: Array, caches: list[Any]) -> dict[str, Array]:
-    """Gradients of every weight but ``lm_head`` from ``dx (B, T, C)``, the gradient of the
-    last hidden state, walking the caches in reverse."""
+    """Gradients of every weight but ``lm_head`` from ``dx (B, T, C)``, the last hidden state's."""
     cfg = params.config
     c = cfg.n_embd
     per_layer: dict[str, list[Array]] = {name: [] for name in LAYER_FIELDS}
@@ -74,16 +66,32 @@ def _backward(params: Params, dx: Array, caches: list[Any]) -> dict[str, Array]:
         for name, g in zip(LAYER_FIELDS, grads, strict=True):
             per_layer[name].insert(0, g)
     dwte, dwpe = L.embedding_backward(L.rmsnorm_backward(dx, caches[1]), caches[0])
-    xp = params.xp
-    # one layer: a view (1, ...), not a copy (an index, not a reshape: no dims read)
-    stacked = {
-        n: xp.stack(gs, axis=0) if len(gs) > 1 else gs[0][None, ...] for n, gs in per_layer.items()
-    }
-    return {"wte": dwte, "wpe": dwpe, **stacked}
+    return {"wte": dwte, "wpe": dwpe, **{n: _stack_layers(gs) for n, gs in per_layer.items()}}
+
+
+def _stack_layers(per_layer: list[Array]) -> Array:
+    """The layers' gradients ``(n_layer, ...)``; one layer: a view, not a copy (and no
+    shape read: a symbolic one may be unknown)."""
+    if len(per_layer) == 1:
+        return per_layer[0][None, ...]
+    return _xp.array_namespace(per_layer[0]).stack(per_layer, axis=0)
+
+
+def _row_weights(n: Array, valid: Array, reduction: str) -> tuple[Array, Array]:
+    """The loss's weight of each position ``(B, T)`` and the per-row (``"mean"``: ``1/n``)
+    or total (``"token_mean"``) factor. ``1/B`` from the data where ``B`` is unknown."""
+    xp = _xp.array_namespace(valid)
+    if reduction == "mean":
+        inv_n = 1.0 / xp.astype(n, valid.dtype)
+        rows = valid.shape[0]
+        inv_b = 1.0 / rows if isinstance(rows, int) else 1.0 / xp.sum(xp.ones_like(inv_n))
+        return valid * (inv_n * inv_b)[:, None], inv_n
+    inv_total = 1.0 / xp.sum(valid)
+    return valid * inv_total, inv_total
 
 
 def _safe_tokens(tokens: Array, lengths: Array) -> Array:
-    """Padding replaced by id 0, so that whatever the padding holds never reaches the model."""
+    """Padding replaced by id 0, so that it never reaches the model."""
     xp = _xp.array_namespace(tokens)
     real = P.positions(tokens)[None, :] < lengths[:, None]
     return xp.where(real, tokens, xp.zeros_like(tokens))
@@ -115,9 +123,8 @@ def _check_reduction(reduction: str) -> None:
 
 
 def _nll(params: Params, tokens: Array, lengths: Array) -> tuple[Array, ...]:
-    """Of checked documents ``(B, L)``: per-position losses ``(B, T)`` (0 at padding), the
-    per-row number of predictions ``n = min(lengths - 1, block_size)``, the ``(B, T)``
-    mask of predicted positions and the caches of the forward pass and of the loss."""
+    """Of documents ``(B, L)``: losses ``(B, T)`` (0 at padding), ``n = min(lengths - 1,
+    block_size)``, the ``(B, T)`` mask of predicted positions and the caches."""
     xp = params.xp
     safe = _safe_tokens(tokens, lengths)
     inputs, targets = safe[:, :-1], safe[:, 1:]
@@ -156,16 +163,8 @@ def loss_and_grads(
     )
     xp = params.xp
     losses, n, valid, caches, c_head = _nll(params, tokens, lengths)
-    if reduction == "mean":
-        inv_n = 1.0 / xp.astype(n, valid.dtype)
-        loss = xp.mean(xp.sum(losses, axis=1) * inv_n)
-        rows = valid.shape[0]  # unknown on a lazy graph: the count of rows from the data
-        inv_b = 1.0 / rows if isinstance(rows, int) else 1.0 / xp.sum(xp.ones_like(inv_n))
-        weights = valid * (inv_n * inv_b)[:, None]
-    else:
-        inv_total = 1.0 / xp.sum(valid)
-        loss = xp.sum(losses) * inv_total
-        weights = valid * inv_total
+    weights, inv = _row_weights(n, valid, reduction)
+    loss = xp.mean(xp.sum(losses, axis=1) * inv) if reduction == "mean" else xp.sum(losses) * inv
     dx, dlm_head = P.head_cross_entropy_backward(weights, c_head)
     grads = _backward(params, dx, caches)
     return loss, Params.trusted(cfg, {**grads, "lm_head": dlm_head})
@@ -210,19 +209,13 @@ def score(params: Params, tokens: Array, lengths: Array, *, jit: bool | None = N
     return xp.sum(losses, axis=1) * (1.0 / xp.astype(n, losses.dtype))
 
 
-# -- token-by-token decoding ----------------------------------------------------------------
 @dataclass(frozen=True)
 class KVCache:
-    """Keys and values of the positions decoded so far, for a batch, in fixed-size buffers.
-
-    ``keys[l]`` and ``values[l]`` are layer ``l``'s ``(block_size, C, B)`` buffers, one
-    column per sequence; ``pos`` is the number of positions decoded so far. With ``pos`` a
-    0-d integer array (:meth:`zeros`), each step writes one slot with ``where``: the
-    shapes never change and a compiled step (``jax.jit``) compiles once per batch size.
-    With ``pos`` a Python int, the slot is written in place where the arrays allow it (the
-    sampler's cache). A JAX pytree when JAX is installed. ``KVCache()`` is a fresh cache
-    that the first :func:`decode_step` allocates for its batch.
-    """
+    """Keys and values of the positions decoded so far: ``keys[l]``, ``values[l]`` layer
+    ``l``'s ``(block_size, C, B)`` buffers, ``pos`` the positions decoded. A 0-d array
+    ``pos`` (:meth:`zeros`): slots written by ``where`` (a compiled step compiles once per
+    batch size); an int: in place where allowed. A JAX pytree. ``KVCache()``: allocated by
+    the first :func:`decode_step`."""
 
     keys: tuple[Array, ...] = ()
     values: tuple[Array, ...] = ()
@@ -282,14 +275,9 @@ def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array
 
 
 def decode_hidden(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array, KVCache]:
-    """The decoding kernel, :func:`decode_step` up to the last hidden state without the
-    checks (ids the model sampled, an allocated cache): ``(x_t (C, B), new_cache)``, one
-    column per sequence, so that ``lm_head @ x_t`` is the logits laid out ``(V, B)``.
-
-    The step runs in this column layout: linear layers are ``w @ x_t``, norms and the
-    softmax reduce over leading axes, ``q``, ``k``, ``v`` are row blocks of one ``(3C, B)``
-    product; the cache write is :func:`~microgpt_xp.primitives.cache_write`.
-    """
+    """:func:`decode_step` up to the last hidden state, unchecked (sampled ids, an allocated
+    cache): ``(x_t (C, B), new_cache)``, one column per sequence (``lm_head @ x_t`` is the
+    logits ``(V, B)``); linear layers are ``w @ x_t``, reductions over leading axes."""
     cfg = params.config
     xp = params.xp
     c = cfg.n_embd

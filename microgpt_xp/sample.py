@@ -1,9 +1,5 @@
-"""Batched generation through the KV cache, with temperature, top-k and a prompt.
-
-:func:`iter_sample_tokens` makes the batches, each through ``runner.map`` (whatever the
-runner) and the one loop :func:`decode_batch`; :func:`sample_tokens`, :func:`iter_samples`
-and :func:`sample` wrap it with the same options (:class:`SampleOptions`).
-"""
+"""Batched generation through the KV cache, with temperature, top-k and a prompt: the batches
+of :func:`iter_sample_tokens` go through ``runner.map`` and the one loop :func:`decode_batch`."""
 
 from __future__ import annotations
 
@@ -28,33 +24,20 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 
-#: The largest logit magnitude for which ``logits / temperature`` is sure not to overflow
-#: when the temperature is at least ``LOGIT_BOUND / finfo(dtype).max``; below that,
-#: sampling draws the argmax (see :func:`decode_batch`).
+#: Below a temperature of ``LOGIT_BOUND / finfo(dtype).max`` sampling draws the argmax.
 LOGIT_BOUND = 1e4
 
-#: Samples generated at once by default: a position's Python overhead is paid over many
-#: rows and a batch's cache stays in the CPU's caches (``python -m benchmarks.e2e sample``).
+#: Samples generated at once by default (``python -m benchmarks.e2e sample``).
 DEFAULT_BATCH_SIZE = 1_000
 
 
 class SampleOptions(TypedDict, total=False):
-    """The options every sampling function takes.
-
-    Attributes:
-        temperature: divides the logits (default 0.5); a finite number > 0.
-        seed: sample ``i`` is driven by row ``i`` of ``default_rng(seed).random((N,
-            block_size))`` (:func:`row_uniforms`), whatever the batching (default 0).
-        top_k: draw among the ``k`` largest logits only (ties with the ``k``-th kept);
-            ``None`` (default): among all.
-        prompt: the start every sample continues (ids after BOS; the text for
-            :func:`sample`/:func:`iter_samples`); samples are returned with it.
-        batch_size: samples generated at once (default :data:`DEFAULT_BATCH_SIZE`).
-        runner: how a batch is spread over workers (default: this process; Dask params:
-            one task per chunk of ``chunks`` samples).
-        chunks, workers, jit: one-word spellings of ``runner=DaskTasks(chunks)``,
-            ``Processes(workers)`` and ``Local(jit)``.
-    """
+    """The options of every sampling function: ``temperature`` (> 0, default 0.5); ``seed``
+    (default 0: sample ``i`` uses row ``i`` of ``default_rng(seed).random((N, block_size))``
+    whatever the batching); ``top_k`` (the ``k`` largest logits, ties kept; ``None``: all);
+    ``prompt`` (ids after BOS, text for :func:`sample`; returned with the samples);
+    ``batch_size`` (:data:`DEFAULT_BATCH_SIZE`); ``runner`` (default this process) or its
+    one-word spellings ``chunks``, ``workers``, ``jit``."""
 
     temperature: float
     seed: int
@@ -81,12 +64,9 @@ def check_temperature(temperature: Any) -> float:
 def iter_sample_tokens(
     params: Params, bos: int, num_samples: int, **options: Unpack[SampleOptions]
 ) -> Iterator[np.ndarray]:
-    """Generate ``num_samples`` sequences from BOS (then the prompt), a batch at a time:
-    yields ``(b, block_size)`` int64 host arrays, each row the prompt's ids, the sampled
-    ids up to the first sampled BOS, then BOS. The arguments are checked now, the work is
-    done as batches are taken (the runner is closed when the iterator ends or is closed).
-    For a seed, the ids do not depend on the batch size, the runner or ``jit``.
-    """
+    """``num_samples`` sequences from BOS (then the prompt), as ``(b, block_size)`` int64 host
+    batches: the prompt, the sampled ids, BOS from the first sampled BOS on. Checked now, run
+    as batches are taken; for a seed the ids depend not on batch size, runner or ``jit``."""
     unknown = set(options) - set(SampleOptions.__annotations__)
     if unknown:
         raise TypeError(f"unexpected sampling options {sorted(unknown)}")
@@ -190,18 +170,16 @@ def iter_samples(
 def sample(
     params: Params, tokenizer: Tokenizer, num_samples: int = 20, **options: Unpack[SampleOptions]
 ) -> list[str]:
-    """``num_samples`` documents (names) generated with the KV cache, each from BOS (and the
-    ``prompt``) to the first sampled BOS or ``block_size`` tokens (see
-    :func:`iter_sample_tokens`)."""
+    """``num_samples`` documents (names), each from BOS (and ``prompt``) to the first sampled
+    BOS or ``block_size`` tokens (:func:`iter_sample_tokens`)."""
     return [
         name for names in iter_samples(params, tokenizer, num_samples, **options) for name in names
     ]
 
 
 def choose(probs: Any, u: Any) -> Any:
-    """``(B,)`` int64 ids, one inverse-CDF draw per row as ``random.choices`` makes it, of
-    ``probs (B, V)`` (not necessarily normalised) with uniforms ``u (B,)`` in ``[0, 1)``:
-    the number of running sums ``c[0..V-2]`` that are ``<= u * c[V-1]``."""
+    """``(B,)`` int64 inverse-CDF draws as ``random.choices`` makes them, of ``probs (B, V)``
+    (unnormalised), ``u (B,)`` in ``[0, 1)``: how many of ``c[0..V-2]`` are ``<= u * c[V-1]``."""
     xp = array_namespace(probs, u)
     return choose_columns(xp.matrix_transpose(probs), u)
 
@@ -230,24 +208,13 @@ def decode_batch(
     early_stop: bool = True,
     jit: bool | None = None,
 ) -> np.ndarray:
-    """Generate one batch from BOS (then ``prompt``) through the KV cache with host
-    ``uniforms (b, block_size)`` (row ``i`` drives sample ``i``); returns ``(b,
-    block_size)`` int64 host ids: the prompt, the sampled ids, BOS from the first sampled
-    BOS on.
-
-    Position ``p`` feeds the token at ``p`` and draws the one at ``p + 1`` with
-    ``uniforms[:, p]``; at the prompt's positions the draw is replaced by the prompt. Each
-    position is one call of :func:`_position`, compiled once per batch size where the
-    namespace has a compiler and ``jit`` allows (the cache's position an array, written
-    with ``where``), else run eagerly on a Python-int position (the cache written in place
-    where the arrays allow it). With ``early_stop`` (the default) the loop ends once every
-    row has drawn BOS, and on an in-place cache the rows that have leave the batch once
-    they are a quarter of it (a row's sums do not depend on the others: the same ids).
-
-    A temperature so small that ``logits / temperature`` could overflow the params' dtype
-    (``inv_temperature * LOGIT_BOUND`` above its largest value) draws the argmax (ties
-    drawn among), the limit of sampling as the temperature goes to 0.
-    """
+    """One batch from BOS (then ``prompt``) with host ``uniforms (b, block_size)`` (row ``i``
+    drives sample ``i``) -> ``(b, block_size)`` int64 host ids as :func:`iter_sample_tokens`.
+    Position ``p`` draws token ``p + 1`` with ``uniforms[:, p]`` by :func:`_position`,
+    compiled once per batch size where allowed, else eager with the cache written in place.
+    ``early_stop``: stop once every row drew BOS; an in-place cache drops finished rows once
+    they are a quarter (the same ids). A temperature that could overflow the logits
+    (``inv_temperature * LOGIT_BOUND > finfo.max``) draws the argmax, ties drawn among."""
     xp, backend, dev = params.xp, params.backend, params.device
     compile_fn = _xp.compiler(backend, jit)
     b, t = uniforms.shape
@@ -294,8 +261,7 @@ def decode_batch(
 
 
 def _keep_columns(xp: Any, buf: Any, idx: Any, filled: int) -> Any:
-    """A new ``(P, C, len(idx))`` buffer holding columns ``idx`` of ``buf (P, C, B)`` in
-    its first ``filled`` slots (the later ones are written before they are read)."""
+    """Columns ``idx`` of ``buf (P, C, B)`` in a new buffer's first ``filled`` slots."""
     new = xp.empty_like(buf[:, :, : idx.shape[0]])
     new[:filled, ...] = xp.take(buf[:filled, ...], idx, axis=2)
     return new
@@ -303,8 +269,7 @@ def _keep_columns(xp: Any, buf: Any, idx: Any, filled: int) -> Any:
 
 @functools.cache
 def _position_fn(greedy: bool, top_k: int | None) -> Callable[..., Any]:
-    """:func:`_position` with its static choices bound (one object per choice, so that a
-    compiled version is built once)."""
+    """:func:`_position` with its static choices bound, one object each (compiled once)."""
     return functools.partial(_position, greedy=greedy, top_k=top_k)
 
 
@@ -320,15 +285,12 @@ def _position(
     greedy: bool,
     top_k: int | None,
 ) -> tuple[Any, KVCache, Any, Any]:
-    """One position of :func:`decode_batch`: ``token (B,)`` in; the next ``token``, the
-    cache, ``done (B,)`` (rows that have drawn BOS) and the ``row (B,)`` to record (BOS
-    from a row's first BOS on) out. ``u (B,)`` uniforms, ``bos`` and ``inv_t`` 0-d arrays.
-    ``greedy`` draws among the largest logits; ``top_k`` among the ``k`` largest (ties with
-    the ``k``-th kept)."""
+    """One position of :func:`decode_batch`: ``token (B,)`` -> the next ``token``, the cache,
+    ``done (B,)`` (rows that drew BOS) and the ``row (B,)`` to record. ``u (B,)``; ``bos``,
+    ``inv_t`` 0-d arrays; ``greedy``: the largest logits; ``top_k``: the ``k`` largest."""
     xp = params.xp
     x_t, cache = decode_hidden(params, token, cache)  # the model's own draws: no checks
-    # logits / temperature = (lm_head * inv_t) @ x_t laid out (V, B): the softmax and the
-    # draw reduce over the leading axis; the draw is scale-free (exponentials unnormalised)
+    # logits / temperature laid out (V, B); the draw is scale-free (unnormalised exp)
     z = (params.lm_head @ x_t) if greedy else (params.lm_head * inv_t) @ x_t
     top = xp.max(z, axis=0, keepdims=True)
     weights = xp.astype(z == top, z.dtype) if greedy else xp.exp(z - top)
@@ -340,10 +302,8 @@ def _position(
     return token, cache, done, xp.where(done, bos, token)
 
 
-# -- the draws ------------------------------------------------------------------------------
 def row_uniforms(seed: int, start: int, stop: int, width: int) -> np.ndarray:
-    """Rows ``start .. stop - 1`` of ``numpy.random.default_rng(seed).random((N, width))``
-    (any ``N >= stop``) without drawing the rows before them: sampling's uniforms."""
+    """Rows ``start .. stop - 1`` of ``default_rng(seed).random((N, width))``, undrawn before."""
     bits = np.random.PCG64(seed)  # what default_rng(seed) wraps
     bits.advance(start * width)
     return np.random.Generator(bits).random((stop - start, width))

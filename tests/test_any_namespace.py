@@ -177,3 +177,10 @@ def test_ndonnx_lazy_arrays_build_the_forward_with_unknown_batch_and_time(
         mx.forward(params, ndx.argument(shape=(2, 9), dtype=ndx.int64))
     with pytest.raises(TypeError, match="integer dtype"):
         mx.forward(params, ndx.argument(shape=("b", "t"), dtype=ndx.float64))
+    # training on a dynamic batch (issue 32): no Python int is read from the batch
+    tokens = ndx.argument(shape=("batch", 9), dtype=ndx.int64)
+    for reduction in ("mean", "token_mean"):
+        state = mx.adam_init(params)
+        new, new_state, loss = mx.train_step(params, state, tokens, lengths, reduction=reduction)
+        assert loss.ndim == 0 and tuple(new.wpe.shape) == (8, 8)
+        assert tuple(new_state.m.shape) == tuple(state.m.shape)

@@ -1,10 +1,6 @@
-"""The forward pass against the independent scalar oracle (``tests/reference.py``), the
-KV-cache decoder against the whole-sequence forward, padding and batch-order invariance,
-and the weights record (init, state dict, moves between namespaces).
-
-Every test that concerns the array code takes the ``backend`` fixture, so each nox
-session checks its own namespace.
-"""
+"""The forward pass against the scalar oracle (``tests/reference.py``), the KV-cache decoder
+against the forward, padding and batch-order invariance, and the weights record; array tests
+take the ``backend`` fixture."""
 
 from __future__ import annotations
 

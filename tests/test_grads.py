@@ -1,11 +1,6 @@
-"""Gradients: every block of ``microgpt_xp.layers`` alone against central finite
-differences, and the whole model's ``loss_and_grads`` against finite differences and
-against the scalar reverse-mode autograd of ``tests/reference.py`` (spec §6–§7).
-
-Finite differences are taken along random directions ``u``: the central difference
-``(f(x + h u) − f(x − h u)) / 2h`` against ``<grad, u>``, a well-conditioned scalar even
-when single gradient entries are tiny. Everything runs in float64 on the ``backend``.
-"""
+"""Gradients of every layer and of ``loss_and_grads`` against central finite differences along
+random directions (``(f(x + h u) − f(x − h u)) / 2h`` against ``<grad, u>``) and the scalar
+autograd of ``tests/reference.py`` (spec §6–§7), in float64 on the ``backend``."""
 
 from __future__ import annotations
 

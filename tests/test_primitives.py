@@ -1,10 +1,6 @@
-"""Every native override of ``microgpt_xp.primitives`` against the generic code that every
-other namespace runs: the same results (float64 to 1e-12, float32 to 1e-5, norm-wise
-relative), the same type, dtype and shape, no input modified; backward passes fed the
-caches of their own forward. The generic body of a primitive is its ``__wrapped__``; the
-two are called on the same arrays. A new override without a case here fails
-:func:`test_every_override_has_a_case`.
-"""
+"""Every native override against the generic code (its ``__wrapped__``) on the same arrays:
+the same results (float64 1e-12, float32 1e-5, norm-wise), type, dtype and shape, no input
+modified; an override without a case fails :func:`test_every_override_has_a_case`."""
 
 from __future__ import annotations
 

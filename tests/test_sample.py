@@ -112,7 +112,7 @@ def test_iter_samples_takes_memory_of_a_batch_not_of_all_samples() -> None:
 def test_arguments_are_checked_at_the_call(fn: Any) -> None:
     with pytest.raises(ValueError, match="temperature"):
         fn(_params(), TOKENIZER, 3, temperature=0)
-    with pytest.raises(ValueError, match="batch size"):
+    with pytest.raises(ValueError, match="batch_size"):
         fn(_params(), TOKENIZER, 3, batch_size=0)
     with pytest.raises(ValueError, match="tokenizer has 7 ids but the model 6"):
         fn(_params(), Tokenizer("abcdef"), 3)

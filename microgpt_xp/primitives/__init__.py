@@ -1,16 +1,7 @@
-"""The operations whose best form differs between array namespaces, each in one place.
-
-Each has a generic version in standard Array API calls (:mod:`._generic`), what every
-namespace runs unless its own module overrides it (:mod:`._numpy`, :mod:`._torch`,
-:mod:`._jax`, :mod:`._cupy`, :mod:`._dask`), an override kept only where a measurement on
-that namespace shows it pays (docs/performance.md). One predicate, :func:`native_module`
-(array-api-compat's ``is_*_array`` of the first array argument, cached per type), picks the
-module; another, :func:`writable`, lets :func:`cache_write` write in place.
-
-Precision: the reductions that define the math (norms, softmax denominators, the loss)
-never go through a product where its precision can be lowered (TF32, JAX's default
-precision): only the NumPy overrides use products for sums.
-"""
+"""The operations whose best form differs between namespaces: a generic version
+(:mod:`._generic`) and overrides (:mod:`._numpy`, :mod:`._torch`, ...) kept where measured to
+pay (docs/performance.md), picked by :func:`native_module`. The reductions that define the
+math never go through a product of lowerable precision (only NumPy's sums are products)."""
 
 from __future__ import annotations
 

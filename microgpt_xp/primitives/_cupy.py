@@ -1,5 +1,4 @@
-"""CuPy's overrides of :mod:`microgpt_xp.primitives`. No fused kernels: no GPU was at
-hand to measure one on, so CuPy runs the generic code but for its indexed add."""
+"""CuPy's overrides: only its indexed add (no GPU was at hand to measure fused kernels)."""
 
 from __future__ import annotations
 

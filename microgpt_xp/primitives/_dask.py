@@ -1,6 +1,4 @@
-"""Dask's overrides of :mod:`microgpt_xp.primitives`: arrays created for Dask inputs are
-one chunk of the inputs' chunk type (NumPy, CuPy, ...), so that nothing is made on the
-host for GPU chunks and a weight-shaped result stays one chunk."""
+"""Dask's overrides: created arrays are one chunk of the inputs' chunk type (NumPy, CuPy)."""
 
 from __future__ import annotations
 
@@ -30,8 +28,6 @@ def positions(x: Any, axis: int = 1) -> Any:
 
 
 def merge_heads(y: Any, n_head: int) -> Any:
-    """The generic concatenation of the heads, rechunked to one chunk along the channels
-    (concatenating leaves a chunk per head, which would split every activation and every
-    weight's gradient after it)."""
+    """The generic concatenation, rechunked to one chunk along the channels (not one per head)."""
     merged = _generic.merge_heads.__wrapped__(y, n_head)  # type: ignore[attr-defined]
     return merged.rechunk({y.ndim - 2: -1})

@@ -1,5 +1,4 @@
-"""How a primitive picks its implementation: :func:`native_module`, the one predicate,
-and :func:`overridable`, the decorator of every generic primitive."""
+"""How a primitive picks its implementation (:func:`native_module`, :func:`overridable`)."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ _PACKAGE = __name__.rsplit(".", 1)[0]
 
 
 def native_module(x: Any) -> ModuleType | None:
-    """The module of overrides that inputs like ``x`` take (the first whose array-api-compat
-    ``is_*_array`` test ``x`` passes: NumPy subclasses, JAX tracers included), or ``None``."""
+    """The override module of inputs like ``x`` (array-api-compat's ``is_*_array``) or None."""
     for test, name in _MODULES:
         if test(x):
             return importlib.import_module(f"{_PACKAGE}.{name}")
@@ -35,15 +33,13 @@ def native_module(x: Any) -> ModuleType | None:
 
 
 def writable(x: Any) -> bool:
-    """Whether ``x`` can be written in place: an eager array whose library allows it
-    (NumPy, PyTorch, CuPy, array-api-strict; not JAX's, not Dask's)."""
+    """Whether ``x`` can be written in place (eager and writeable: not JAX's, not Dask's)."""
     return bool(array_api_compat.is_writeable_array(x) and not array_api_compat.is_lazy_array(x))
 
 
 def overridable(arg: int = 0) -> Callable[[F], F]:
-    """Make a generic primitive call the override of the namespace of its argument ``arg``
-    (:func:`native_module`), where that module defines a function of the same name; the
-    choice is cached per array type. The generic body stays reachable as ``__wrapped__``."""
+    """Call the same-named override of argument ``arg``'s :func:`native_module`, if any (cached
+    per array type); the generic body stays ``__wrapped__``."""
 
     def decorate(generic: F) -> F:
         name = generic.__name__

@@ -1,11 +1,6 @@
-"""The generic primitives: standard Array API calls only, what every namespace runs where
-no override applies, and the definition every override is tested against (the generic
-body of an :func:`~._dispatch.overridable` function is its ``__wrapped__``).
-
-No Python int is taken from a batch or time that may be unknown (lazy or symbolic arrays,
-such as ndonnx's): activations stay ``(B, T, C)``, heads are split by slicing the channels
-and merged by concatenating them, positions come from the tokens (:func:`positions`).
-"""
+"""The generic primitives, standard Array API calls only: what runs where no override applies
+and what overrides are tested against (``__wrapped__``). No Python int is read from a batch
+or time that may be unknown (ndonnx): heads are channel slices, positions from the tokens."""
 
 from __future__ import annotations
 
@@ -27,7 +22,6 @@ __all__ = [
 ]  # fmt: skip
 
 
-# -- creation ---------------------------------------------------------------------------------
 @overridable(1)
 def arange(n: int, like: Array, *, dtype: Any = None) -> Array:
     """``arange(n)`` of ``dtype`` (default: the default integer) on ``like``'s device."""
@@ -44,8 +38,7 @@ def full(shape: tuple[int, ...], value: float, like: Array, *, dtype: Any = None
 
 @overridable()
 def positions(x: Array, axis: int = 1) -> Array:
-    """``(n,)`` int64 ``0 .. n-1`` along ``axis`` of ``x`` (tokens ``(B, T)``: their
-    positions) on ``x``'s device; where ``n`` is unknown, the running count of ones."""
+    """``(n,)`` int64 ``0 .. n-1`` along ``axis`` of ``x`` (a running count if ``n`` is unknown)."""
     xp = array_namespace(x)
     n = x.shape[axis]
     if isinstance(n, int):
@@ -54,7 +47,6 @@ def positions(x: Array, axis: int = 1) -> Array:
     return xp.cumulative_sum(xp.ones_like(line, dtype=xp.int64)) - 1
 
 
-# -- reductions and products -----------------------------------------------------------
 @overridable()
 def sum_last(x: Array) -> Array:
     """``(…, n)`` -> ``(…, 1)``: the sum over the last axis."""
@@ -76,8 +68,11 @@ def linear_input_grad(dy: Array, w: Array) -> Array:
 @overridable()
 def weight_grad(dy: Array, x: Array) -> Array:
     """:func:`linear`'s weight gradient, ``Σ dy ⊗ x`` over the leading positions: ``dy (…,
-    n_out)``, ``x (…, n_in)`` -> ``(n_out, n_in)``."""
+    n_out)``, ``x (…, n_in)`` -> ``(n_out, n_in)`` (``tensordot`` if a last axis is unknown)."""
     xp = array_namespace(dy, x)
+    if dy.shape[-1] is None or x.shape[-1] is None:
+        lead = list(range(dy.ndim - 1))
+        return xp.tensordot(dy, x, axes=(lead, lead))
     dy2 = xp.reshape(dy, (-1, dy.shape[-1]))
     x2 = xp.reshape(x, (-1, x.shape[-1]))
     return xp.matrix_transpose(dy2) @ x2
@@ -89,11 +84,9 @@ def cumulative_sum0(x: Array) -> Array:
     return array_namespace(x).cumulative_sum(x, axis=0)
 
 
-# -- indexing and scatter ------------------------------------------------------------------
 @overridable()
 def one_hot(ids: Array, num_classes: int, dtype: Any, *, axis: int = -1) -> Array:
-    """``(…,)`` ids -> ``(…, num_classes)`` one-hot rows of ``dtype`` (zeros for an id out
-    of range); ``axis=0``: ``ids (N,)`` -> ``(num_classes, N)`` columns."""
+    """``(…,)`` ids -> ``(…, num_classes)`` one-hot rows; ``axis=0``: ``(num_classes, N)``."""
     xp = array_namespace(ids)
     classes = arange(num_classes, ids, dtype=ids.dtype)
     if axis == 0:
@@ -103,9 +96,8 @@ def one_hot(ids: Array, num_classes: int, dtype: Any, *, axis: int = -1) -> Arra
 
 @overridable()
 def embed(ids: Array, table: Array) -> Array:
-    """Rows of ``table (V, C)`` picked by ``ids (B, T)`` -> ``(B, T, C)``, exactly: a
-    ``take``; where ``B`` or ``T`` is unknown, ``one_hot(ids) @ table`` (exact where
-    products run in the arrays' precision, as ONNX runtimes' CPU kernels do)."""
+    """Rows of ``table (V, C)`` picked by ``ids (B, T)`` -> ``(B, T, C)``: a ``take``; where
+    ``B`` or ``T`` is unknown, ``one_hot(ids) @ table`` (exact in the arrays' precision)."""
     xp = array_namespace(ids, table)
     b, t = ids.shape
     if isinstance(b, int) and isinstance(t, int):
@@ -116,18 +108,14 @@ def embed(ids: Array, table: Array) -> Array:
 
 @overridable()
 def scatter_add_rows(ids: Array, values: Array, num_rows: int) -> Array:
-    """``out[i] = Σ values[j] for ids[j] == i``: ``ids (N,)``, ``values (N, C)`` -> ``(num_rows,
-    C)``, rows no id names exactly 0 (the standard has no scatter-add: a one-hot product)."""
+    """``out[i] = Σ values[j] for ids[j] == i`` -> ``(num_rows, C)`` (a one-hot product)."""
     return one_hot(ids, num_rows, values.dtype, axis=0) @ values
 
 
-# -- the KV cache ---------------------------------------------------------------------------
 def cache_write(keys: Array, values: Array, k: Array, v: Array, pos: Any) -> tuple[Any, ...]:
-    """Write ``k``, ``v`` ``(C, B)`` into slot ``pos`` of a layer's buffers ``(P, C, B)``;
-    returns ``(keys, values, seen)`` (``seen`` as :func:`~microgpt_xp.layers.decode_attention`
-    takes it). In place, ``seen = pos + 1``, where ``pos`` is a Python int and the buffers
-    are :func:`~._dispatch.writable`; else new buffers by ``where``, ``seen`` the ``(P,)``
-    mask of slots up to ``pos``."""
+    """Write ``k, v (C, B)`` into slot ``pos`` of buffers ``(P, C, B)`` -> ``(keys, values,
+    seen)``: in place with ``seen = pos + 1`` for an int ``pos`` and writable buffers, else
+    by ``where`` with ``seen`` the ``(P,)`` mask of slots up to ``pos``."""
     if isinstance(pos, int) and writable(keys):
         keys[pos, ...] = k
         values[pos, ...] = v
@@ -138,11 +126,9 @@ def cache_write(keys: Array, values: Array, k: Array, v: Array, pos: Any) -> tup
     return xp.where(here, k[None, ...], keys), xp.where(here, v[None, ...], values), slots <= pos
 
 
-# -- activations ------------------------------------------------------------------------------
 @overridable()
 def relu(x: Array) -> tuple[Array, Any]:
-    """``max(0, x)`` as ``x * mask`` and the cache of :func:`relu_backward`, the 0/1 mask
-    (the derivative at 0 is 0)."""
+    """``x * mask`` and the 0/1 mask as cache (the derivative at 0 is 0)."""
     xp = array_namespace(x)
     mask = xp.astype(x > 0, x.dtype)
     return x * mask, mask
@@ -156,9 +142,8 @@ def relu_backward(dy: Array, cache: Any) -> Array:
 
 @overridable()
 def softmax(z: Array, axis: int = -1) -> Array:
-    """Softmax over ``axis`` (-1 or 0): ``e * (1 / Σe)``, ``e = exp(z - max z)``; ``-inf``
-    gets 0. Over the last axis the max and the reciprocal are of ``(…,)`` arrays broadcast
-    back (ONNX runtimes run an operation with a length-1 last axis element by element)."""
+    """Softmax over ``axis`` (-1 or 0): ``e * (1 / Σe)``, ``e = exp(z - max z)``. Over the
+    last axis, ``(…,)`` arrays broadcast back (ONNX runtimes are slow on a length-1 axis)."""
     xp = array_namespace(z)
     if axis == -1:
         return _normalized(xp.exp(z - xp.max(z, axis=-1)[..., None]))
@@ -174,9 +159,8 @@ def _normalized(e: Array) -> Array:
 
 
 def _masked_softmax(z: Array, bias: Array) -> Array:
-    """:func:`softmax` of ``z + bias`` (``bias`` 0 or ``-inf``) with no ``exp`` of ``-inf``
-    (ONNX runtimes take a subnormal ``exp`` many times slower): the hidden entries'
-    exponent is raised to 0 and their ``exp(0)`` multiplied by 0."""
+    """:func:`softmax` of ``z + bias`` (0 or ``-inf``) with no ``exp(-inf)`` (slow on ONNX
+    runtimes): hidden entries get ``exp(0) * 0``."""
     xp = array_namespace(z, bias)
     shown = bias > -xp.inf
     s = z + bias
@@ -185,7 +169,6 @@ def _masked_softmax(z: Array, bias: Array) -> Array:
     return _normalized(xp.exp(xp.maximum(d, floor)) * xp.astype(shown, d.dtype))
 
 
-# -- attention --------------------------------------------------------------------------------
 @overridable()
 def causal_bias(pos: Array, dtype: Any) -> Array:
     """``(T, T)`` additive mask of positions ``pos (T,)``: 0 where key ≤ query, else ``-inf``."""
@@ -212,8 +195,8 @@ def merge_heads(y: Array, n_head: int) -> Array:
 
 @overridable()
 def attention(q: Array, k: Array, v: Array, bias: Array | None, head_dim: int) -> tuple[Array, Any]:
-    """``softmax((q * D**-0.5) @ k.T + bias) @ v`` for ``q (B, H, Tq, D)``, ``k, v (B, H,
-    Tk, D)``, ``bias (Tq, Tk)`` or ``None`` -> ``(B, H, Tq, D)`` and the backward's cache."""
+    """``softmax((q * D**-0.5) @ k.T + bias) @ v`` for ``q (B, H, Tq, D)``, ``k, v (B, H, Tk,
+    D)``, ``bias (Tq, Tk)`` or ``None`` -> ``(B, H, Tq, D)`` and the cache."""
     xp = array_namespace(q, k, v)
     scale = float(head_dim) ** -0.5
     qs = q * scale
@@ -235,8 +218,7 @@ def attention_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array]:
 
 @overridable()
 def causal_attention(qkv: Array, n_head: int, head_dim: int) -> tuple[Array, Any]:
-    """Causal multi-head self-attention of ``qkv (B, T, 3C)`` (``q | k | v``, ``C = n_head *
-    head_dim``) -> ``(B, T, C)``, the heads in order, and the backward's cache."""
+    """Causal attention of ``qkv (B, T, 3C)`` (``q | k | v``) -> ``(B, T, C)`` and the cache."""
     c = n_head * head_dim
     q, k, v = (split_heads(qkv[..., i * c : (i + 1) * c], n_head, head_dim) for i in range(3))
     pos = positions(qkv[:1, :, 0])  # (1, T): the positions need no more of qkv
@@ -253,11 +235,9 @@ def causal_attention_backward(dy: Array, cache: Any) -> Array:
     return xp.concat([merge_heads(g, n_head) for g in grads], axis=-1)
 
 
-# -- the loss ---------------------------------------------------------------------------------
 @overridable()
 def cross_entropy(logits: Array, targets: Array, valid: Array | None) -> tuple[Array, Any]:
-    """``losses (…)``, ``log Σ exp(z − max z) − (z[target] − max z)`` of ``logits (…, V)``
-    and ``targets (…)`` (0 where ``valid``, if given, is 0), and the backward's cache."""
+    """``losses (…)`` of ``logits (…, V)`` and ``targets (…)`` (0 where ``valid`` is 0), cache."""
     xp = array_namespace(logits, targets)
     shifted = logits - xp.max(logits, axis=-1, keepdims=True)
     e = xp.exp(shifted)

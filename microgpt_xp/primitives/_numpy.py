@@ -1,11 +1,6 @@
-"""NumPy's overrides of :mod:`microgpt_xp.primitives`, each measured (docs/performance.md).
-
-NumPy reduces a short contiguous last axis one row at a time, at several times the cost of
-a product with ones through BLAS; a batched product runs one small BLAS call per matrix, so
-products flatten leading axes into one matrix; BLAS prefers the longer side first. Its
-products run in the arrays' precision, so these tricks cost no accuracy. Constants (ones,
-aranges, the causal mask) are cached read-only arrays.
-"""
+"""NumPy's overrides of :mod:`microgpt_xp.primitives`, each measured (docs/performance.md):
+sums as BLAS products with ones (a short last axis is reduced row by row; products run in
+the arrays' precision), leading axes flattened into one matrix, constants cached read-only."""
 
 from __future__ import annotations
 
@@ -15,9 +10,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 
-# -- creation ---------------------------------------------------------------------------------
 def arange(n: int, like: Any, *, dtype: Any = None) -> Any:
-    """A cached read-only ``np.arange(n, dtype=dtype)`` (an eager constant)."""
+    """A cached read-only ``np.arange(n, dtype=dtype)``."""
     return _arange(n, dtype)
 
 
@@ -33,10 +27,8 @@ def positions(x: Any, axis: int = 1) -> Any:
     return _arange(x.shape[axis], np.int64)
 
 
-# -- reductions and products -----------------------------------------------------------
 def sum_last(x: Any) -> Any:
-    """``x @ ones((n, 2))``, the first column kept (a matrix-vector product would round a
-    row's sum by how many rows there are); 1-d ``x``: a dot product with ones."""
+    """``x @ ones((n, 2))``, first column (a matrix-vector product rounds by row count)."""
     n = x.shape[-1]
     if x.ndim == 1:
         return x @ _ones(n, 1, x.dtype)
@@ -52,18 +44,17 @@ def _ones(n: int, cols: int, dtype: Any) -> Any:
 
 
 def linear(x: Any, w: Any) -> Any:
-    """``x @ w.T`` with ``x``'s leading axes flattened into one matrix (one BLAS call)."""
+    """``x @ w.T``, leading axes flattened (one BLAS call)."""
     return (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*x.shape[:-1], w.shape[0])
 
 
 def linear_input_grad(dy: Any, w: Any) -> Any:
-    """``dy @ w`` with ``dy``'s leading axes flattened into one matrix."""
+    """``dy @ w``, leading axes flattened."""
     return (dy.reshape(-1, dy.shape[-1]) @ w).reshape(*dy.shape[:-1], w.shape[1])
 
 
 def weight_grad(dy: Any, x: Any) -> Any:
-    """``dy.T @ x`` over flattened positions, computed as ``(x.T @ dy).T`` when ``n_in >
-    n_out``: BLAS is up to twice as fast with the longer side first (the same sums)."""
+    """``dy.T @ x``; ``(x.T @ dy).T`` when ``n_in > n_out`` (BLAS: longer side first, 2x)."""
     dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
     if dy2.shape[1] < x2.shape[1]:
         return (x2.T @ dy2).T
@@ -71,28 +62,23 @@ def weight_grad(dy: Any, x: Any) -> Any:
 
 
 def cumulative_sum0(x: Any) -> Any:
-    """One product with a lower-triangular matrix of ones (``cumulative_sum`` over the
-    leading axis costs several times more)."""
+    """A product with a lower-triangular ones matrix (several times ``cumulative_sum``)."""
     ids = np.arange(x.shape[0])
     return (ids[:, None] >= ids[None, :]).astype(x.dtype) @ x
 
 
-# -- activations ------------------------------------------------------------------------------
 def relu(x: Any) -> tuple[Any, Any]:
-    """``np.maximum(x, 0)``, its output the cache: one pass where the mask takes three."""
+    """``np.maximum(x, 0)``, the output as cache: one pass where the mask takes three."""
     y = np.maximum(x, 0)
     return y, y
 
 
 def relu_backward(dy: Any, y: Any) -> Any:
-    """``dy`` where the output is positive, else 0."""
     return dy * (y > 0)
 
 
-# -- indexing ---------------------------------------------------------------------------------
 def one_hot(ids: Any, num_classes: int, dtype: Any, *, axis: int = -1) -> Any:
-    """Zeros with a 1 written at each id's flat index (ids in ``[0, num_classes)``, as the
-    model passes them)."""
+    """Ones written at the ids' flat indices (ids in range, as the model passes them)."""
     flat_ids = ids.reshape(-1)
     n = flat_ids.shape[0]
     if axis == 0:
@@ -104,10 +90,8 @@ def one_hot(ids: Any, num_classes: int, dtype: Any, *, axis: int = -1) -> Any:
     return out
 
 
-# -- attention --------------------------------------------------------------------------------
 class Attention(NamedTuple):
-    """The cache of :func:`causal_attention`: views of ``q``, ``k``, ``v`` ``(B, H, T, D)``
-    into the forward's ``qkv``, the probabilities ``att[h, key, b, query]`` and the scale."""
+    """:func:`causal_attention`'s cache: ``q, k, v (B, H, T, D)`` views, ``att[h, k, b, q]``."""
 
     q: Any
     k: Any
@@ -116,20 +100,15 @@ class Attention(NamedTuple):
     scale: float
 
 
-#: The largest full-size causal mask the attention keeps (bytes; 4 MiB is the default
-#: model at B=1024 in float32); :func:`_key_query_bias` keeps at most 4 of them.
+#: The largest full-size causal mask kept (bytes: the default model at B=1024, float32).
 MASK_CACHE_BYTES = 4 << 20
 
 
 def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
-    """The scores laid out ``(H, Tk, B, Tq)``: each ``(b, h)`` block ``k @ (q*scale).T`` is
-    a ``(Tk, Tq)`` matrix with unit column stride, so the batched product writes it in
-    place (``out=``), and the softmax over the keys is a reduction over axis 1 of an
-    ``(H, Tk, B*Tq)`` array, vectorized over whole contiguous rows. The causal mask is
-    added in place: a cached full-size constant up to :data:`MASK_CACHE_BYTES` (a
-    broadcast add of a 16-long inner loop costs several times a contiguous one),
-    broadcast above that size. The output product reads the probabilities as transposed
-    blocks and writes the heads' outputs straight into the merged ``(B, T, H, D)`` layout."""
+    """Scores laid out ``(H, Tk, B, Tq)``, written in place by the batched product, so the
+    softmax reduces axis 1 over contiguous rows; the mask added in place (a cached full-size
+    copy up to :data:`MASK_CACHE_BYTES`: a 16-long broadcast costs several times more); the
+    output product writes straight into the merged ``(B, T, H, D)`` layout."""
     b, t, _ = qkv.shape
     h, d = n_head, head_dim
     c = h * d
@@ -156,10 +135,7 @@ def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
 
 
 def causal_attention_backward(dy: Any, cache: Attention) -> Any:
-    """In the layout of the forward: the gradient of the probabilities is written as
-    ``(H, Tk, B, Tq)``, the softmax's backward reduces over its axis 1, and ``dq``, ``dk``,
-    ``dv`` are written straight into their column blocks of ``dqkv``. The scale goes on
-    the scores' gradient once."""
+    """In the forward's layout; ``dq``, ``dk``, ``dv`` written straight into ``dqkv``."""
     q, k, v, att, scale = cache
     b, h, t, d = q.shape
     dtype = att.dtype
@@ -183,8 +159,7 @@ def causal_attention_backward(dy: Any, cache: Attention) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _key_query_bias(h: int, t: int, b: int, dtype: Any) -> Any:
-    """The causal mask in the layout of :func:`causal_attention`'s scores, ``(H, Tk,
-    B*Tq)``, read-only."""
+    """The causal mask ``(H, Tk, B*Tq)`` as the scores are laid out, read-only."""
     key_query = _key_query(t, dtype)
     mask = np.ascontiguousarray(np.broadcast_to(key_query[None, :, None, :], (h, t, b, t)))
     mask = mask.reshape(h, t, b * t)
@@ -194,20 +169,16 @@ def _key_query_bias(h: int, t: int, b: int, dtype: Any) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _key_query(t: int, dtype: Any) -> Any:
-    """The ``(Tk, Tq)`` causal mask, read-only: ``-inf`` where the key comes after the
-    query, else 0."""
+    """The ``(Tk, Tq)`` causal mask, read-only (``-inf`` where key > query)."""
     pos = np.arange(t)
     mask = np.where(pos[:, None] > pos[None, :], -np.inf, 0.0).astype(dtype)
     mask.flags.writeable = False
     return mask
 
 
-# -- the output layer and the loss ------------------------------------------------------------
 def head_cross_entropy(x: Any, w: Any, targets: Any, valid: Any) -> tuple[Any, Any]:
-    """The logits laid out ``(V, N)``, one column per position (``w @ x.T``, one product),
-    so that the max, the sum and the pick of the target run over the leading axis, a
-    vectorized pass per id; the target's entry is picked and the one-hot matrix of the
-    backward written by flat indices."""
+    """Logits laid out ``(V, N)`` (one product) so the reductions run over the leading axis,
+    vectorized; targets picked and the backward's one-hot written by flat indices."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     logits_t = w @ x2.T
@@ -226,8 +197,7 @@ def head_cross_entropy(x: Any, w: Any, targets: Any, valid: Any) -> tuple[Any, A
 
 
 def head_cross_entropy_backward(dlosses: Any, cache: Any) -> tuple[Any, Any]:
-    """``dlogits_t = (p − onehot) * dlosses`` in the ``(V, N)`` layout, then ``dx = dlogits_t.T
-    @ w`` and ``dw = dlogits_t @ x``."""
+    """``dlogits_t = (p − onehot) * dlosses``; ``dx = dlogits_t.T @ w``, ``dw = dlogits_t @ x``."""
     x2, w, p, onehot, lead = cache
     dlogits_t = (p - onehot) * dlosses.reshape(-1)[None, :]
     return (dlogits_t.T @ w).reshape(*lead, w.shape[1]), dlogits_t @ x2

@@ -1,10 +1,10 @@
-"""PyTorch's overrides of :mod:`microgpt_xp.primitives`: torch's fused kernels where the
-generic code would launch several (each measured in docs/performance.md)."""
+"""PyTorch's overrides: fused kernels where the generic code launches several (measured in
+docs/performance.md)."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -15,39 +15,20 @@ def scatter_add_rows(ids: Any, values: Any, num_rows: int) -> Any:
     return out.index_add(0, ids, values)
 
 
-class ReLU(NamedTuple):
-    """The cache of :func:`relu`: its output."""
-
-    y: Any
-
-
 def relu(x: Any) -> tuple[Any, Any]:
-    """``torch.relu``, its output the cache (the generic mask's comparison, conversion and
-    product cost torch ten times as much)."""
+    """``torch.relu``, the output as cache (the generic mask costs ten times as much)."""
     y = torch.relu(x)
-    return y, ReLU(y)
+    return y, y
 
 
-def relu_backward(dy: Any, cache: ReLU) -> Any:
-    """``threshold_backward`` of the output: one kernel, what autograd runs."""
-    return torch.ops.aten.threshold_backward(dy, cache.y, 0)
-
-
-class Attention(NamedTuple):
-    """The cache of :func:`causal_attention`: ``q * scale``, ``k``, ``v`` ``(B, H, T, D)``,
-    the probabilities ``(B, H, Tq, Tk)`` and the scale."""
-
-    qs: Any
-    k: Any
-    v: Any
-    att: Any
-    scale: float
+def relu_backward(dy: Any, y: Any) -> Any:
+    """``threshold_backward`` of the output: autograd's one kernel."""
+    return torch.ops.aten.threshold_backward(dy, y, 0)
 
 
 def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
-    """The generic math with torch's fused kernels (the mask added in place, ``torch.softmax``);
-    ``q``, ``k``, ``v`` laid out head-major by one copy (a batched product would copy a
-    strided operand at every read)."""
+    """The generic math with fused kernels; ``q, k, v`` made head-major by one copy (a batched
+    product copies a strided operand at every read)."""
     b, t, _ = qkv.shape
     h, d = n_head, head_dim
     c = h * d
@@ -59,13 +40,12 @@ def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
     scores.add_(_causal_mask(t, qkv.dtype, qkv.device))
     att = torch.softmax(scores, dim=-1)
     y = torch.matmul(att, v)
-    return y.transpose(1, 2).reshape(b, t, c), Attention(qs, k, v, att, scale)
+    return y.transpose(1, 2).reshape(b, t, c), (qs, k, v, att, scale)
 
 
-def causal_attention_backward(dy: Any, cache: Attention) -> Any:
-    """The softmax's backward is autograd's one kernel, ``_softmax_backward_data`` (private:
-    tests/test_primitives.py pins it); ``dq``, ``dk``, ``dv`` go into one head-major buffer,
-    relaid into ``dqkv`` by one copy."""
+def causal_attention_backward(dy: Any, cache: Any) -> Any:
+    """Autograd's softmax backward kernel (private: tests/test_primitives.py pins it); the
+    gradients go into one head-major buffer, relaid into ``dqkv`` by one copy."""
     qs, k, v, att, scale = cache
     b, h, t, d = qs.shape
     dy_heads = dy.reshape(b, t, h, d).transpose(1, 2).contiguous()
@@ -81,31 +61,22 @@ def causal_attention_backward(dy: Any, cache: Attention) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _causal_mask(t: int, dtype: Any, dev: Any) -> Any:
-    """The ``(T, T)`` causal mask as a tensor, built once per size, dtype and device (an
-    eager constant, never written to)."""
+    """The ``(T, T)`` causal mask, cached (never written to)."""
     return torch.full((t, t), float("-inf"), dtype=dtype, device=dev).triu(1)
 
 
-class PickedTargets(NamedTuple):
-    """The cache of :func:`cross_entropy`: the log-probabilities ``(…, V)`` and the targets
-    as ``(…, 1)`` int64 (the index of ``gather`` and ``scatter_add_``)."""
-
-    logp: Any
-    index: Any
-
-
 def cross_entropy(logits: Any, targets: Any, valid: Any) -> tuple[Any, Any]:
-    """``-log_softmax(z)[target]``: ``log_softmax`` and ``gather``, one kernel each."""
+    """``-log_softmax(z)[target]`` by one kernel each; the cache ``(logp, targets (…, 1))``."""
     index = targets[..., None].long()  # no copy for int64 ids
     logp = torch.log_softmax(logits, dim=-1)
     losses = logp.gather(-1, index)[..., 0].neg_()
     if valid is not None:
         losses = torch.where(valid != 0, losses, 0.0)
-    return losses, PickedTargets(logp, index)
+    return losses, (logp, index)
 
 
-def cross_entropy_backward(dlosses: Any, cache: PickedTargets) -> Any:
-    """``exp(logp) * dlosses``, ``dlosses`` subtracted at the targets (``scatter_add_``
-    into its own temporary)."""
+def cross_entropy_backward(dlosses: Any, cache: Any) -> Any:
+    """``exp(logp) * dlosses``, ``dlosses`` subtracted at the targets (``scatter_add_``)."""
+    logp, index = cache
     weight = dlosses[..., None]
-    return torch.exp(cache.logp).mul_(weight).scatter_add_(-1, cache.index, -weight)
+    return torch.exp(logp).mul_(weight).scatter_add_(-1, index, -weight)
