@@ -70,7 +70,7 @@ def iter_sample_tokens(
     unknown = set(options) - set(SampleOptions.__annotations__)
     if unknown:
         raise TypeError(f"unexpected sampling options {sorted(unknown)}")
-    _xp.check_positive_int(num_samples, "the number of samples")
+    _xp.check_positive_int(num_samples, "num_samples")
     cfg = params.config
     xp = params.xp
     if _xp.read_scalar(xp.all(xp.isfinite(flatten(params))), bool) is False:
@@ -82,14 +82,14 @@ def iter_sample_tokens(
     _xp.check_nonnegative_int(seed, "seed")
     top_k = options.get("top_k")
     if top_k is not None:
-        _xp.check_positive_int(top_k, "top_k")
+        _xp.check_positive_int(top_k, "top_k", most=_xp.NATIVE_INT_MAX)
     prompt = _check_prompt(options.get("prompt"), bos, cfg.vocab_size, cfg.block_size)
     batch_size = options.get("batch_size")
     batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    _xp.check_positive_int(batch_size, "batch_size")
+    _xp.check_positive_int(batch_size, "batch_size", most=_xp.NATIVE_INT_MAX)
     chunks = options.get("chunks")
     if chunks is not None:
-        _xp.check_positive_int(chunks, "chunks")
+        _xp.check_positive_int(chunks, "chunks", most=_xp.NATIVE_INT_MAX)
     runner = runners.pick(
         options.get("runner"),
         params.backend,

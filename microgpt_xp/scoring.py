@@ -129,7 +129,7 @@ def score_docs(
         )
     if chunk_size is None:
         chunk_size = score_chunk(params.config, dtype=_xp.dtype_name(params.wte))
-    _xp.check_positive_int(chunk_size, "chunk size")
+    _xp.check_positive_int(chunk_size, "chunk_size", most=_xp.NATIVE_INT_MAX)
     n = check_source(source)
     parts = []
     for start, stop in chunk_bounds(n, chunk_size if isinstance(runner, Local) else n):

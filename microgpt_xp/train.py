@@ -131,7 +131,7 @@ def train(
     """
     _xp.check_dtype(dtype)
     _xp.check_positive_int(steps, "steps")
-    _xp.check_positive_int(batch_size, "batch_size")
+    _xp.check_positive_int(batch_size, "batch_size", most=_xp.NATIVE_INT_MAX)
     _check_reduction(reduction)
     _xp.check_nonnegative_int(seed, "seed")
     for name, value in (

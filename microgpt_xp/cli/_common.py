@@ -82,15 +82,14 @@ def positive_float(text: str) -> float:
 
 
 def worker_count(text: str) -> int:
-    """``--workers``: a positive count, at most 4 processes a core this process may use."""
-    from ..resources import usable_cpus
+    """``--workers``: a positive count, at most 4 processes a core this process may use
+    (the library's bound, :func:`microgpt_xp.runners.processes.check_workers`)."""
+    from ..runners.processes import check_workers
 
-    value, most = positive_int(text), 4 * usable_cpus()
-    if value > most:
-        raise argparse.ArgumentTypeError(
-            f"{value} processes: at most {most} (4 for each of the {most // 4} usable cores)"
-        )
-    return value
+    try:
+        return check_workers(positive_int(text))  # type: ignore[return-value]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def thread_count(text: str) -> int | str:

@@ -58,7 +58,7 @@ class DaskTasks(Runner):
         client: Any = None,
     ) -> None:
         if chunk_size is not None:
-            _xp.check_positive_int(chunk_size, "chunk size")
+            _xp.check_positive_int(chunk_size, "chunk_size", most=_xp.NATIVE_INT_MAX)
         if weights not in ("graph", "scatter"):
             raise ArgumentValueError(
                 "weights", f"weights must be 'graph' or 'scatter', got {weights!r}"

@@ -26,6 +26,7 @@ from typing import Any, NoReturn, TypeVar
 import numpy as np
 
 from .._errors import ArgumentValueError
+from .._xp import check_positive_int
 from ..params import Params
 from ._base import Combine, Runner, host_params, run_on, shard_bounds, tree_sum
 
@@ -39,15 +40,14 @@ class WorkerDied(RuntimeError):
 
 
 def check_workers(workers: Any) -> int | None:
-    """Return ``workers`` if it is ``None`` or a positive int, else raise ``ValueError``."""
-    if workers is not None and (
-        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
-    ):
-        raise ArgumentValueError(
-            "workers",
-            f"workers must be a positive int (processes that share a batch) or None, got {workers!r}",
-        )
-    return workers
+    """``workers`` if it is ``None`` or a positive int of at most 4 processes a core this
+    process may use, else :class:`ArgumentValueError` naming ``workers``."""
+    if workers is None:
+        return None
+    from ..resources import usable_cpus
+
+    most = 4 * usable_cpus()
+    return check_positive_int(workers, "workers", most=most)
 
 
 def _serve(conn: Connection) -> None:
