@@ -205,11 +205,12 @@ def computing(client: Any = None) -> Iterator[None]:
         # a task's own OSError, or a user's cancel, arrives while the client is connected
         lost_kinds = (CommClosedError, concurrent.futures.CancelledError, OSError)
         lost = isinstance(exc, lost_kinds) and client.status != "running"
-        if not (lost or getattr(exc, "reason", None) == "scheduler-connection-lost"):
+        cut = getattr(exc, "reason", None) == "scheduler-connection-lost"
+        if not (lost or cut):  # cut: a task of the run cancelled, Dask's words add nothing
             raise
+        why = "the connection closed" if cut else f"{type(exc).__name__}: {exc}"
         raise ClusterError(
-            f"lost the Dask scheduler at {address} during the computation "
-            f"({type(exc).__name__}: {exc}); no result was produced"
+            f"lost the Dask scheduler at {address} during the computation ({why})"
         ) from exc
 
 

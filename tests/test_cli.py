@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -1111,6 +1112,8 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
         lost.close()
     assert rc == 1 and "done:" not in out and "mean loss" not in out
     assert_one_error_line(err, "lost the Dask scheduler at")
+    if command == "train":  # where the run stopped, and how to go on
+        assert "after step 2; nothing was saved" in err, err
     assert [r.getMessage() for r in logged] == []
 
 
@@ -1409,46 +1412,129 @@ def test_dask_local_prints_only_the_commands_lines(
         assert "mean loss" in result.stdout
 
 
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """192,000 documents of NAMES: seconds of scoring, whatever the backend."""
+    path = tmp_path_factory.mktemp("big") / "big.txt"
+    path.write_text("\n".join(NAMES * 12000) + "\n")
+    return path
+
+
 @pytest.mark.parametrize("delay", [0.1, 0.3, 0.6])
-def test_ctrl_c_during_start_up_is_one_line_and_130(checkpoint: Path, delay: float) -> None:
-    """SIGINT while the command imports (as the console script does) or starts eval."""
+def test_ctrl_c_during_start_up_is_one_line_and_130(
+    checkpoint: Path, big_corpus: Path, delay: float
+) -> None:
+    """SIGINT while the command imports (as the console script does) or starts eval (of
+    a corpus that takes longer than the delay)."""
     code = "import sys\nprint(flush=True)\nfrom microgpt_xp.cli import main\nsys.exit(main())\n"
-    argv = ["eval", "--checkpoint", str(checkpoint), "--backend", "numpy"]
+    argv = ["eval", "--checkpoint", checkpoint, "--data", big_corpus, "--backend", "numpy"]
     child = subprocess.Popen(
-        [sys.executable, "-c", code, *argv],
+        [sys.executable, "-c", code, *map(str, argv)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert child.stdout is not None and child.stdout.readline() == "\n"  # Python has started
-    time.sleep(delay)
-    child.send_signal(signal.SIGINT)
-    _, err = child.communicate(timeout=60)
-    if child.returncode == 0:  # done before the signal came: nothing to check
-        return
-    assert child.returncode == 130
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "\n"  # Python started
+        time.sleep(delay)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert child.returncode == 130 and out == "", err
     assert_one_error_line(err, "interrupted")
 
 
-@needs_distributed
-def test_ctrl_c_under_dask_local_is_one_line(tmp_path: Path, checkpoint: Path) -> None:
-    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run under
-    --scheduler local: the workers stay quiet, the command prints its one line."""
-    corpus = tmp_path / "big.txt"
-    corpus.write_text("\n".join(NAMES * 12000) + "\n")
+# the command, with a line on stdout once the Dask computation starts (eval prints nothing
+# else there before its result)
+_MARKED = (
+    "import sys\nfrom microgpt_xp.cli import main\nfrom microgpt_xp.runners import DaskTasks\n"
+    "compute = DaskTasks.map\n"
+    "def marked(*args, **kwargs):\n"
+    "    print('computing', flush=True)\n"
+    "    return compute(*args, **kwargs)\n"
+    "DaskTasks.map = marked\nsys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def _big_dask_eval(checkpoint: Path, corpus: Path, scheduler: str) -> subprocess.Popen[str]:
+    """``eval`` of ``corpus`` on ``scheduler`` in a session of its own; returns once the
+    computation has started (within 120 s)."""
     argv = ["eval", "--checkpoint", checkpoint, "--data", corpus, "--backend", "dask"]
     child = subprocess.Popen(
-        [sys.executable, "-m", "microgpt_xp", *map(str, argv), "--scheduler", "local",
+        [sys.executable, "-c", _MARKED, *map(str, argv), "--scheduler", scheduler,
          "--chunk-size", "500"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
-        time.sleep(8)
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], 120)
+        assert ready and child.stdout.readline() == "computing\n", "it never started computing"
+    except BaseException:
+        _kill_session(child)
+        raise
+    time.sleep(0.2)  # submitting the graph, or computing it (a few seconds here)
+    return child
+
+
+def _kill_session(child: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait(timeout=30)
+
+
+@needs_distributed
+def test_ctrl_c_under_dask_local_is_one_line(checkpoint: Path, big_corpus: Path) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run under
+    --scheduler local: the workers stay quiet, the command prints its one line."""
+    child = None
+    try:
+        child = _big_dask_eval(checkpoint, big_corpus, "local")
         os.killpg(child.pid, signal.SIGINT)
-        _, err = child.communicate(timeout=90)
+        out, err = child.communicate(timeout=90)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
-    if child.returncode != 0:  # 0: done before the signal came
-        assert child.returncode == 130, err
-        assert_one_error_line(err, "interrupted")
+        if child is not None:
+            _kill_session(child)
+    assert child.returncode == 130 and out == "", err
+    assert_one_error_line(err, "interrupted")
+
+
+@needs_distributed
+def test_a_scheduler_killed_mid_run_is_one_error_line(
+    tmp_path: Path, checkpoint: Path, big_corpus: Path
+) -> None:
+    """kill -9 of a `dask scheduler` (127.0.0.1, a worker of its own) mid-eval: the command
+    ends within seconds with one line naming the scheduler, and 1."""
+    path = tmp_path / "scheduler.json"
+
+    def spawn(argv: list[str], role: str) -> subprocess.Popen[str]:
+        argv = [a.format(role) for a in argv]
+        null = subprocess.DEVNULL
+        return subprocess.Popen(argv, stdout=null, stderr=null, text=True, start_new_session=True)
+
+    started: list[subprocess.Popen[str]] = []
+    try:
+        dask = [sys.executable, "-m", "distributed.cli.dask_{}", "--host", "127.0.0.1"]
+        where = ["--no-dashboard", "--scheduler-file", str(path)]
+        scheduler = spawn([*dask, "--port", "0", *where], "scheduler")
+        started.append(scheduler)
+        for _ in range(300):  # 30 s at most
+            with contextlib.suppress(OSError, ValueError):
+                address = json.loads(path.read_text())["address"]
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the scheduler wrote no scheduler file in 30 s")
+        started.append(spawn([*dask, "--no-nanny", "--nthreads", "1", *where], "worker"))
+        assert address.startswith("tcp://127.0.0.1:")
+        started.append(_big_dask_eval(checkpoint, big_corpus, address))
+        scheduler.kill()
+        killed = time.monotonic()
+        out, err = started[-1].communicate(timeout=60)
+        assert time.monotonic() - killed < 20
+    finally:
+        for proc in started:
+            _kill_session(proc)
+    assert started[-1].returncode == 1 and out == "", err
+    assert_one_error_line(err, f"lost the Dask scheduler at {address}", "connection closed")

@@ -94,6 +94,7 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
     """Batched training, inside the scheduler."""
     sampling = importlib.import_module("microgpt_xp.sample")  # the modules, read at the call
     training = importlib.import_module("microgpt_xp.train")
+    from ..cluster import ClusterError
     from ..config import GPTConfig
     from ..data import Tokenizer, default_block_size
     from ..runners import WorkerDied
@@ -167,7 +168,7 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         stop = KeyboardInterrupt(_stopped(args, "interrupted", state["step"], started))
         stop.signum = getattr(exc, "signum", None)  # type: ignore[attr-defined]
         raise stop from None
-    except WorkerDied as exc:
+    except (WorkerDied, ClusterError) as exc:  # a lost worker or scheduler: how to go on
         raise training.TrainingError(_stopped(args, str(exc), state["step"], started)) from None
     finally:
         if state["bar"] is not None:
