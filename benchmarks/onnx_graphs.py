@@ -13,7 +13,6 @@ ratios (interleaved rounds, rounds where other processes used the CPUs dropped).
 
     python -m benchmarks.onnx_graphs [--rounds 7] [--threads 2] [--cases forward,generate,train]
         [--cpu-time]   # CPU seconds of this process instead of the wall clock
-        [--generic]    # export without primitives/_ndonnx.py's overrides
 """
 
 from __future__ import annotations
@@ -202,16 +201,7 @@ def main() -> None:
         action="store_true",
         help="time by this process's CPU time, not the wall clock (loaded machines)",
     )
-    ap.add_argument(
-        "--generic",
-        action="store_true",
-        help="export without primitives/_ndonnx.py's overrides (the generic primitives)",
-    )
     args = ap.parse_args()
-    if args.generic:
-        from microgpt_xp.primitives import _dispatch
-
-        _dispatch._MODULES = tuple(m for m in _dispatch._MODULES if m[1] != "_ndonnx")
     threads = set_threads(args.threads)
     print(f"BLAS threads {threads['blas_threads']}, onnxruntime intra-op threads {args.threads}")
     cases = {"forward": forward_case, "generate": generate_case, "train": train_case}

@@ -201,8 +201,7 @@ class WorkerPool:
             ) from None
         died = ", ".join(str(c) for c in codes if c is not None)
         raise WorkerDied(
-            f"a microgpt_xp worker process died during the step (exit code {died or '?'}); "
-            "the step's result is lost, the next step starts new workers"
+            f"a microgpt_xp worker process died during the step (exit code {died or '?'})"
         ) from None
 
     def map(
