@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import ArgumentTypeError
+from ._errors import ArgumentTypeError, ArgumentValueError
 
 
 class DataError(ValueError):
@@ -211,6 +211,20 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(chars={''.join(self.chars)!r})"
+
+
+def check_tokenizer(tokenizer: Any, vocab_size: int) -> Tokenizer:
+    """``tokenizer`` if it is a :class:`Tokenizer` of ``vocab_size`` ids (the model's), else
+    an ``ArgumentTypeError``/``ArgumentValueError`` naming ``tokenizer``."""
+    if not isinstance(tokenizer, Tokenizer):
+        raise ArgumentTypeError(
+            "tokenizer", f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}"
+        )
+    if tokenizer.vocab_size != vocab_size:
+        raise ArgumentValueError(
+            "tokenizer", f"tokenizer has {tokenizer.vocab_size} ids but the model {vocab_size}"
+        )
+    return tokenizer
 
 
 def block_size_for(docs: Iterable[str]) -> int:

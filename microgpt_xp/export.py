@@ -49,7 +49,7 @@ from ._backends import install_extra
 from ._errors import ArgumentTypeError, ArgumentValueError
 from ._files import atomic_open
 from ._version import __version__
-from .data import Tokenizer
+from .data import Tokenizer, check_tokenizer
 from .model import KVCache, decode_step, forward, train_step
 from .optim import AdamConfig, AdamState, adam_init
 from .params import Params
@@ -246,15 +246,7 @@ def _metadata(
         hp = optimizer or AdamConfig()
         props["microgpt_xp.optimizer"] = json.dumps(dataclasses.asdict(hp))
     if tokenizer is not None:
-        if not isinstance(tokenizer, Tokenizer):
-            raise ArgumentTypeError(
-                "tokenizer", f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}"
-            )
-        if tokenizer.vocab_size != cfg.vocab_size:
-            raise ArgumentValueError(
-                "tokenizer",
-                f"tokenizer has {tokenizer.vocab_size} ids but the model {cfg.vocab_size}",
-            )
+        check_tokenizer(tokenizer, cfg.vocab_size)
         props["microgpt_xp.tokenizer"] = json.dumps(tokenizer.to_dict())
     return props
 

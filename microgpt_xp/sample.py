@@ -16,7 +16,7 @@ from . import _xp, runners
 from . import primitives as P
 from ._errors import ArgumentTypeError, ArgumentValueError
 from ._xp import array_namespace
-from .data import Tokenizer
+from .data import Tokenizer, check_tokenizer
 from .model import KVCache, decode_hidden
 from .params import Params, flatten
 
@@ -149,15 +149,7 @@ def iter_samples(
     >>> sum(batches, []) == mx.sample(params, tokenizer, 5, seed=1)
     True
     """
-    if not isinstance(tokenizer, Tokenizer):
-        raise ArgumentTypeError(
-            "tokenizer", f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}"
-        )
-    if tokenizer.vocab_size != params.config.vocab_size:
-        raise ArgumentValueError(
-            "tokenizer",
-            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}",
-        )
+    check_tokenizer(tokenizer, params.config.vocab_size)
     prompt = options.get("prompt")
     if prompt is not None:
         if not isinstance(prompt, str):

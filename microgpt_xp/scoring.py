@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from . import _xp
-from ._errors import ArgumentTypeError, ArgumentValueError
+from ._errors import ArgumentTypeError
 from .corpus import Source, check_source, encode, is_corpus
-from .data import DataError, Tokenizer
+from .data import DataError, Tokenizer, check_tokenizer
 from .model import score
 from .params import Params
 from .resources import score_chunk
@@ -118,15 +118,7 @@ def score_docs(
     elif not isinstance(runner, Runner):
         raise ArgumentTypeError("runner", f"runner must be a Runner, got {type(runner).__name__}")
     params = runner.place(params)
-    if not isinstance(tokenizer, Tokenizer):
-        raise ArgumentTypeError(
-            "tokenizer", f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}"
-        )
-    if tokenizer.vocab_size != params.config.vocab_size:
-        raise ArgumentValueError(
-            "tokenizer",
-            f"tokenizer has {tokenizer.vocab_size} ids but the model {params.config.vocab_size}",
-        )
+    check_tokenizer(tokenizer, params.config.vocab_size)
     if chunk_size is None:
         chunk_size = score_chunk(params.config, dtype=_xp.dtype_name(params.wte))
     _xp.check_positive_int(chunk_size, "chunk_size", most=_xp.NATIVE_INT_MAX)
