@@ -180,8 +180,8 @@ def test_a_bad_document_names_its_chunk(params64: Params) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"chunk_size": 0}, ValueError, "chunk size"),
-        ({"chunk_size": 2.0}, ValueError, "chunk size"),
+        ({"chunk_size": 0}, ValueError, "chunk_size"),
+        ({"chunk_size": 2.0}, ValueError, "chunk_size"),
         ({"weights": "copy"}, ValueError, "weights"),
     ],
 )
@@ -254,7 +254,7 @@ def test_names_on_tasks_are_the_local_names(params64: Params) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"num_samples": 0}, "number of samples"),
+        ({"num_samples": 0}, "num_samples"),
         ({"temperature": 0.0}, "temperature"),
         ({"bos": 99}, "bos id"),
         ({"seed": -1}, "seed"),

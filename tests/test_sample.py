@@ -278,8 +278,9 @@ def test_choose_edges() -> None:
 # -- errors ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("num_samples", [0, -1, 2.0, True])
 def test_bad_num_samples(num_samples: Any) -> None:
-    with pytest.raises(ValueError, match="number of samples"):
+    with pytest.raises(ValueError, match="num_samples must be a positive int") as info:
         sample(_params(), TOKENIZER, num_samples)
+    assert info.value.param == "num_samples"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
