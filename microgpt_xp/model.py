@@ -136,7 +136,12 @@ def _nll(params: Params, tokens: Array, lengths: Array) -> tuple[Array, ...]:
 
 
 def loss_and_grads(
-    params: Params, tokens: Array, lengths: Array, *, reduction: Reduction = "mean"
+    params: Params,
+    tokens: Array,
+    lengths: Array,
+    *,
+    reduction: Reduction = "mean",
+    check: bool = True,
 ) -> tuple[Array, Params]:
     """The training loss of a batch of documents and its gradient (hand-written backward).
 
@@ -148,6 +153,8 @@ def loss_and_grads(
         reduction: ``"mean"``: the mean over rows of each row's mean ``−log p(next token)``
             over its ``n_b = min(lengths[b] − 1, block_size)`` predictions (microgpt's loss
             when ``B = 1``); ``"token_mean"``: the mean over all predicted tokens.
+        check: check the batch first (below); ``False`` is for a driver whose batches
+            were checked once where it made them (``train`` from its encoded corpus).
 
     Returns:
         ``(loss, grads)``: a 0-d array and a :class:`Params` of the params' namespace,
@@ -158,9 +165,10 @@ def loss_and_grads(
     """
     _check_reduction(reduction)
     cfg = params.config
-    tokens, lengths = check_tokens(
-        params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
-    )
+    if check:
+        tokens, lengths = check_tokens(
+            params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
+        )
     xp = params.xp
     losses, n, valid, caches, c_head = _nll(params, tokens, lengths)
     weights, inv = _row_weights(n, valid, reduction)
@@ -178,30 +186,36 @@ def train_step(
     *,
     reduction: Reduction = "mean",
     optimizer: AdamConfig | None = None,
+    check: bool = True,
     **changes: Any,
 ) -> tuple[Params, AdamState, Array]:
     """One pure training step: :func:`loss_and_grads` of the batch (same arguments), then one
     :func:`~microgpt_xp.adam_update` with ``optimizer`` (the spec's
     :class:`~microgpt_xp.AdamConfig` by default; ``changes`` replace some of its fields).
+    ``check`` as for :func:`loss_and_grads`.
     Returns ``(new_params, new_state, loss)``, the loss before the update. Nothing is
     modified, so ``jax.jit(train_step)`` compiles it as it is (once per batch shape)."""
     hp = adam_config(optimizer, **changes)
-    loss, grads = loss_and_grads(params, tokens, lengths, reduction=reduction)
+    loss, grads = loss_and_grads(params, tokens, lengths, reduction=reduction, check=check)
     new_params, new_state = adam_update(params, grads, state, hp)
     return new_params, new_state, loss
 
 
-def score(params: Params, tokens: Array, lengths: Array, *, jit: bool | None = None) -> Array:
+def score(
+    params: Params, tokens: Array, lengths: Array, *, jit: bool | None = None, check: bool = True
+) -> Array:
     """``(B,)`` each document's mean negative log-likelihood per predicted token (the spec's
     loss of that document) in the params' dtype, for ``tokens``/``lengths`` as
     :func:`loss_and_grads` takes them; lazy on Dask. ``jit=None`` compiles where the
     namespace has a compiler (JAX, once per batch shape), ``False`` never, ``True`` insists
-    (``ValueError`` elsewhere). The inputs are checked before anything is compiled."""
+    (``ValueError`` elsewhere). The inputs are checked before anything is compiled
+    (``check=False``: by the caller, as for :func:`loss_and_grads`)."""
     cfg = params.config
     compile_fn = _xp.compiler(params.backend, jit)
-    tokens, lengths = check_tokens(
-        params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
-    )
+    if check:
+        tokens, lengths = check_tokens(
+            params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
+        )
     if compile_fn is not None and not _xp.is_traced(tokens):
         return _xp.compiled(score, params.backend)(params, tokens, lengths)
     xp = params.xp

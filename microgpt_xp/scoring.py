@@ -83,7 +83,7 @@ def score_rows(
     """The ``(n, 3)`` columns of :func:`score_texts` of encoded documents ``tokens (n, L)``,
     ``lengths (n,)``."""
     tok, lens = _xp.to_batch(tokens, lengths, params.backend, device=params.device)
-    losses = _xp.to_numpy(score(params, tok, lens, jit=jit))
+    losses = _xp.to_numpy(score(params, tok, lens, jit=jit, check=False))  # encoded here
     n = np.minimum(lengths - 1, params.config.block_size)
     loss64, n64 = losses.astype(np.float64), n.astype(np.float64)
     return np.stack([loss64, loss64 * n64, n64], axis=1)

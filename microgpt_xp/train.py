@@ -400,7 +400,8 @@ def weighted_loss_and_grads(
 def _flat_loss_and_grads(
     params: Params, tokens: Any, lengths: Any, reduction: Reduction
 ) -> tuple[Any, Any]:
-    loss, grads = loss_and_grads(params, tokens, lengths, reduction=reduction)
+    # the batches come from the corpus encoded and checked once, at the start
+    loss, grads = loss_and_grads(params, tokens, lengths, reduction=reduction, check=False)
     return loss, flatten(grads)
 
 
