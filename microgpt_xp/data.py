@@ -18,7 +18,13 @@ from ._errors import ArgumentTypeError, ArgumentValueError
 
 
 class DataError(ValueError):
-    """A corpus or batch request that cannot be used (empty, undecodable, too small)."""
+    """A corpus or batch request that cannot be used (empty, undecodable, too small);
+    ``param`` names the argument at fault where one is (as :mod:`microgpt_xp._errors`)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        if param is not None:
+            self.param = param
 
 
 def docs_from_text(text: str) -> list[str]:
@@ -87,13 +93,14 @@ def split_docs(docs: Sequence[str], fraction: float, seed: int) -> tuple[list[st
     least one) held out by ``numpy.random.default_rng([seed, 1])``; ``DataError`` unless
     ``0 < fraction < 1`` leaves a document on each side."""
     if not 0.0 < fraction < 1.0:
-        raise DataError(f"the held-out fraction must lie in (0, 1), got {fraction!r}")
+        raise DataError(f"the held-out fraction must lie in (0, 1), got {fraction!r}", "fraction")
     n = len(docs)
     held = max(1, round(fraction * n))
     if held >= n:
         raise DataError(
             f"holding out {held} of {n} documents leaves none to train on: a smaller "
-            "fraction, or more documents"
+            "fraction, or more documents",
+            "fraction",
         )
     chosen = set(np.random.default_rng([seed, 1]).permutation(n)[:held].tolist())
     return (

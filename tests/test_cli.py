@@ -857,8 +857,7 @@ needs_distributed = pytest.mark.skipif(not HAS_DISTRIBUTED, reason="needs dask.d
         (["train", "--microgpt-exact", "--data", "{data}", "--checkpoint", "{data}",
           "--overwrite"], 2, "would replace its corpus"),
         (["train", "--seed", "-1"], 1, "--seed must be a non-negative int, got -1"),
-        pytest.param(["train", "--val-fraction", "1.5"], 1, "--val-fraction", marks=pytest.mark.xfail(
-            reason="split_docs's DataError carries param='fraction' from the merge on")),
+        (["train", "--val-fraction", "1.5"], 1, "--val-fraction"),
         (["train", "--val-data", "{missing}"], 1, "cannot read data file"),
         (["export", "--checkpoint", "{truncated}", "--out", "{tmp}/w.json"], 1, "checkpoint"),
         (["frobnicate"], 2, "invalid choice"),
