@@ -122,7 +122,7 @@ def check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
         )
     docs = list(docs)
     if not docs:
-        raise DataError(f"{what}: the corpus holds no documents")
+        raise DataError(f"{what}: the corpus holds no documents", what)
     bad = next((d for d in docs if not isinstance(d, str)), None)
     if bad is not None:
         raise ArgumentTypeError(
@@ -272,10 +272,11 @@ def batch_indices(num_docs: int, batch_size: int, step: int, seed: int) -> np.nd
     s*B + B - 1`` of epochs, each a permutation by ``numpy.random.default_rng([seed,
     epoch])``, so a resumed run sees the same batches."""
     if batch_size < 1:
-        raise DataError(f"batch size must be at least 1, got {batch_size}")
+        raise DataError(f"batch size must be at least 1, got {batch_size}", "batch_size")
     if num_docs < batch_size:
         raise DataError(
-            f"the corpus has {num_docs} documents, fewer than the batch size {batch_size}"
+            f"the corpus has {num_docs} documents, fewer than the batch size {batch_size}",
+            "batch_size",
         )
     start = step * batch_size
     first, last = start // num_docs, (start + batch_size - 1) // num_docs

@@ -8,9 +8,10 @@ at most the usable cores; :func:`auto_threads` (``--threads auto``) also leaves 
 other processes keep busy. A library call changes thread pools only given ``threads=``.
 
 **Memory** (:func:`activation_bytes`). Scoring keeps every layer's activations of a chunk:
-per document of ``T = block_size`` tokens, ``T*C*(2 + 16*L) + (L+1)*H*T**2 + max(5*T*C,
-4*V*T)`` elements plus ``32*(T + 1)`` bytes of ids and masks (tracemalloc's peak within 10 %,
-tests/test_resources.py). Scoring is fastest near 16 MB a chunk: :func:`score_chunk`.
+per document of ``T = block_size`` tokens, ``T*C*(2 + 12*L) + (L+1)*H*T**2 + max(5*T*C,
+4*V*T)`` elements plus ``32*(T + 1)`` bytes of ids and masks (NumPy's count, tracemalloc's
+peak within 10 %, tests/test_resources.py; the generic primitives also keep the ReLU's
+``4*T*C`` mask a layer). Scoring is fastest near 16 MB a chunk: :func:`score_chunk`.
 """
 
 from __future__ import annotations

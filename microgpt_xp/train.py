@@ -179,7 +179,7 @@ def train(
         )
     if config.vocab_size != tokenizer.vocab_size:
         raise ArgumentValueError(
-            "config",
+            "config" if params is None or config is not params.config else "params",
             f"config.vocab_size {config.vocab_size} does not match the tokenizer's "
             f"{tokenizer.vocab_size}",
         )
@@ -195,9 +195,10 @@ def train(
                 checkpoint, run, steps, config, tokenizer, backend, device, params
             )
             placed = runner.place(params)
-            if placed is not params:  # Dask: the moments go where the weights went
-                state = adam.state
-                adam.state = AdamState(*(_on(placed, x) for x in (state.m, state.v, state.step)))
+            if placed is not params:  # Dask: Adam and its moments go where the weights went
+                moved = Adam(placed, adam.config)
+                moved.restore(adam.m.to(placed.backend), adam.v.to(placed.backend), adam.t)
+                adam = moved
             params = placed
         else:
             params = runner.place(_start(params, config, seed, backend, device, dtype))
@@ -218,11 +219,11 @@ def train(
             every,
             on_eval,
         )
-        try:
-            with use_threads(threads, config=config, batch_size=batch_size):
+        with use_threads(threads, config=config, batch_size=batch_size):
+            try:
                 loop.run(result, tokens, lengths, steps, batch_size, seed, callback)
-        finally:
-            runner.close()
+            finally:  # inside: the workers' pool restores the threads it found when it started
+                runner.close()
         if checkpoint is not None:
             loop.save(result.params, result.step)
     if _xp.entry(backend).chunked:  # in memory on the caller's side: outlives any cluster

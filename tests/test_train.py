@@ -355,3 +355,19 @@ def test_it_learns_names(names_txt: Path) -> None:
     after = _mean_loss_over_corpus(result.params, tokens, lengths)
     assert abs(before - math.log(tok.vocab_size)) < 0.1  # about uniform: ~3.3
     assert after < 2.4
+
+
+def test_a_dask_run_resumes_with_the_losses_of_numpy(tmp_path: Path) -> None:
+    """A run on Dask tasks resumed from its checkpoint (its moments placed with its weights)
+    gives the losses of the same NumPy run resumed."""
+    pytest.importorskip("dask.array")
+    losses = {}
+    for backend in ("numpy", "dask"):
+        path = tmp_path / f"{backend}.npz"
+        train(DOCS, steps=2, batch_size=4, backend=backend, checkpoint=path, config=CONFIG)
+        again = train(
+            DOCS, steps=3, batch_size=4, backend=backend, checkpoint=path, config=CONFIG,
+            resume=True,
+        )  # fmt: skip
+        losses[backend] = again.losses
+    assert len(losses["numpy"]) == 1 and losses["dask"] == losses["numpy"]

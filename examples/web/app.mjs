@@ -100,6 +100,7 @@ async function train({ tokens, lengths }) {
 
 async function load() {
   meta = await (await fetch("/model/meta.json")).json();
+  $("steps").max = meta.optimizer.num_steps;
   generate = await ort.InferenceSession.create("/model/generate.onnx", options);
   trainStep = await ort.InferenceSession.create("/model/train_step.onnx", options);
   const init = await ort.InferenceSession.create("/model/train_init.onnx", options);
@@ -144,7 +145,8 @@ function drawLoss(losses) {
 let stopping = false;
 
 async function trainPage() {
-  const steps = Number($("steps").value);
+  // the train_step graph's learning rate decays to 0 at the num_steps it was exported with
+  const steps = Math.min(Number($("steps").value), meta.optimizer.num_steps);
   const b = Number($("batch").value);
   const docs = meta.docs.map(encodeDoc).filter((r) => r !== null && r.length >= 2);
   const losses = [];
