@@ -191,6 +191,11 @@ class WorkerPool:
         return [here, *(results[i][1] for i in range(len(workers)))]
 
     def _died(self) -> NoReturn:
+        # a worker's pipe closes just before it exits: give the exit codes a moment (1 s in
+        # all, the live workers are stopped next) so that the reason is the worker's own
+        deadline = time.monotonic() + 1.0
+        for proc, _ in self._workers:
+            proc.join(max(0.0, deadline - time.monotonic()))
         codes = [p.exitcode for p, _ in self._workers]
         self._stop(wait=0.0)
         if _NO_GUARD in codes:
