@@ -102,7 +102,9 @@ def browser(session: nox.Session) -> None:
     """The web page (examples/web) in Debian's headless chromium, driven by Playwright's
     Python package through ``/usr/bin/chromium`` (no browser download); onnxruntime-web
     from the lock file (``npm ci``). Writes the trained page's screenshot to
-    ``docs/assets/web-page.png``. Skips without chromium or npm."""
+    ``docs/assets/web-page.png``. Then README's command lines, whose ONNX export and
+    ``serve.py`` need what this session installs (tests-numpy skips those two). Skips
+    without chromium or npm."""
     if not Path("/usr/bin/chromium").exists() or shutil.which("npm") is None:
         session.skip("needs /usr/bin/chromium (apt-get install chromium) and npm")
     session.install("-e", ".[test,onnx]", "playwright")
@@ -110,3 +112,4 @@ def browser(session: nox.Session) -> None:
         session.run("npm", "ci", "--no-audit", "--no-fund", external=True)
     env = {"MICROGPT_XP_SCREENSHOT": "docs/assets/web-page.png"}
     session.run("pytest", "tests/test_browser.py", *session.posargs, env=env)
+    session.run("pytest", "tests/test_first_steps.py", "-k", "command and README", *session.posargs)
