@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import codecs
+import functools
 import importlib.util
 import json
 import os
@@ -284,11 +285,18 @@ def batch_indices(num_docs: int, batch_size: int, step: int, seed: int) -> np.nd
 def _epochs(num_docs: int, start: int, count: int, seed: int) -> np.ndarray:
     """Positions ``start .. start + count - 1`` of the stream of epoch permutations."""
     first, last = start // num_docs, (start + count - 1) // num_docs
-    perms = np.concatenate(
-        [np.random.default_rng([seed, e]).permutation(num_docs) for e in range(first, last + 1)]
-    )
+    perms = [_permutation(num_docs, seed, e) for e in range(first, last + 1)]
     offset = start - first * num_docs
-    return perms[offset : offset + count]
+    stream = perms[0] if len(perms) == 1 else np.concatenate(perms)
+    return np.array(stream[offset : offset + count])
+
+
+@functools.lru_cache(maxsize=4)
+def _permutation(num_docs: int, seed: int, epoch: int) -> np.ndarray:
+    """Epoch ``epoch``'s permutation (read-only; kept: a run's steps read it again and again)."""
+    perm = np.random.default_rng([seed, epoch]).permutation(num_docs)
+    perm.flags.writeable = False
+    return perm
 
 
 #: Batches per pool of :func:`pooled_batch_indices`.

@@ -13,7 +13,7 @@ from ._errors import ArgumentValueError
 from .checkpoint import load
 from .config import GPTConfig
 from .data import Tokenizer
-from .optim import Adam
+from .optim import Adam, AdamConfig
 from .params import Params
 
 
@@ -44,14 +44,10 @@ def corpus_digest(docs: Sequence[str]) -> str:
 
 
 #: The record's optimizer settings beyond ``lr``, and their values in a run that predates
-#: them (the spec's: a checkpoint without them was made with these).
+#: them (the spec's, :class:`~microgpt_xp.AdamConfig`'s defaults).
 OPTIMIZER_DEFAULTS: dict[str, Any] = {
-    "warmup": 0,
-    "decay": "linear",
-    "min_lr": 0.0,
-    "weight_decay": 0.0,
-    "grad_clip": 0.0,
-    "init_std": 0.08,
+    k: getattr(AdamConfig(), k)
+    for k in ("warmup", "decay", "min_lr", "weight_decay", "grad_clip", "init_std")
 }
 
 

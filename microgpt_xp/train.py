@@ -279,15 +279,12 @@ def train(
         corpus, held_out, tokenizer = _texts(text, val_text, val_fraction, tokenizer)
     else:
         corpus, held_out, tokenizer = _docs(docs, val_docs, val_fraction, seed, tokenizer)
-    if config is None:
-        config = (
-            params.config
-            if params is not None
-            else GPTConfig(
-                tokenizer.vocab_size,
-                block_size=TEXT_BLOCK_SIZE if text is not None else default_block_size(corpus),
-            )
-        )
+    if config is None and params is not None:
+        config = params.config
+    elif config is None:
+        every_doc = [*corpus, *(held_out or [])]
+        block = TEXT_BLOCK_SIZE if text is not None else default_block_size(every_doc)
+        config = GPTConfig(tokenizer.vocab_size, block_size=block)
     if config.vocab_size != tokenizer.vocab_size:
         raise ArgumentValueError(
             "config" if params is None or config is not params.config else "params",
@@ -316,7 +313,7 @@ def train(
         held_out,
         mode="docs" if text is None else "text",
         batching=None if text is not None else "length",
-        optimizer={k: getattr(optimizer, k) for k in OPTIMIZER_DEFAULTS if hasattr(optimizer, k)},
+        optimizer={k: getattr(optimizer, k) for k in OPTIMIZER_DEFAULTS},
         eval_tokens=eval_tokens,
     )
     # the claim checks again, under its lock, that no other run made the file meanwhile
@@ -334,8 +331,8 @@ def train(
                 adam = moved
             params = placed
         else:
-            std = getattr(optimizer, "init_std", None)
-            params = runner.place(_start(params, config, seed, backend, device, dtype, std))
+            start = _start(params, config, seed, backend, device, dtype, optimizer.init_std)
+            params = runner.place(start)
             adam = Adam(params, optimizer)
             history = {"losses": [], "val_losses": [], "val_token_losses": []}
         result = TrainResult(params, adam, tokenizer, step=adam.t, start_step=adam.t)
@@ -494,13 +491,12 @@ def _start(
     backend: str,
     device: Any,
     dtype: str,
-    std: float | None = None,
+    std: float,
 ) -> Params:
-    """Fresh weights (of standard deviation ``std``: default the spec's), or ``params``
-    checked and placed on the run's backend and dtype."""
+    """Fresh weights (of standard deviation ``std``), or ``params`` checked and placed on
+    the run's backend and dtype."""
     if params is None:
-        kwargs = {} if std is None else {"std": std}
-        return init_params(config, seed=seed, backend=backend, device=device, dtype=dtype, **kwargs)
+        return init_params(config, seed=seed, backend=backend, device=device, dtype=dtype, std=std)
     if params.config != config:
         raise ArgumentValueError("params", f"params have {params.config}, not {config}")
     if not finite(params):
