@@ -23,6 +23,7 @@ from microgpt_xp.data import (
     length_groups,
     padding,
     read_docs,
+    read_text,
     split_text,
     take_windows,
     text_windows,
@@ -62,6 +63,17 @@ def test_text_windows_are_the_seeds_and_the_first_loss_is_theirs() -> None:
     loss, _ = loss_and_grads(init_params(CONFIG, seed=1, dtype="float64"), tokens, lengths)
     assert result.losses[0] == float(loss)
     assert result.tokenizer == TOKENIZER  # every character of the text, newlines too
+
+
+def test_read_text_reads_the_file_as_open_does(tmp_path: Path) -> None:
+    path = tmp_path / "play.txt"
+    path.write_bytes(b"\xef\xbb\xbfKING:\r\nNay.\r\rAll:\n")
+    assert read_text(path) == "KING:\nNay.\n\nAll:\n"
+    path.write_bytes(b"a")
+    with pytest.raises(DataError, match="1 characters"):
+        read_text(path)
+    with pytest.raises(DataError, match="not a regular file"):
+        read_text(tmp_path)
 
 
 def test_text_default_block_size_is_the_specs() -> None:
