@@ -300,3 +300,13 @@ def test_bad_corpora(kwargs: dict[str, Any], param: str, error: type) -> None:
 
 def test_step_stats_is_exported() -> None:
     assert mx.StepStats is StepStats and "StepStats" in mx.__all__
+
+
+def test_a_text_run_on_dask_tasks_is_the_numpy_run() -> None:
+    """Windows and held-out scoring in Dask tasks: the same numbers (one chunk: NumPy's
+    arithmetic)."""
+    pytest.importorskip("dask.array")
+    args = dict(val_fraction=0.3, eval_every=2, eval_tokens=24)
+    numpy_run, dask_run = _text(**args), _text(backend="dask", **args)
+    assert dask_run.losses == numpy_run.losses
+    assert dask_run.val_token_losses == numpy_run.val_token_losses
