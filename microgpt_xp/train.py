@@ -217,9 +217,9 @@ def train(
             shorthand for ``on_step``, called as ``on_step(StepStats(...))`` after it.
 
     A ``KeyboardInterrupt`` (Ctrl-C; the command turns SIGTERM and SIGHUP into one) in a
-    run with a ``checkpoint`` saves the state after the last step completed (its
-    callbacks and evaluation done) before it goes on up: resuming gives the losses and
-    weights of the uninterrupted run.
+    run with a ``checkpoint`` saves the state after the last step completed (its update
+    and, where one was due, its evaluation) before it goes on up: resuming gives the
+    losses and weights of the uninterrupted run.
 
     Raises ``ValueError``/``TypeError`` for bad arguments, ``FileExistsError`` for a
     checkpoint in the way, and :class:`TrainingError` when a loss or a weight is not
@@ -593,14 +593,19 @@ class _Loop:
                     result.losses.append(value)
                     self.history["losses"].append(value)
                     result.params, result.step = params, done
+                    due = self.held_out is not None and (
+                        done % self.eval_every == 0 or done == steps
+                    )
+                    if not due:  # complete: its update and its history
+                        done_state = self._completed(result)
                     if callback is not None:
                         callback(done, value)
                     if on_step is not None:
                         predicted = int(np.minimum(lengths - 1, block).sum())
                         on_step(StepStats(done, value, predicted, seconds))
-                    if self.held_out is not None and (done % self.eval_every == 0 or done == steps):
+                    if due:
                         self.evaluate(result)
-                    done_state = self._completed(result)
+                        done_state = self._completed(result)  # and its evaluation
                     cp_every = self.checkpoint_every
                     if self.checkpoint is not None and cp_every > 0 and done % cp_every == 0:
                         self.save(params, done)

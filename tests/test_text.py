@@ -240,9 +240,9 @@ class Stop(KeyboardInterrupt):
     """Stands for Ctrl-C (or a SIGTERM the command turned into one)."""
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_an_interrupt_saves_the_last_completed_step(tmp_path: Path, k: int) -> None:
-    args: dict[str, Any] = dict(val_fraction=0.3, eval_every=1, eval_tokens=16)
+@pytest.mark.parametrize(("k", "every"), [(1, 1), (3, 1), (2, 3)])
+def test_an_interrupt_saves_the_last_completed_step(tmp_path: Path, k: int, every: int) -> None:
+    args: dict[str, Any] = dict(val_fraction=0.3, eval_every=every, eval_tokens=16)
     whole = _text(**args)
     path = tmp_path / "run.ckpt"
 
@@ -252,10 +252,12 @@ def test_an_interrupt_saves_the_last_completed_step(tmp_path: Path, k: int) -> N
 
     with pytest.raises(Stop):
         _text(checkpoint=path, on_step=stop, **args)
-    assert load(path).step == k  # step k + 1 ran, but its callbacks did not finish
+    # step k + 1 ran; it is complete unless its evaluation was due (and did not run)
+    saved = k if (k + 1) % every == 0 else k + 1
+    assert load(path).step == saved
     resumed = _text(checkpoint=path, resume=True, **args)
-    assert resumed.losses == whole.losses[k:]
-    assert resumed.val_token_losses == whole.val_token_losses[k:]
+    assert resumed.losses == whole.losses[saved:]
+    assert resumed.val_token_losses == [p for p in whole.val_token_losses if p[0] > saved]
     assert_params_equal(resumed.params, whole.params)
     history = load(path).meta["history"]
     assert history["losses"] == whole.losses
@@ -268,9 +270,12 @@ def test_an_interrupt_before_a_step_completes_writes_nothing(tmp_path: Path) -> 
     def stop(stats: StepStats) -> None:
         raise Stop
 
-    with pytest.raises(Stop):
-        _text(checkpoint=path, on_step=stop)
+    with pytest.raises(Stop):  # step 1's evaluation was due: step 1 is not complete
+        _text(checkpoint=path, on_step=stop, val_fraction=0.3, eval_every=1)
     assert not path.exists()
+    with pytest.raises(Stop):  # without one, step 1 is complete when its update is
+        _text(checkpoint=path, on_step=stop)
+    assert load(path).step == 1
 
 
 # -- argument errors ----------------------------------------------------------------------------
