@@ -303,7 +303,8 @@ _BAD = [
     ({"resume": True}, ValueError, "checkpoint"),
     ({"config": GPTConfig(TOKENIZER.vocab_size + 1, n_embd=8, n_head=2)}, ValueError, "vocab_size"),
     # options that would do nothing (issue 31)
-    ({"eval_every": 5}, ValueError, r"eval_every= needs val_docs"),
+    ({"eval_every": 5}, ValueError, r"eval_every= needs held-out data"),
+    ({"eval_tokens": 50}, ValueError, r"eval_tokens= needs held-out data"),
     ({"checkpoint_every": 2}, ValueError, r"checkpoint_every= needs a checkpoint"),
     ({"overwrite": True}, ValueError, r"overwrite= needs a checkpoint"),
 ]
