@@ -17,6 +17,10 @@ from ._progress import Progress
 DEFAULT_LENGTH = 500
 
 
+class _Default(int):
+    """``--num-samples`` not given (20 names; one passage on a text checkpoint)."""
+
+
 def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``sample`` subcommand to ``sub``."""
     s = cli.add_command(
@@ -46,7 +50,9 @@ def add_parser(sub: cli.Subcommands) -> None:
         help="characters of text to write after --prompt, streamed as drawn; only for a text "
         f"checkpoint ('train --text'; default there: {DEFAULT_LENGTH})",
     )
-    s.set_defaults(handler=run, num_samples=None)
+    s.set_defaults(
+        handler=run, num_samples=_Default(cli.ARGUMENTS["num_samples/sample"]["default"])
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +74,6 @@ def run(args: argparse.Namespace) -> int:
             f"--length writes a stream of text, and checkpoint {args.checkpoint!r} was trained "
             "on documents (names): leave --length out, or train with 'train --text FILE'"
         )
-    args.num_samples = args.num_samples or 20
     if args.microgpt_exact:
         from .replay import sample_exact
 
@@ -124,7 +129,8 @@ def _passages(args: argparse.Namespace, ck: Any) -> int:
 
     if args.workers is not None:
         raise cli.UsageError("--workers cannot be used with a text checkpoint (one stream)")
-    count, length = args.num_samples or 1, args.length or DEFAULT_LENGTH
+    count = 1 if isinstance(args.num_samples, _Default) else args.num_samples
+    length = args.length or DEFAULT_LENGTH
     pieces = iter_samples(
         ck.params,
         ck.tokenizer,
