@@ -435,3 +435,13 @@ def test_cli_length_on_a_document_checkpoint_is_a_usage_error(
     rc = main(["sample", "--checkpoint", str(checkpoints["docs"]), "--length", "10"])
     err = capsys.readouterr().err
     assert rc == 2 and "--length" in err and "documents" in err and err.count("\n") == 1
+
+
+def test_a_stream_on_every_backend(backend: Any) -> None:
+    params, kw = _params(backend), dict(length=3 * CONFIG.block_size, seed=2, prompt="a")
+    if backend.name == "dask":  # a stream is drawn in this process, not as Dask tasks
+        with pytest.raises(ValueError, match="in this process"):
+            sample(params, TOKENIZER, 2, **kw)  # type: ignore[arg-type]
+        return
+    want = sample(_params(), TOKENIZER, 2, **kw)  # type: ignore[arg-type]
+    assert sample(params, TOKENIZER, 2, **kw) == want  # type: ignore[arg-type]
