@@ -382,7 +382,7 @@ def _decode(
         cache = dataclasses.replace(cache, pos=0)
     else:
         step = _xp.compiled(step, backend)
-    start = cache  # position 0: where a stream's slide or restart goes back to
+    zero = cache.pos  # position 0: where a stream's slide or restart goes back to
     shrink = early_stop and compile_fn is None and P.writable(cache.keys[0])
     rows = np.arange(b)  # the rows of `out` still in the batch
     block, window = params.config.block_size, max(1, params.config.block_size // 2)
@@ -396,7 +396,7 @@ def _decode(
             if feed:  # the prompt's or the window's next id, not the draw
                 token = P.full((1,), feed.pop(0), token)
             elif (ids := _xp.to_numpy(token))[0] == bos:  # BOS (the token) at position 0
-                cache, filled, context = dataclasses.replace(cache, pos=start.pos), 0, []
+                cache, filled, context = dataclasses.replace(cache, pos=zero), 0, []
                 continue
             else:
                 yield pos, rows, ids
@@ -405,7 +405,7 @@ def _decode(
                 context.append(int(ids[0]))
             if filled == block:  # the window slides: its last half from position 0
                 context, filled = context[-window:], 0
-                cache = dataclasses.replace(cache, pos=start.pos)
+                cache = dataclasses.replace(cache, pos=zero)
                 token, feed = P.full((1,), context[0], token), context[1:]
             continue
         if pos < len(prompt):  # the prompt's token, not the draw
