@@ -267,7 +267,16 @@ def sample(
 ) -> list[str]:
     """``num_samples`` documents (names), each from BOS (and ``prompt``) to the first sampled
     BOS or ``block_size`` tokens (:func:`iter_sample_tokens`); with ``length=N``, streams of
-    text, each ``prompt`` and ``N`` characters (:func:`decode_stream`)."""
+    text, each ``prompt`` and ``N`` characters (:func:`decode_stream`).
+
+    >>> import microgpt_xp as mx
+    >>> tokenizer = mx.Tokenizer("ab")
+    >>> params = mx.init_params(mx.GPTConfig(tokenizer.vocab_size, block_size=4), seed=0)
+    >>> names = mx.sample(params, tokenizer, 3, seed=1, prompt="a")
+    >>> texts = mx.sample(params, tokenizer, 3, seed=1, prompt="a", length=20)
+    >>> [len(text) for text in texts], [t.startswith(n) for t, n in zip(texts, names)]
+    ([21, 21, 21], [True, True, True])
+    """
     if length is None:
         return [
             name
