@@ -1,20 +1,22 @@
-"""Adam with microgpt's linear learning-rate decay: pure :func:`adam_init` and
-:func:`adam_update` over an :class:`AdamState` (the step count a 0-d array, so the update
-compiles once under ``jax.jit``), and :class:`Adam`, a thin stateful wrapper over them."""
+"""Adam with microgpt's linear learning-rate decay (or nanoGPT's warm-up, cosine decay,
+decoupled weight decay and gradient clipping, :class:`AdamConfig`): pure :func:`adam_init`
+and :func:`adam_update` over an :class:`AdamState` (the step count a 0-d array, so the
+update compiles once under ``jax.jit``), and :class:`Adam`, a thin stateful wrapper."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import _pytree, _xp
 from . import primitives as P
 from ._errors import ArgumentTypeError, ArgumentValueError
-from ._xp import check_positive_int
-from .params import FIELDS, Params, flatten, unflatten
+from ._xp import check_nonnegative_int, check_positive_int
+from .params import FIELDS, INIT_STD, Params, flatten, unflatten
 
 #: The spec's hyperparameters.
 LR, BETA1, BETA2, EPS, NUM_STEPS = 0.01, 0.85, 0.99, 1e-8, 1000
@@ -48,38 +50,99 @@ def adam_init(params: Params) -> AdamState:
     return AdamState(zeros, zeros, P.full((), 0, params.wte, dtype=params.xp.int64))
 
 
+#: The learning-rate decays after the warm-up (nanoGPT's ``get_lr`` is the cosine one).
+DECAYS = ("linear", "cosine")
+_POSITIVE = ("be positive", lambda hp, x: x > 0)
+_AT_LEAST_0 = ("be at least 0", lambda hp, x: x >= 0)
+_BETA = ("lie in [0, 1)", lambda hp, x: 0 <= x < 1)
+#: The real-valued fields (in order: ``min_lr`` is checked against the checked ``lr``) and
+#: the rule each keeps, ``(words, test(config, value))``.
+_REALS: dict[str, tuple[str, Callable[[Any, float], bool]]] = {
+    "lr": _POSITIVE,
+    "beta1": _BETA,
+    "beta2": _BETA,
+    "eps": _POSITIVE,
+    "min_lr": ("lie in [0, lr]", lambda hp, x: 0 <= x <= hp.lr),
+    "weight_decay": _AT_LEAST_0,
+    "grad_clip": _AT_LEAST_0,
+    "init_std": _POSITIVE,
+}
+
+
 @dataclass(frozen=True)
 class AdamConfig:
-    """Adam's hyper-parameters, the spec's by default, bound once (as optax binds them):
-    the initial learning rate ``lr > 0``, the moments' decays ``0 <= beta1, beta2 < 1``,
-    ``eps > 0`` (added outside the square root) and ``num_steps``, a positive int, the
-    length of the linear decay ``lr_t = lr * (1 - t / num_steps)``. Immutable and hashable
-    (a static argument of a compiled step); ``TypeError``/``ValueError`` for other values."""
+    """Adam's hyper-parameters, the spec's by default, bound once (as optax binds them).
+
+    ``lr > 0`` the peak learning rate, ``0 <= beta1, beta2 < 1`` the moments' decays, ``eps
+    > 0`` (added outside the square root), ``num_steps`` (a positive int) the schedule's
+    length, ``warmup`` (an int in ``[0, num_steps)``), ``decay`` (``"linear"`` or
+    ``"cosine"``) and ``0 <= min_lr <= lr`` the schedule of :meth:`lr_at`;
+    ``weight_decay >= 0`` decoupled as ``torch.optim.AdamW`` (``p *= 1 - lr_t wd`` before
+    the Adam step, every weight is a matrix); ``grad_clip >= 0`` (0: off) the bound of the
+    gradients' global L2 norm (``g *= min(1, grad_clip / (norm + 1e-6))``, as
+    ``torch.nn.utils.clip_grad_norm_``); ``init_std > 0`` the std of fresh weights (what
+    :func:`~microgpt_xp.init_params` takes as ``std``). The defaults are the spec's (a
+    linear decay to 0, no warm-up, decay or clipping). Immutable and hashable (a static
+    argument of a compiled step); ``ArgumentTypeError``/``ArgumentValueError`` naming the
+    field for other values."""
 
     lr: float = LR
     beta1: float = BETA1
     beta2: float = BETA2
     eps: float = EPS
     num_steps: int = NUM_STEPS
+    warmup: int = 0
+    decay: str = "linear"
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float = 0.0
+    init_std: float = INIT_STD
 
     def __post_init__(self) -> None:
         check_positive_int(self.num_steps, "num_steps")
-        for name in ("lr", "beta1", "beta2", "eps"):
+        if check_nonnegative_int(self.warmup, "warmup") >= self.num_steps:
+            raise ArgumentValueError(
+                "warmup", f"warmup must be less than num_steps={self.num_steps}, got {self.warmup}"
+            )
+        if not isinstance(self.decay, str):
+            raise ArgumentTypeError("decay", f"decay must be a str, got {self.decay!r}")
+        if self.decay not in DECAYS:
+            raise ArgumentValueError(
+                "decay", f"decay must be one of {', '.join(DECAYS)}, got {self.decay!r}"
+            )
+        for name, (rule, test) in _REALS.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ArgumentTypeError(name, f"{name} must be a real number, got {value!r}")
             x = float(value)
             if not math.isfinite(x):
                 raise ArgumentValueError(name, f"{name} must be finite, got {value!r}")
-            beta = name.startswith("beta")
-            if not (0.0 <= x < 1.0 if beta else x > 0):
-                rule = "lie in [0, 1)" if beta else "be positive"
+            if not test(self, x):
                 raise ArgumentValueError(name, f"{name} must {rule}, got {value!r}")
             object.__setattr__(self, name, x)
 
     def lr_at(self, t: int) -> float:
-        """The learning rate of the ``t``-th step (0-based)."""
-        return self.lr * (1 - t / self.num_steps)
+        """The learning rate of the ``t``-th step (0-based), nanoGPT's ``get_lr``: ``lr (t +
+        1) / (warmup + 1)`` for ``t < warmup``, then with ``r = (t - warmup) / (num_steps -
+        warmup)``: ``min_lr + (lr - min_lr) (1 - r)`` (linear; the spec's ``lr (1 - t /
+        num_steps)`` by default) or ``min_lr + (1 + cos(pi r)) / 2 (lr - min_lr)``
+        (cosine)."""
+        return float(_schedule(self, t, math.cos, lambda c, a, b: a if c else b))
+
+
+def _schedule(hp: AdamConfig, t: Any, cos: Any, where: Any) -> Any:
+    """:meth:`AdamConfig.lr_at` of ``t`` (an int, or a float64 array with the namespace's
+    ``cos`` and ``where``); the features that are off (static values) are left out of the
+    expression, so the spec's schedule keeps its exact rounding."""
+    lr, lo, w = hp.lr, hp.min_lr, hp.warmup
+    if hp.decay == "linear" and lo == 0.0 and w == 0:
+        return lr * (1.0 - t / hp.num_steps)  # the spec's
+    r = (t - w) / (hp.num_steps - w)
+    if hp.decay == "cosine":
+        decayed = lo + 0.5 * (1.0 + cos(math.pi * r)) * (lr - lo)
+    else:
+        decayed = lo + (lr - lo) * (1.0 - r)
+    return decayed if w == 0 else where(t < w, lr * (t + 1.0) / (w + 1.0), decayed)
 
 
 def adam_config(config: AdamConfig | None = None, **changes: Any) -> AdamConfig:
@@ -106,17 +169,30 @@ def adam_update(
     """One Adam update (spec §8) of ``params`` with ``grads`` under ``config`` (the spec's
     by default; ``changes`` replace fields); returns the new ``(params, state)``.
 
-    With ``t = state.step``: ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g²``, ``p -=
-    lr_t (m / (1 - b1^(t+1))) / (sqrt(v / (1 - b2^(t+1))) + eps)`` on every weight; the
-    factors in float64, rounded to the weights' dtype; nothing is read to the host."""
+    With ``t = state.step`` and ``lr_t`` = :meth:`AdamConfig.lr_at` of ``t``: if
+    ``grad_clip``, ``g *= min(1, grad_clip / (|g| + 1e-6))`` with ``|g|`` the L2 norm of all
+    the gradients; if ``weight_decay``, ``p *= 1 - lr_t weight_decay``; then ``m = b1 m +
+    (1 - b1) g``, ``v = b2 v + (1 - b2) g²``, ``p -= lr_t (m / (1 - b1^(t+1))) / (sqrt(v /
+    (1 - b2^(t+1))) + eps)`` on every weight. The schedule's factors in float64, rounded
+    to the weights' dtype; the norm in that dtype; nothing is read to the host."""
     hp = adam_config(config, **changes)
     xp, dtype = params.xp, params.dtype
     t = xp.astype(state.step, xp.float64)
-    lr_t = xp.astype(hp.lr * (1.0 - t / hp.num_steps), dtype)
+    lr64 = _schedule(hp, t, xp.cos, xp.where)
+    lr_t = xp.astype(lr64, dtype)
     bc1 = xp.astype(1.0 - hp.beta1 ** (t + 1.0), dtype)
     bc2 = xp.astype(1.0 - hp.beta2 ** (t + 1.0), dtype)
+    keep = xp.astype(1.0 - lr64 * hp.weight_decay, dtype) if hp.weight_decay else None
+    scale = None
+    if hp.grad_clip:  # every weight's sum of squares, in the same order in both forms
+        norm = sum(xp.sum(g * g) for g in grads.arrays().values()) ** 0.5
+        scale = xp.clip(hp.grad_clip / (norm + 1e-6), max=1.0)
 
     def update(p: Any, g: Any, m: Any, v: Any) -> tuple[Any, Any, Any]:
+        if scale is not None:
+            g = g * scale
+        if keep is not None:
+            p = p * keep
         m = hp.beta1 * m + (1 - hp.beta1) * g
         v = hp.beta2 * v + (1 - hp.beta2) * (g * g)
         return p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + hp.eps), m, v
@@ -149,7 +225,7 @@ class Adam:
 
     @property
     def num_steps(self) -> int:
-        """The length of the linear decay."""
+        """The length of the learning-rate schedule."""
         return self.config.num_steps
 
     @property

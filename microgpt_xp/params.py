@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -255,12 +256,18 @@ def init_params(
     backend: Any = "numpy",
     device: Any = None,
     dtype: str = "float32",
+    std: float = INIT_STD,
 ) -> Params:
-    """Fresh weights from N(0, 0.08²) by ``numpy.random.default_rng(seed)`` on the host, on
-    ``backend``, ``device`` and ``dtype``: one flat draw of ``config.num_params`` values
-    split over the state-dict keys in order, so a seed gives the same weights everywhere."""
+    """Fresh weights from N(0, std²) (the spec's std 0.08 by default) by
+    ``numpy.random.default_rng(seed)`` on the host, on ``backend``, ``device`` and
+    ``dtype``: one flat draw of ``config.num_params`` values split over the state-dict keys
+    in order, so a seed gives the same weights everywhere. ``std`` a positive real."""
     _config(config, "config")
-    flat = np.random.default_rng(seed).normal(0.0, INIT_STD, size=config.num_params)
+    if isinstance(std, bool) or not isinstance(std, numbers.Real):
+        raise ArgumentTypeError("std", f"std must be a real number, got {std!r}")
+    if not (math.isfinite(std) and std > 0):
+        raise ArgumentValueError("std", f"std must be positive and finite, got {std!r}")
+    flat = np.random.default_rng(seed).normal(0.0, float(std), size=config.num_params)
     state, offset = {}, 0
     for key, shape in state_dict_shapes(config).items():
         state[key] = flat[offset : offset + math.prod(shape)].reshape(shape)

@@ -1,9 +1,13 @@
 """``microgpt_xp.optim.Adam`` against the scalar ``reference.adam_step`` (spec §8): the
 updates, the moments, the linear learning-rate decay, zero-gradient parameters that keep
-moving, and the errors for bad hyperparameters and for too many steps."""
+moving, and the errors for bad hyperparameters and for too many steps; nanoGPT's options
+(warm-up, cosine decay, ``min_lr``) against its ``get_lr``, weight decay and gradient
+clipping against ``torch.optim.AdamW`` and ``clip_grad_norm_``, and the spec's update kept
+bit for bit when they are off."""
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -13,7 +17,8 @@ import reference
 from xp_testing import state_dict_arrays, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, init_params
-from microgpt_xp.optim import Adam, AdamConfig
+from microgpt_xp.optim import Adam, AdamConfig, AdamState, adam_init, adam_update
+from microgpt_xp.params import flatten, unflatten
 
 CONFIG = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=5)
 #: float64 updates agree with the scalar reference to this relative error (or bit for bit).
@@ -181,9 +186,160 @@ def test_step_errors(backend: Any) -> None:
         ({"num_steps": 0}, "num_steps must be a positive int"),
         ({"num_steps": 10.0}, "num_steps must be a positive int"),
         ({"num_steps": True}, "num_steps must be a positive int"),
+        ({"warmup": -1}, "warmup must be a non-negative int"),
+        ({"warmup": 1000}, "warmup must be less than num_steps=1000"),
+        ({"warmup": 2.0}, "warmup must be a non-negative int"),
+        ({"decay": "step"}, "decay must be one of linear, cosine"),
+        ({"decay": 1}, "decay must be a str"),
+        ({"min_lr": -1e-4}, r"min_lr must lie in \[0, lr\]"),
+        ({"min_lr": 0.02}, r"min_lr must lie in \[0, lr\]"),
+        ({"weight_decay": -0.1}, "weight_decay must be at least 0"),
+        ({"weight_decay": "0.1"}, "weight_decay must be a real number"),
+        ({"grad_clip": -1.0}, "grad_clip must be at least 0"),
+        ({"grad_clip": float("inf")}, "grad_clip must be finite"),
+        ({"init_std": 0.0}, "init_std must be positive"),
     ],
 )
 def test_bad_hyperparameters(kwargs: dict[str, Any], match: str) -> None:
-    with pytest.raises(ValueError, match=match) as info:
+    with pytest.raises((ValueError, TypeError), match=match) as info:
         Adam(init_params(CONFIG), **kwargs)
-    assert info.value.param == next(iter(kwargs))  # type: ignore[attr-defined]
+    assert info.value.param == next(iter(kwargs))  # type: ignore[union-attr]
+    want = TypeError if "must be a str" in match or "real number" in match else ValueError
+    assert isinstance(info.value, want)
+
+
+@pytest.mark.parametrize(("std", "error"), [(0.0, ValueError), (-1.0, ValueError),
+                                            (float("nan"), ValueError), ("1", TypeError)])  # fmt: skip
+def test_init_std(std: Any, error: type) -> None:
+    flat = flatten(init_params(CONFIG, seed=5, dtype="float64", std=0.02))
+    assert np.array_equal(flat, flatten(init_params(CONFIG, seed=5, dtype="float64")) / 4)
+    with pytest.raises(error, match="std must be") as info:
+        init_params(CONFIG, std=std)
+    assert info.value.param == "std"  # type: ignore[attr-defined]
+
+
+# -- nanoGPT's options ----------------------------------------------------------------------
+def get_lr(it: int, lr: float, warmup: int, steps: int, min_lr: float, cosine: bool) -> float:
+    """nanoGPT's train.py ``get_lr`` (``lr_decay_iters = num_steps``), plus the linear decay."""
+    if it < warmup:
+        return lr * (it + 1) / (warmup + 1)
+    decay_ratio = (it - warmup) / (steps - warmup)
+    if not cosine:
+        return min_lr + (lr - min_lr) * (1 - decay_ratio)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return min_lr + coeff * (lr - min_lr)
+
+
+SCHEDULES = [
+    {"warmup": 0, "decay": "linear", "min_lr": 0.0},
+    {"warmup": 3, "decay": "linear", "min_lr": 0.0},
+    {"warmup": 0, "decay": "cosine", "min_lr": 0.0},
+    {"warmup": 2, "decay": "cosine", "min_lr": 0.004},
+    {"warmup": 1, "decay": "linear", "min_lr": 0.01},
+]
+
+
+@pytest.mark.parametrize("sched", SCHEDULES)
+def test_schedule(backend: Any, sched: dict[str, Any]) -> None:
+    """``lr_at`` is nanoGPT's ``get_lr``; the update on the namespace moves every weight by
+    it (a constant gradient: m̂/√v̂ = 1 up to rounding and eps; with clipping too)."""
+    hp = AdamConfig(lr=0.01, num_steps=8, grad_clip=20.0, **sched)
+    want = [get_lr(t, 0.01, sched["warmup"], 8, sched["min_lr"], sched["decay"] == "cosine")
+            for t in range(8)]  # fmt: skip
+    assert [hp.lr_at(t) for t in range(8)] == want
+    params = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float64")
+    ones, state = params.map(lambda a: a * 0.0 + 1.0), adam_init(params)
+    for t in range(8):
+        new, state = adam_update(params, ones, state, hp)
+        moved = params.wte - new.wte
+        xp_assert_close(moved, np.full(tuple(moved.shape), want[t]), rtol=1e-7, like=params.wte,
+                        what=f"step {t}", elementwise=True)  # fmt: skip
+        params = new
+
+
+def spec_update(params: Params, grads: Params, state: AdamState, hp: AdamConfig) -> Any:
+    """main's adam_update before the options (flat form), kept here as the spec's exact one."""
+    xp, dtype = params.xp, params.dtype
+    t = xp.astype(state.step, xp.float64)
+    lr_t = xp.astype(hp.lr * (1.0 - t / hp.num_steps), dtype)
+    bc1 = xp.astype(1.0 - hp.beta1 ** (t + 1.0), dtype)
+    bc2 = xp.astype(1.0 - hp.beta2 ** (t + 1.0), dtype)
+    g, m, v = flatten(grads), state.m, state.v
+    m = hp.beta1 * m + (1 - hp.beta1) * g
+    v = hp.beta2 * v + (1 - hp.beta2) * (g * g)
+    return flatten(params) - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + hp.eps), m, v
+
+
+def per_weight(state: AdamState, config: GPTConfig) -> AdamState:
+    return AdamState(unflatten(state.m, config), unflatten(state.v, config), state.step)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_defaults_are_the_spec_bit_for_bit(dtype: str) -> None:
+    rng = np.random.default_rng(7)
+    params = init_params(CONFIG, seed=1, dtype=dtype)
+    n, cast = CONFIG.num_params, lambda a: np.asarray(a, dtype=dtype)
+    for t in (0, 1, 17, 999):
+        grads = unflatten(cast(rng.standard_normal(n) * 10.0 ** rng.integers(-6, 1, n)), CONFIG)
+        m, v = cast(rng.standard_normal(n) * 1e-2), cast(rng.random(n) * 1e-3)
+        state = AdamState(m, v, np.asarray(t, dtype=np.int64))
+        want = spec_update(params, grads, state, AdamConfig())
+        for form in (state, per_weight(state, CONFIG)):
+            p, s = adam_update(params, grads, form, AdamConfig(num_steps=1000))
+            for got, ref in zip((flatten(p), s.m, s.v), want, strict=True):
+                got = got if not isinstance(got, Params) else flatten(got)
+                assert got.dtype == ref.dtype and np.array_equal(got, ref), f"step {t}"
+            assert int(s.step) == t + 1
+
+
+ALL_ON = {"warmup": 2, "decay": "cosine", "min_lr": 1e-3, "weight_decay": 0.1, "grad_clip": 1.0}
+
+
+def test_per_weight_form_equals_flat(backend: Any) -> None:
+    """Every option on: the per-weight (Dask's) form equals the flat one bit for bit on
+    NumPy, and the update on each namespace matches NumPy's."""
+    rng = np.random.default_rng(3)
+    hp = AdamConfig(lr=0.02, num_steps=6, **ALL_ON)
+    host = init_params(CONFIG, seed=2, dtype="float64")
+    params = host.to(backend.name, device=backend.device)
+    flat, split, state = adam_init(host), per_weight(adam_init(host), CONFIG), adam_init(params)
+    p1 = p2 = host
+    for t in range(6):
+        g = unflatten(rng.standard_normal(CONFIG.num_params) * (0.01 if t % 2 else 1.0), CONFIG)
+        p1, flat = adam_update(p1, g, flat, hp)
+        p2, split = adam_update(p2, g, split, hp)
+        assert np.array_equal(flatten(p1), flatten(p2))
+        assert np.array_equal(flat.v, flatten(split.v))
+        params, state = adam_update(params, g.to(backend.name, device=backend.device), state, hp)
+        for name, a in params.arrays().items():
+            xp_assert_close(a, getattr(p1, name), rtol=1e-13, like=params.wte, what=name)
+
+
+def test_adamw_and_clipping_match_torch() -> None:
+    """nanoGPT's optimiser: ``torch.optim.AdamW`` with its ``lr`` set to ``get_lr`` each
+    step after ``clip_grad_norm_``; the weights and both moments agree (float64)."""
+    torch = pytest.importorskip("torch")
+    hp = AdamConfig(lr=0.02, beta2=0.95, num_steps=6, **ALL_ON)
+    rng = np.random.default_rng(4)
+    params = init_params(CONFIG, seed=2, dtype="float64")
+    ours = {k: torch.tensor(np.array(a)) for k, a in params.arrays().items()}
+    tensors = [t.requires_grad_() for t in ours.values()]
+    opt = torch.optim.AdamW(tensors, lr=hp.lr, betas=(hp.beta1, hp.beta2), eps=hp.eps,
+                            weight_decay=hp.weight_decay)  # fmt: skip
+    state = adam_init(params)
+    for t in range(6):
+        g = unflatten(rng.standard_normal(CONFIG.num_params) * (0.01 if t % 2 else 1.0), CONFIG)
+        for x, a in zip(tensors, g.arrays().values(), strict=True):
+            x.grad = torch.tensor(np.array(a))
+        norm = float(torch.nn.utils.clip_grad_norm_(tensors, hp.grad_clip))
+        assert (norm > hp.grad_clip) == (t % 2 == 0)  # clipped every other step
+        opt.param_groups[0]["lr"] = hp.lr_at(t)
+        opt.step()
+        params, state = adam_update(params, g, state, hp)
+        m, v = unflatten(state.m, CONFIG), unflatten(state.v, CONFIG)
+        for i, (k, x) in enumerate(ours.items()):
+            moments = opt.state[tensors[i]]
+            for what, got, want in (("p", params, x), ("m", m, moments["exp_avg"]),
+                                    ("v", v, moments["exp_avg_sq"])):  # fmt: skip
+                np.testing.assert_allclose(getattr(got, k), want.detach().numpy(), rtol=1e-10,
+                                           atol=1e-15, err_msg=f"step {t} {what}[{k}]")  # fmt: skip
