@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .optim import Adam, AdamConfig, AdamState, adam_init, adam_update
     from .params import Params, init_params
     from .sample import iter_samples, sample
-    from .train import ResumeError, TrainingError, TrainResult, train
+    from .train import ResumeError, StepStats, TrainingError, TrainResult, train
 
 #: Where each public name lives: loaded on first use (PEP 562), so that importing the
 #: package (the command's start) is quick and Ctrl-C then is the command's own line.
@@ -45,7 +45,7 @@ _HOME = {
         "optim": "Adam AdamConfig AdamState adam_init adam_update",
         "params": "Params init_params",
         "sample": "iter_samples sample",
-        "train": "ResumeError TrainingError TrainResult train",
+        "train": "ResumeError StepStats TrainingError TrainResult train",
     }.items()
     for name in names.split()
 }
@@ -77,9 +77,9 @@ sys.modules[__name__].__class__ = _Package
 # fmt: off
 __all__ = [
     "BACKENDS", "Adam", "AdamConfig", "AdamState", "Checkpoint", "CheckpointError", "DataError",
-    "GPTConfig", "KVCache", "Params", "ResumeError", "Tokenizer", "TrainResult", "TrainingError",
-    "__version__", "adam_init", "adam_update", "decode_step", "default_docs", "export_onnx",
-    "forward", "init_params", "iter_samples", "load", "loss_and_grads", "read_docs", "run_exact",
-    "sample", "sample_exact", "save", "score", "train", "train_step",
+    "GPTConfig", "KVCache", "Params", "ResumeError", "StepStats", "Tokenizer", "TrainResult",
+    "TrainingError", "__version__", "adam_init", "adam_update", "decode_step", "default_docs",
+    "export_onnx", "forward", "init_params", "iter_samples", "load", "loss_and_grads",
+    "read_docs", "run_exact", "sample", "sample_exact", "save", "score", "train", "train_step",
 ]
 # fmt: on

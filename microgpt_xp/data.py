@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import codecs
+import functools
 import importlib.util
 import json
 import os
@@ -278,13 +279,149 @@ def batch_indices(num_docs: int, batch_size: int, step: int, seed: int) -> np.nd
             f"the corpus has {num_docs} documents, fewer than the batch size {batch_size}",
             "batch_size",
         )
-    start = step * batch_size
-    first, last = start // num_docs, (start + batch_size - 1) // num_docs
-    perms = np.concatenate(
-        [np.random.default_rng([seed, e]).permutation(num_docs) for e in range(first, last + 1)]
-    )
+    return _epochs(num_docs, step * batch_size, batch_size, seed)
+
+
+def _epochs(num_docs: int, start: int, count: int, seed: int) -> np.ndarray:
+    """Positions ``start .. start + count - 1`` of the stream of epoch permutations."""
+    first, last = start // num_docs, (start + count - 1) // num_docs
+    perms = [_permutation(num_docs, seed, e) for e in range(first, last + 1)]
     offset = start - first * num_docs
-    return perms[offset : offset + batch_size]
+    stream = perms[0] if len(perms) == 1 else np.concatenate(perms)
+    return np.array(stream[offset : offset + count])
+
+
+@functools.lru_cache(maxsize=4)
+def _permutation(num_docs: int, seed: int, epoch: int) -> np.ndarray:
+    """Epoch ``epoch``'s permutation (read-only; kept: a run's steps read it again and again)."""
+    perm = np.random.default_rng([seed, epoch]).permutation(num_docs)
+    perm.flags.writeable = False
+    return perm
+
+
+#: Batches per pool of :func:`pooled_batch_indices`.
+POOL_BATCHES = 64
+
+
+def pooled_batch_indices(
+    lengths: np.ndarray, batch_size: int, step: int, seed: int, pool: int = POOL_BATCHES
+) -> np.ndarray:
+    """Length-aware indices ``(batch_size,)`` of step ``step``: the stream of
+    :func:`batch_indices` cut into pools of ``pool`` batches; each pool sorted by length
+    (stably) and cut into batches, whose order is shuffled by
+    ``numpy.random.default_rng([seed, pool_number, 1])``. Each pool holds the documents of
+    ``pool`` steps of :func:`batch_indices` and a batch holds documents of near-equal
+    length, so little of it is padding. ``batch_size=1`` is :func:`batch_indices`."""
+    num_docs = len(lengths)
+    if batch_size == 1:
+        return batch_indices(num_docs, batch_size, step, seed)
+    batch_indices(num_docs, batch_size, 0, seed)  # the same errors
+    number, within = divmod(step, pool)
+    docs = _epochs(num_docs, number * pool * batch_size, pool * batch_size, seed)
+    ordered = docs[np.argsort(lengths[docs], kind="stable")]
+    which = np.random.default_rng([seed, number, 1]).permutation(pool)[within]
+    return ordered[which * batch_size : (which + 1) * batch_size]
+
+
+def padding(lengths: np.ndarray, block_size: int) -> tuple[int, int]:
+    """``(computed, predicted)`` positions of a batch of rows of ``lengths (B,)`` trimmed to
+    the longest: ``B * min(max(lengths) - 1, block_size)`` and the predicted tokens
+    ``sum(min(lengths - 1, block_size))``; the padding is ``1 - predicted / computed``."""
+    predicted = np.minimum(lengths - 1, block_size)
+    return len(lengths) * int(predicted.max()), int(predicted.sum())
+
+
+# -- text streams -------------------------------------------------------------------------------
+#: The block size of a stream of text when no config says otherwise (the spec's 16).
+TEXT_BLOCK_SIZE = 16
+
+
+def check_text(text: Any, what: str) -> str:
+    """``text`` if it is a string of at least two characters, else ``ArgumentTypeError`` or
+    :class:`DataError` naming the argument ``what``."""
+    if not isinstance(text, str):
+        raise ArgumentTypeError(
+            what, f"{what} must be a string (one stream of text), got {type(text).__name__}"
+        )
+    if len(text) < 2:
+        raise DataError(f"{what} holds {len(text)} characters; a stream needs at least 2", what)
+    return text
+
+
+def split_text(text: str, fraction: float) -> tuple[str, str]:
+    """``(train, held_out)``: the text cut in two, the last ``round(fraction * len(text))``
+    characters held out (contiguous, as nanoGPT's last 10%); :class:`DataError` naming
+    ``val_fraction`` unless ``0 < fraction < 1`` leaves two characters on each side."""
+    if not 0.0 < fraction < 1.0:
+        raise DataError(
+            f"the held-out fraction must lie in (0, 1), got {fraction!r}", "val_fraction"
+        )
+    cut = len(text) - round(fraction * len(text))
+    if min(cut, len(text) - cut) < 2:
+        raise DataError(
+            f"holding out {fraction!r} of {len(text)} characters leaves a part shorter than "
+            "2 characters",
+            "val_fraction",
+        )
+    return text[:cut], text[cut:]
+
+
+def encode_text(tokenizer: Tokenizer, text: str) -> np.ndarray:
+    """The character ids of ``text``, ``(len(text),)`` int64 (every character a token,
+    newlines too, no BOS); ``ValueError`` naming the first character not in the
+    vocabulary and its position."""
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
+    table = np.frombuffer("".join(tokenizer.chars).encode("utf-32-le"), dtype="<u4")
+    ids = np.minimum(np.searchsorted(table, codes), len(table) - 1)  # chars are sorted
+    unknown = np.flatnonzero(table[ids] != codes)
+    if len(unknown):
+        i = int(unknown[0])
+        raise ValueError(
+            f"character {text[i]!r} at position {i} of the text is not in the tokenizer's "
+            "vocabulary"
+        )
+    return ids.astype(np.int64)
+
+
+def text_windows(
+    num_tokens: int, block_size: int, batch_size: int, step: int, seed: int
+) -> np.ndarray:
+    """Start offsets ``(batch_size,)`` of step ``step``'s windows of ``block_size + 1``
+    tokens in a stream of ``num_tokens``: uniform in ``[0, num_tokens - block_size - 1]``
+    by ``numpy.random.default_rng([seed, step])`` (a resumed run draws the same)."""
+    if num_tokens < block_size + 1:
+        raise DataError(
+            f"the text has {num_tokens} characters, fewer than a window of block_size + 1 = "
+            f"{block_size + 1}",
+            "text",
+        )
+    rng = np.random.default_rng([seed, step])
+    return rng.integers(0, num_tokens - block_size, size=batch_size, dtype=np.int64)
+
+
+def eval_windows(num_tokens: int, block_size: int, max_tokens: int) -> np.ndarray:
+    """Start offsets of the fixed held-out windows of a stream of ``num_tokens``: ``k``
+    windows of ``block_size + 1`` tokens, evenly spaced from the first character to the
+    last, that predict disjoint tokens (consecutive windows share at most one character),
+    ``k`` as many as fit but at most ``max_tokens // block_size`` (at least one). A stream
+    shorter than a window is one window of all of it."""
+    room = num_tokens - 1 - block_size  # the last start
+    if room < 0:
+        return np.zeros(1, dtype=np.int64)
+    k = max(1, min(room // block_size + 1, max_tokens // block_size))
+    if k == 1:
+        return np.zeros(1, dtype=np.int64)
+    return np.arange(k, dtype=np.int64) * room // (k - 1)
+
+
+def take_windows(
+    ids: np.ndarray, starts: np.ndarray, block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The batch ``(tokens (B, L), lengths (B,))`` of the windows of ``ids`` at ``starts``,
+    ``L = min(block_size + 1, len(ids))``, every length ``L``."""
+    width = min(block_size + 1, len(ids))
+    tokens = ids[starts[:, None] + np.arange(width)]
+    return tokens, np.full(len(starts), width, dtype=np.int64)
 
 
 def take_batch(

@@ -13,7 +13,7 @@ from ._errors import ArgumentValueError
 from .checkpoint import load
 from .config import GPTConfig
 from .data import Tokenizer
-from .optim import Adam
+from .optim import Adam, AdamConfig
 from .params import Params
 
 
@@ -30,6 +30,10 @@ class ResumeError(ValueError):
         )
 
 
+#: The lists of a run's history (``meta["history"]``).
+HISTORY = ("losses", "val_losses", "val_token_losses")
+
+
 def corpus_digest(docs: Sequence[str]) -> str:
     """A SHA-256 of the documents in order (what a checkpoint records of its corpus)."""
     h = hashlib.sha256()
@@ -37,6 +41,14 @@ def corpus_digest(docs: Sequence[str]) -> str:
         h.update(d.encode("utf-8"))
         h.update(b"\n")
     return h.hexdigest()
+
+
+#: The record's optimizer settings beyond ``lr``, and their values in a run that predates
+#: them (the spec's, :class:`~microgpt_xp.AdamConfig`'s defaults).
+OPTIMIZER_DEFAULTS: dict[str, Any] = {
+    k: getattr(AdamConfig(), k)
+    for k in ("warmup", "decay", "min_lr", "weight_decay", "grad_clip", "init_std")
+}
 
 
 def run_record(
@@ -47,9 +59,20 @@ def run_record(
     reduction: str,
     docs: Sequence[str],
     val_docs: Sequence[str] | None,
+    *,
+    mode: str = "docs",
+    batching: str | None = None,
+    optimizer: dict[str, Any] | None = None,
+    eval_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """What a checkpoint records of the settings that fix a run's losses (JSON-able)."""
-    return {
+    """What a checkpoint records of the settings that fix a run's losses (JSON-able):
+    ``mode`` (``"docs"``, or ``"text"`` where ``docs`` is ``[text]``), the documents' batch
+    order ``batching`` (``"length"``: :func:`~microgpt_xp.data.pooled_batch_indices`;
+    ``"shuffle"``: :func:`~microgpt_xp.data.batch_indices`, what a record without it
+    means), the ``optimizer``'s settings of :data:`OPTIMIZER_DEFAULTS` and the held-out
+    bound ``eval_tokens`` (informative: not checked on resume)."""
+    record = {
+        "mode": mode,
         "seed": seed,
         "batch_size": batch_size,
         "lr": float(lr),
@@ -57,7 +80,12 @@ def run_record(
         "reduction": reduction,
         "corpus": corpus_digest(docs),
         "val_corpus": None if val_docs is None else corpus_digest(val_docs),
+        **{k: (optimizer or {}).get(k, v) for k, v in OPTIMIZER_DEFAULTS.items()},
+        "eval_tokens": eval_tokens,
     }
+    if batching is not None:
+        record["batching"] = batching
+    return record
 
 
 def resume(
@@ -71,8 +99,9 @@ def resume(
     params: Params | None,
 ) -> tuple[Params, Adam, dict[str, list[Any]]]:
     """The params, optimizer and history (``{"losses": [...], "val_losses": [[step, loss],
-    ...]}``) of the run in ``checkpoint``, after checking that the arguments continue that
-    run (:class:`ResumeError` otherwise)."""
+    ...], "val_token_losses": [[step, loss], ...]}``) of the run in ``checkpoint``, after
+    checking that the arguments continue that run (:class:`ResumeError` otherwise). The
+    record ``run`` takes the checkpoint's batch order (a run goes on as it began)."""
     name = str(checkpoint)
     if params is not None:
         raise ArgumentValueError(
@@ -98,10 +127,19 @@ def resume(
     saved_dtype = _xp.dtype_name(saved.params.wte)
     if saved_dtype != run["dtype"]:
         raise ResumeError("dtype", saved_dtype, run["dtype"], name)
+    saved_mode = saved_run.get("mode", "docs")
+    if saved_mode != run["mode"]:
+        raise ResumeError("mode", saved_mode, run["mode"], name)
     for option in ("seed", "batch_size", "lr", "reduction"):
         if option in saved_run and saved_run[option] != run[option]:
             raise ResumeError(option, saved_run[option], run[option], name)
-    for option, key in (("docs", "corpus"), ("val_docs", "val_corpus")):
+    for option, default in OPTIMIZER_DEFAULTS.items():
+        if saved_run.get(option, default) != run[option]:
+            raise ResumeError(option, saved_run.get(option, default), run[option], name)
+    if "batching" in run:  # the batch order goes on as it began ("shuffle" before the record)
+        run["batching"] = saved_run.get("batching", "shuffle")
+    names = ("text", "val_text") if run["mode"] == "text" else ("docs", "val_docs")
+    for option, key in zip(names, ("corpus", "val_corpus"), strict=True):
         was, now = saved_run.get(key), run[key]
         if key in saved_run and was != now:  # corpora are shown by their digests
             raise ResumeError(option, _short(was), _short(now), name)
@@ -112,7 +150,7 @@ def resume(
         adam.extend(steps)  # a finished run, extended (see train's docstring)
     history = meta.get("history")
     history = history if isinstance(history, dict) else {}
-    return saved.params, adam, {k: list(history.get(k, [])) for k in ("losses", "val_losses")}
+    return saved.params, adam, {k: list(history.get(k, [])) for k in HISTORY}
 
 
 def _short(digest: str | None) -> str:

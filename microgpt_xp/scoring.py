@@ -45,14 +45,34 @@ def score_texts(
     predictions]``, scored in pieces cut where the corpus position is a multiple of
     ``chunk_size``, so that each document is padded, and scored, as in one process."""
     first = int(positions[0]) if len(positions) else 0
-    cuts = [0, *range(-first % chunk_size or chunk_size, len(docs), chunk_size), len(docs)]
     parts = []
-    for a, b in itertools.pairwise(cuts):
-        if b > a:
-            tokens, lengths = encode(
-                tokenizer, list(docs[a:b]), params.config.block_size, first + a
-            )
-            parts.append(score_rows(params, tokens, lengths, jit))
+    for a, b in _pieces(first, len(docs), chunk_size):
+        tokens, lengths = encode(tokenizer, list(docs[a:b]), params.config.block_size, first + a)
+        parts.append(score_rows(params, tokens, lengths, jit))
+    return np.concatenate(parts, axis=0)
+
+
+def _pieces(first: int, n: int, chunk_size: int) -> list[tuple[int, int]]:
+    """The ``(a, b)`` pieces of rows ``0..n`` of a shard that starts at corpus position
+    ``first``, cut where the position is a multiple of ``chunk_size``."""
+    cuts = [0, *range(-first % chunk_size or chunk_size, n, chunk_size), n]
+    return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+
+
+def score_encoded_rows(
+    params: Params,
+    positions: np.ndarray,
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    chunk_size: int,
+    jit: bool | None = None,
+) -> np.ndarray:
+    """A shard of :func:`score_encoded`: as :func:`score_texts`, of encoded rows."""
+    first = int(positions[0]) if len(positions) else 0
+    parts = [
+        score_rows(params, tokens[a:b], lengths[a:b], jit)
+        for a, b in _pieces(first, len(lengths), chunk_size)
+    ]
     return np.concatenate(parts, axis=0)
 
 
@@ -134,11 +154,38 @@ def score_docs(
             parts += runner.map(score_texts, params, [positions, texts], *args)
         if callback is not None:
             callback(stop, n)
-    cols = np.concatenate(parts, axis=0)
+    return _summary(np.concatenate(parts, axis=0))
+
+
+def score_encoded(
+    params: Params,
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    chunk_size: int | None = None,
+    runner: Runner | None = None,
+) -> ScoreSummary:
+    """:func:`score_docs` of rows already encoded, ``tokens (N, L)`` and ``lengths (N,)``
+    on the host (documents framed by BOS, or windows of a stream of text), ``chunk_size``
+    rows at a time on ``runner`` (default as :func:`score_docs`); a row is scored the same
+    wherever it runs."""
+    runner = pick(None, params.backend) if runner is None else runner
+    params = runner.place(params)
+    if chunk_size is None:
+        chunk_size = score_chunk(params.config, dtype=_xp.dtype_name(params.wte))
+    n, parts = len(lengths), []
+    for start, stop in chunk_bounds(n, chunk_size if isinstance(runner, Local) else n):
+        rows = [np.arange(start, stop), tokens[start:stop], lengths[start:stop]]
+        parts += runner.map(score_encoded_rows, params, rows, chunk_size, runner.jit)
+    return _summary(np.concatenate(parts, axis=0))
+
+
+def _summary(cols: np.ndarray) -> ScoreSummary:
+    """The :class:`ScoreSummary` of the ``(N, 3)`` columns of :func:`score_texts`."""
     return ScoreSummary(
         mean=float(np.mean(cols[:, 0])),
         token_mean=float(cols[:, 1].sum() / cols[:, 2].sum()),
-        num_docs=n,
+        num_docs=len(cols),
         losses=cols[:, 0],
         num_predictions=cols[:, 2].astype(np.int64),
     )

@@ -3,6 +3,7 @@ files that are missing, truncated, corrupt, foreign or of another model."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -22,7 +23,7 @@ from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads
 from microgpt_xp._errors import ArgumentValueError
 from microgpt_xp.checkpoint import CheckpointError, load, save
 from microgpt_xp.data import Tokenizer, encode_docs
-from microgpt_xp.optim import Adam
+from microgpt_xp.optim import Adam, AdamConfig
 from microgpt_xp.params import materialize
 from microgpt_xp.train import to_batch
 
@@ -297,6 +298,35 @@ def test_config_mismatch(saved: tuple[Path, Params, Adam]) -> None:
     assert "n_layer=2" in str(info.value) and "n_layer=1" in str(info.value)
     assert load(path, config=CONFIG).config == CONFIG
     assert issubclass(CheckpointError, ValueError)
+
+
+#: The Adam record of a checkpoint written before the schedule options (issue 33).
+_OLD_ADAM = {"lr": 0.05, "beta1": 0.85, "beta2": 0.99, "eps": 1e-8, "num_steps": 10, "t": 2}
+_OPTIONS = {"warmup": 2, "decay": "cosine", "min_lr": 0.001, "weight_decay": 0.1,
+            "grad_clip": 1.0, "init_std": 0.02}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("adam", "match"),
+    [(_OLD_ADAM, None), ({**_OLD_ADAM, **_OPTIONS}, None),
+     ({**_OLD_ADAM, "decay": "step"}, "decay must be one of"),
+     ({**_OLD_ADAM, "warmup": 10}, "warmup must be less than num_steps=10")],
+)  # fmt: skip
+def test_adam_options_in_the_header(
+    saved: tuple[Path, Params, Adam], adam: dict[str, Any], match: str | None
+) -> None:
+    """An old file (no options recorded) loads with the spec's; the options round-trip."""
+    path, _, _ = saved
+    _rewrite(path, "__header__", {"adam": adam})
+    if match is not None:
+        with pytest.raises(CheckpointError, match=match):
+            load(path)
+        return
+    got = load(path).adam
+    assert got is not None and got.state_dict() == {**dataclasses.asdict(AdamConfig()), **adam}
+    save(path, load(path).params, adam=got)
+    with np.load(path) as z:
+        assert json.loads(z["__header__"].tobytes())["adam"] == got.state_dict()
 
 
 @pytest.mark.parametrize(

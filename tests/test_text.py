@@ -1,0 +1,269 @@
+"""Issue 33's library side: training on a stream of text, held-out scoring at a bounded cost
+with per-token losses, StepStats, length-aware batches of documents, the run's mode in its
+checkpoint and the save at an interrupt."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from xp_testing import assert_params_equal
+
+import microgpt_xp as mx
+from microgpt_xp import GPTConfig, StepStats, Tokenizer, init_params, load, loss_and_grads, save
+from microgpt_xp.data import (
+    DataError,
+    batch_indices,
+    encode_docs,
+    encode_text,
+    eval_windows,
+    padding,
+    pooled_batch_indices,
+    read_docs,
+    split_text,
+    take_batch,
+    take_windows,
+    text_windows,
+)
+from microgpt_xp.scoring import score_docs, score_encoded
+from microgpt_xp.train import ResumeError, TrainResult, train
+
+TEXT = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+    "First Citizen:\nYou are all resolved rather to die than to famish?\n\nAll:\nResolved.\n"
+)
+TOKENIZER = Tokenizer(set(TEXT))
+CONFIG = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=8, n_head=2, block_size=8)
+ARGS: dict[str, Any] = dict(steps=4, batch_size=3, seed=1, dtype="float64", config=CONFIG)
+DOCS = ["ab", "abcdefg", "abc", "abcdef", "a", "abcd", "abcde", "b", "bcd", "cdefg", "ba", "dc"]
+
+
+def _text(**kwargs: Any) -> TrainResult:
+    return train(**{**ARGS, "text": TEXT, **kwargs})
+
+
+# -- windows of a stream ------------------------------------------------------------------------
+def test_text_windows_are_the_seeds_and_the_first_loss_is_theirs() -> None:
+    ids = encode_text(TOKENIZER, TEXT)
+    assert TOKENIZER.decode(ids) == TEXT and ids.dtype == np.int64  # newlines are tokens
+    starts = [text_windows(len(ids), 8, 3, s, seed=1) for s in range(4)]
+    for s, x in enumerate(starts):
+        np.testing.assert_array_equal(text_windows(len(ids), 8, 3, s, seed=1), x)
+        assert x.min() >= 0 and x.max() <= len(ids) - 9
+    assert not np.array_equal(starts[0], starts[1])
+    tokens, lengths = take_windows(ids, starts[0], 8)
+    assert tokens.shape == (3, 9) and lengths.tolist() == [9, 9, 9]
+    assert TOKENIZER.bos not in tokens  # no BOS in a stream
+    np.testing.assert_array_equal(tokens[1], ids[starts[0][1] : starts[0][1] + 9])
+    result, again = _text(), _text()
+    assert result.losses == again.losses and len(result.losses) == 4
+    loss, _ = loss_and_grads(init_params(CONFIG, seed=1, dtype="float64"), tokens, lengths)
+    assert result.losses[0] == float(loss)
+    assert result.tokenizer == TOKENIZER  # every character of the text, newlines too
+
+
+def test_text_default_block_size_is_the_specs() -> None:
+    result = train(text=TEXT, steps=1, batch_size=2)
+    assert result.params.config.block_size == 16
+
+
+def test_held_out_text_is_the_last_fraction_scored_on_fixed_windows() -> None:
+    head, tail = split_text(TEXT, 0.25)
+    assert head + tail == TEXT and len(tail) == round(0.25 * len(TEXT))
+    result = _text(val_fraction=0.25, eval_every=2, eval_tokens=40)
+    whole = _text(val_text=tail, text=head, tokenizer=TOKENIZER, eval_every=2, eval_tokens=40)
+    assert result.losses == whole.losses and result.val_losses == whole.val_losses
+    # by hand: the windows of the tail, at most 40 predicted tokens
+    ids = encode_text(TOKENIZER, tail)
+    starts = eval_windows(len(ids), 8, 40)
+    assert len(starts) == 5
+    want = score_encoded(result.params, *take_windows(ids, starts, 8)).token_mean
+    assert [s for s, _ in result.val_token_losses] == [2, 4]
+    assert result.val_token_losses[-1] == (4, want) and result.val_losses == result.val_token_losses
+
+
+@pytest.mark.parametrize(("n", "max_tokens"), [(100, 40), (100, 10**6), (1000, 64), (9, 8), (5, 8)])
+def test_eval_windows_are_evenly_spaced_disjoint_and_bounded(n: int, max_tokens: int) -> None:
+    starts = eval_windows(n, 8, max_tokens)
+    predicted = [set(range(s + 1, s + 9)) for s in starts]
+    assert len(starts) >= 1
+    if n >= 9:
+        assert len(starts) * 8 <= max(8, max_tokens)  # the cost bound
+        assert starts[0] == 0 and starts[-1] == (n - 9 if len(starts) > 1 else 0)
+        assert sum(map(len, predicted)) == len(set().union(*predicted))  # disjoint
+        gaps = np.diff(starts)
+        assert len(gaps) == 0 or gaps.max() - gaps.min() <= 1  # evenly spaced
+        if max_tokens >= n * 8:
+            assert len(starts) == (n - 9) // 8 + 1  # as many as fit
+    np.testing.assert_array_equal(eval_windows(n, 8, max_tokens), starts)  # fixed
+
+
+def test_held_out_documents_are_the_first_ones_within_eval_tokens() -> None:
+    val = ["abc", "bcd", "abcdefgh", "dcba", "a"]  # predicts 4, 4, 8 (cut), 5, 2 tokens
+    result = train(DOCS, val_docs=val, eval_tokens=13, **{**ARGS, "config": None})
+    params, tok = result.params, result.tokenizer
+    first = score_docs(params, tok, val[:2])  # 4 + 4 <= 13 < 4 + 4 + 8
+    assert result.val_losses[-1] == (4, first.mean)
+    assert result.val_token_losses[-1] == (4, first.token_mean)
+    everything = train(DOCS, val_docs=val, **{**ARGS, "config": None})  # all fit the default
+    assert everything.val_token_losses[-1][1] == score_docs(params, tok, val).token_mean
+
+
+def test_default_eval_cost_is_a_share_of_the_training_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    _text(checkpoint=path, val_fraction=0.5, steps=20, eval_every=5)
+    # 0.3 x 5 steps x 3 rows x 8 tokens = 36, raised to the floor of 512
+    assert load(path).meta["run"]["eval_tokens"] == 512
+    # 50 steps: one evaluation every 5; 0.3 x 5 steps x 64 rows x 8 tokens
+    train(text=TEXT * 40, **{**ARGS, "steps": 50, "batch_size": 64}, val_fraction=0.5,
+          checkpoint=path, overwrite=True)  # fmt: skip
+    assert load(path).meta["run"]["eval_tokens"] == math.ceil(0.3 * 5 * 64 * 8) == 768
+
+
+# -- per-step numbers ---------------------------------------------------------------------------
+def test_on_step_gets_step_loss_tokens_and_seconds() -> None:
+    seen: list[StepStats] = []
+    calls: list[tuple[int, float]] = []
+    result = _text(on_step=seen.append, callback=lambda s, x: calls.append((s, x)))
+    assert [s.step for s in seen] == [1, 2, 3, 4] and [s.loss for s in seen] == result.losses
+    assert calls == [(s.step, s.loss) for s in seen]
+    assert all(s.tokens == 3 * 8 and s.seconds > 0 for s in seen)
+    docs_seen: list[StepStats] = []
+    train(DOCS, on_step=docs_seen.append, **{**ARGS, "config": None})
+    tok = Tokenizer.from_docs(DOCS)
+    _, lengths = encode_docs(tok, DOCS, 16)
+    want = [int(np.sum(lengths[pooled_batch_indices(lengths, 3, s, 1)] - 1)) for s in range(4)]
+    assert [s.tokens for s in docs_seen] == want
+
+
+# -- length-aware batches -----------------------------------------------------------------------
+def test_pooled_batches_hold_the_streams_documents_and_one_is_the_plain_order() -> None:
+    lengths = np.array([len(d) + 2 for d in DOCS])
+    for size in (1, 2, 5):
+        pooled = [pooled_batch_indices(lengths, size, s, 3, pool=4) for s in range(8)]
+        plain = [batch_indices(len(DOCS), size, s, 3) for s in range(8)]
+        for p in range(2):  # a pool holds the documents of its steps of the plain order
+            got, want = np.concatenate(pooled[4 * p : 4 * p + 4]), plain[4 * p : 4 * p + 4]
+            assert sorted(got.tolist()) == sorted(np.concatenate(want).tolist())
+        if size == 1:
+            assert [x.tolist() for x in pooled] == [x.tolist() for x in plain]
+        else:
+            assert all(np.ptp(lengths[x]) <= np.ptp(lengths) for x in pooled)
+
+
+def test_padding_on_names_is_at_most_15_percent(names_txt: Path) -> None:
+    docs = read_docs(names_txt)
+    _, lengths = encode_docs(Tokenizer.from_docs(docs), docs, 16)
+    totals = np.zeros(2)
+    plain = np.zeros(2)
+    for s in range(200):
+        totals += padding(lengths[pooled_batch_indices(lengths, 32, s, 0)], 16)
+        plain += padding(lengths[batch_indices(len(docs), 32, s, 0)], 16)
+    assert 1 - totals[1] / totals[0] <= 0.15 < 1 - plain[1] / plain[0]
+
+
+def test_a_checkpoint_without_a_batch_order_resumes_in_the_plain_order(tmp_path: Path) -> None:
+    path = tmp_path / "old.ckpt"
+    args = {**ARGS, "config": None, "steps": 3}
+    train(DOCS, checkpoint=path, **{**args, "steps": 2})
+    saved = load(path)
+    run = dict(saved.meta["run"])
+    assert run["batching"] == "length" and run["mode"] == "docs"
+    del run["batching"], run["mode"]  # as a checkpoint of an earlier version
+    save(path, saved.params, adam=saved.adam, step=2, tokenizer=saved.tokenizer,
+         meta={**saved.meta, "run": run})  # fmt: skip
+    resumed = train(DOCS, checkpoint=path, resume=True, **args)
+    tok = saved.tokenizer
+    assert tok is not None
+    tokens, lengths = encode_docs(tok, DOCS, 16)
+    batch = take_batch(tokens, lengths, batch_indices(len(DOCS), 3, 2, 1))
+    loss, _ = loss_and_grads(saved.params.to("numpy", dtype="float64"), *batch)
+    assert resumed.losses == [float(loss)]
+    assert load(path).meta["run"]["batching"] == "shuffle"
+
+
+# -- checkpoints: the mode, the options, an interrupt ------------------------------------------
+def test_the_mode_is_recorded_and_a_resume_cannot_change_it(tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    _text(checkpoint=path, steps=2)
+    run = load(path).meta["run"]
+    assert run["mode"] == "text" and "batching" not in run
+    with pytest.raises(ResumeError, match="mode") as info:
+        train([TEXT] * 3, checkpoint=path, resume=True, **{**ARGS, "steps": 3})
+    assert info.value.option == "mode" and (info.value.saved, info.value.given) == ("text", "docs")
+    with pytest.raises(ResumeError, match="text") as info:
+        train(text=TEXT[::-1], checkpoint=path, resume=True, **{**ARGS, "steps": 3})
+    assert info.value.option == "text"
+    with pytest.raises(ResumeError) as info:
+        _text(checkpoint=path, resume=True, warmup=1)
+    assert info.value.option == "warmup"
+    assert _text(checkpoint=path, resume=True, steps=3).start_step == 2  # a finished run, extended
+
+
+class Stop(KeyboardInterrupt):
+    """Stands for Ctrl-C (or a SIGTERM the command turned into one)."""
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_an_interrupt_saves_the_last_completed_step(tmp_path: Path, k: int) -> None:
+    args: dict[str, Any] = dict(val_fraction=0.3, eval_every=1, eval_tokens=16)
+    whole = _text(**args)
+    path = tmp_path / "run.ckpt"
+
+    def stop(stats: StepStats) -> None:
+        if stats.step == k + 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        _text(checkpoint=path, on_step=stop, **args)
+    assert load(path).step == k  # step k + 1 ran, but its callbacks did not finish
+    resumed = _text(checkpoint=path, resume=True, **args)
+    assert resumed.losses == whole.losses[k:]
+    assert resumed.val_token_losses == whole.val_token_losses[k:]
+    assert_params_equal(resumed.params, whole.params)
+    history = load(path).meta["history"]
+    assert history["losses"] == whole.losses
+    assert history["val_token_losses"] == [list(p) for p in whole.val_token_losses]
+
+
+def test_an_interrupt_before_a_step_completes_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+
+    def stop(stats: StepStats) -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        _text(checkpoint=path, on_step=stop)
+    assert not path.exists()
+
+
+# -- argument errors ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "param", "error"),
+    [
+        ({"docs": DOCS, "text": TEXT}, "text", ValueError),
+        ({"text": TEXT, "val_docs": DOCS}, "val_docs", ValueError),
+        ({"docs": DOCS, "val_text": TEXT}, "val_text", ValueError),
+        ({"text": TEXT, "val_text": TEXT, "val_fraction": 0.1}, "val_fraction", ValueError),
+        ({"text": TEXT, "val_fraction": 1.5}, "val_fraction", ValueError),
+        ({"docs": DOCS, "val_fraction": 0.0}, "val_fraction", ValueError),
+        ({"text": TEXT, "val_fraction": "0.1"}, "val_fraction", TypeError),
+        ({"text": ["a", "b"]}, "text", TypeError),
+        ({"text": "abcdef"}, "text", DataError),  # shorter than a window of 9
+        ({"text": TEXT, "eval_tokens": 0, "val_fraction": 0.1}, "eval_tokens", ValueError),
+    ],
+)
+def test_bad_corpora(kwargs: dict[str, Any], param: str, error: type) -> None:
+    args = {**ARGS, **kwargs}
+    if "docs" in kwargs or kwargs.get("text") == "abcdef":
+        args["config"] = None
+    with pytest.raises(error) as info:
+        train(**args)
+    assert info.value.param == param  # type: ignore[attr-defined]
+
+
+def test_step_stats_is_exported() -> None:
+    assert mx.StepStats is StepStats and "StepStats" in mx.__all__
