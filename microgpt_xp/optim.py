@@ -82,9 +82,9 @@ class AdamConfig:
     gradients' global L2 norm (``g *= min(1, grad_clip / (norm + 1e-6))``, as
     ``torch.nn.utils.clip_grad_norm_``); ``init_std > 0`` the std of fresh weights (what
     :func:`~microgpt_xp.init_params` takes as ``std``). The defaults are the spec's (a
-    linear decay to 0, no warm-up, decay or clipping). Immutable and hashable (a static
-    argument of a compiled step); ``ArgumentTypeError``/``ArgumentValueError`` naming the
-    field for other values."""
+    linear decay to 0, no warm-up, weight decay or clipping). Immutable and hashable (a
+    static argument of a compiled step); ``ArgumentTypeError``/``ArgumentValueError``
+    naming the field for other values."""
 
     lr: float = LR
     beta1: float = BETA1

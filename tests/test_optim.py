@@ -208,8 +208,10 @@ def test_bad_hyperparameters(kwargs: dict[str, Any], match: str) -> None:
     assert isinstance(info.value, want)
 
 
-@pytest.mark.parametrize(("std", "error"), [(0.0, ValueError), (-1.0, ValueError),
-                                            (float("nan"), ValueError), ("1", TypeError)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("std", "error"),
+    [(0.0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), ("1", TypeError)],
+)
 def test_init_std(std: Any, error: type) -> None:
     flat = flatten(init_params(CONFIG, seed=5, dtype="float64", std=0.02))
     assert np.array_equal(flat, flatten(init_params(CONFIG, seed=5, dtype="float64")) / 4)
