@@ -1,14 +1,17 @@
 """Batched generation through the KV cache, with temperature, top-k and a prompt: the batches
-of :func:`iter_sample_tokens` go through ``runner.map`` and the one loop :func:`decode_batch`."""
+of :func:`iter_sample_tokens` go through ``runner.map`` and the one loop :func:`_decode`
+(:func:`decode_batch`); with ``length=N`` the same loop writes streams of text through a
+sliding window (:func:`decode_stream`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import numbers
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import numpy as np
 
@@ -37,7 +40,8 @@ class SampleOptions(TypedDict, total=False):
     whatever the batching); ``top_k`` (the ``k`` largest logits, ties kept; ``None``: all);
     ``prompt`` (ids after BOS, text for :func:`sample`; returned with the samples);
     ``batch_size`` (:data:`DEFAULT_BATCH_SIZE`); ``runner`` (default this process) or its
-    one-word spellings ``chunks``, ``workers``, ``jit``."""
+    one-word spellings ``chunks``, ``workers``, ``jit``. Beside them, ``length`` (``None``:
+    documents; ``N``: streams of text, :func:`iter_sample_tokens`)."""
 
     temperature: float
     seed: int
@@ -62,11 +66,21 @@ def check_temperature(temperature: Any) -> float:
 
 
 def iter_sample_tokens(
-    params: Params, bos: int, num_samples: int, **options: Unpack[SampleOptions]
+    params: Params,
+    bos: int,
+    num_samples: int,
+    *,
+    length: int | None = None,
+    **options: Unpack[SampleOptions],
 ) -> Iterator[np.ndarray]:
     """``num_samples`` sequences from BOS (then the prompt), as ``(b, block_size)`` int64 host
     batches: the prompt, the sampled ids, BOS from the first sampled BOS on. Checked now, run
-    as batches are taken; for a seed the ids depend not on batch size, runner or ``jit``."""
+    as batches are taken; for a seed the ids depend not on batch size, runner or ``jit``.
+
+    ``length=N``: ``num_samples`` streams of text instead, one after another in this process
+    (no ``workers``, ``chunks`` or other runner), yielded as 1-d int64 pieces: a row's
+    prompt, then its ``N`` drawn ids one at a time (:func:`decode_stream`; row ``r`` draws
+    with :func:`stream_uniforms`, so its first ``block_size`` ids are document mode's)."""
     unknown = set(options) - set(SampleOptions.__annotations__)
     if unknown:
         raise TypeError(f"unexpected sampling options {sorted(unknown)}")
@@ -98,6 +112,8 @@ def iter_sample_tokens(
         jit=options.get("jit"),
     )
     params = runner.place(params)
+    if length is not None:
+        return _streams(params, bos, num_samples, inv_t, length, seed, prompt, top_k, runner)
     args = (bos, inv_t, {"prompt": prompt, "top_k": top_k, "jit": runner.jit})
 
     def batches() -> Iterator[np.ndarray]:
@@ -109,6 +125,52 @@ def iter_sample_tokens(
             runner.close()
 
     return batches()
+
+
+def _streams(
+    params: Params,
+    bos: int,
+    num_samples: int,
+    inv_t: float,
+    length: Any,
+    seed: int,
+    prompt: tuple[int, ...],
+    top_k: int | None,
+    runner: runners.Runner,
+) -> Iterator[np.ndarray]:
+    """:func:`iter_sample_tokens` with ``length``: the rows' pieces, one row after another."""
+    try:
+        _xp.check_positive_int(length, "length", most=_xp.NATIVE_INT_MAX)
+        if not isinstance(runner, runners.Local):
+            raise ArgumentValueError(
+                "length",
+                f"length={length} draws each stream in this process, one piece at a time: "
+                f"{runner!r} cannot run it (leave out workers, chunks and runner)",
+            )
+    except BaseException:
+        runner.close()
+        raise
+    cfg = params.config
+
+    def pieces() -> Iterator[np.ndarray]:
+        try:
+            for r in range(num_samples):
+                if prompt:
+                    yield np.asarray(prompt, dtype=np.int64)
+                yield from decode_stream(
+                    params,
+                    bos,
+                    stream_uniforms(seed, r, cfg.block_size),
+                    inv_t,
+                    length,
+                    prompt=prompt,
+                    top_k=top_k,
+                    jit=runner.jit,
+                )
+        finally:
+            runner.close()
+
+    return pieces()
 
 
 def _check_prompt(prompt: Any, bos: int, vocab_size: int, block_size: int) -> tuple[int, ...]:
@@ -128,16 +190,49 @@ def _check_prompt(prompt: Any, bos: int, vocab_size: int, block_size: int) -> tu
 
 
 def sample_tokens(
-    params: Params, bos: int, num_samples: int, **options: Unpack[SampleOptions]
+    params: Params,
+    bos: int,
+    num_samples: int,
+    *,
+    length: int | None = None,
+    **options: Unpack[SampleOptions],
 ) -> np.ndarray:
-    """:func:`iter_sample_tokens`'s batches as one ``(N, block_size)`` int64 host array."""
-    return np.concatenate(list(iter_sample_tokens(params, bos, num_samples, **options)), axis=0)
+    """:func:`iter_sample_tokens`'s batches as one ``(N, block_size)`` int64 host array;
+    with ``length``, its streams as ``(N, len(prompt) + length)``."""
+    batches = iter_sample_tokens(params, bos, num_samples, length=length, **options)
+    ids = np.concatenate(list(batches), axis=0)
+    return ids if length is None else ids.reshape(num_samples, -1)
 
 
+@overload
 def iter_samples(
-    params: Params, tokenizer: Tokenizer, num_samples: int, **options: Unpack[SampleOptions]
-) -> Iterator[list[str]]:
-    """:func:`iter_sample_tokens` as text, a list of names per batch (``prompt`` is text).
+    params: Params,
+    tokenizer: Tokenizer,
+    num_samples: int,
+    *,
+    length: None = None,
+    **options: Unpack[SampleOptions],
+) -> Iterator[list[str]]: ...
+@overload
+def iter_samples(
+    params: Params,
+    tokenizer: Tokenizer,
+    num_samples: int,
+    *,
+    length: int,
+    **options: Unpack[SampleOptions],
+) -> Iterator[str]: ...
+def iter_samples(
+    params: Params,
+    tokenizer: Tokenizer,
+    num_samples: int,
+    *,
+    length: int | None = None,
+    **options: Unpack[SampleOptions],
+) -> Iterator[list[str]] | Iterator[str]:
+    """:func:`iter_sample_tokens` as text, a list of names per batch (``prompt`` is text);
+    with ``length=N``, text pieces as they are drawn: each stream's prompt, then its ``N``
+    characters one at a time, the streams one after another.
 
     >>> import microgpt_xp as mx
     >>> from microgpt_xp.sample import iter_samples
@@ -155,18 +250,33 @@ def iter_samples(
         if not isinstance(prompt, str):
             raise ArgumentTypeError("prompt", f"prompt must be text, got {type(prompt).__name__}")
         options = {**options, "prompt": tokenizer.encode(prompt)}
-    batches = iter_sample_tokens(params, tokenizer.bos, num_samples, **options)
-    return (tokenizer.decode_rows(ids) for ids in batches)
+    batches = iter_sample_tokens(params, tokenizer.bos, num_samples, length=length, **options)
+    if length is None:
+        return (tokenizer.decode_rows(ids) for ids in batches)
+    chars = tokenizer.chars  # a stream writes no BOS
+    return ("".join([chars[i] for i in ids.tolist()]) for ids in batches)
 
 
 def sample(
-    params: Params, tokenizer: Tokenizer, num_samples: int = 20, **options: Unpack[SampleOptions]
+    params: Params,
+    tokenizer: Tokenizer,
+    num_samples: int = 20,
+    *,
+    length: int | None = None,
+    **options: Unpack[SampleOptions],
 ) -> list[str]:
     """``num_samples`` documents (names), each from BOS (and ``prompt``) to the first sampled
-    BOS or ``block_size`` tokens (:func:`iter_sample_tokens`)."""
-    return [
-        name for names in iter_samples(params, tokenizer, num_samples, **options) for name in names
-    ]
+    BOS or ``block_size`` tokens (:func:`iter_sample_tokens`); with ``length=N``, streams of
+    text, each ``prompt`` and ``N`` characters (:func:`decode_stream`)."""
+    if length is None:
+        return [
+            name
+            for names in iter_samples(params, tokenizer, num_samples, **options)
+            for name in names
+        ]
+    text = "".join(iter_samples(params, tokenizer, num_samples, length=length, **options))
+    n = len(text) // num_samples
+    return [text[i : i + n] for i in range(0, len(text), n)]
 
 
 def choose(probs: Any, u: Any) -> Any:
@@ -207,11 +317,58 @@ def decode_batch(
     ``early_stop``: stop once every row drew BOS; an in-place cache drops finished rows once
     they are a quarter (the same ids). A temperature that could overflow the logits
     (``inv_temperature * LOGIT_BOUND > finfo.max``) draws the argmax, ties drawn among."""
+    b, t = uniforms.shape
+    out = np.full((b, t), bos, dtype=np.int64)
+    steps = _decode(params, bos, iter([uniforms]), inv_temperature, prompt, top_k, jit, early_stop)
+    for pos, rows, ids in steps:
+        out[rows, pos] = ids
+    return out
+
+
+def decode_stream(
+    params: Params,
+    bos: int,
+    uniforms: Iterator[np.ndarray],
+    inv_temperature: float,
+    length: int,
+    *,
+    prompt: Sequence[int] = (),
+    top_k: int | None = None,
+    jit: bool | None = None,
+) -> Iterator[np.ndarray]:
+    """One stream of text: its ``length`` drawn ids (after ``prompt``, which is not among
+    them), each a ``(1,)`` int64 host array as soon as it is drawn. The steps are
+    :func:`decode_batch`'s, one uniform each from the chunks ``(1, w)`` of ``uniforms`` in
+    order: from BOS at position 0 and the prompt, the first ``block_size`` ids are
+    :func:`decode_batch`'s for the same uniforms (up to a drawn BOS). Then the window
+    slides: when the cache is full, the last ``block_size // 2`` ids are read again from
+    position 0 (no BOS) and drawing goes on, so a character costs under two steps (nanoGPT
+    runs the whole window for each). A drawn BOS is not written: the context starts again
+    from BOS alone."""
+    steps = _decode(params, bos, uniforms, inv_temperature, prompt, top_k, jit, length=length)
+    return (ids for _, _, ids in steps)
+
+
+def _decode(
+    params: Params,
+    bos: int,
+    uniforms: Iterator[np.ndarray],
+    inv_temperature: float,
+    prompt: Sequence[int],
+    top_k: int | None,
+    jit: bool | None,
+    early_stop: bool = True,
+    length: int | None = None,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """The one decode loop, ``(step, rows, ids)`` a record: of :func:`decode_batch` (one
+    chunk of uniforms, a step each, the ids of the ``rows`` still in the batch), or of
+    :func:`decode_stream` (``length``: one row, the ids it writes)."""
     xp, backend, dev = params.xp, params.backend, params.device
     compile_fn = _xp.compiler(backend, jit)
-    b, t = uniforms.shape
+    host_u = next(uniforms)
+    b, t = host_u.shape
     dtype = _xp.dtype_name(params.wte)
-    u = _xp.asarray(uniforms, backend, device=dev, dtype=dtype)
+    u = _xp.asarray(host_u, backend, device=dev, dtype=dtype)
     token = _xp.asarray(np.full(b, bos, dtype=np.int64), backend, device=dev)
     bos_id = P.full((), bos, token)
     greedy = not inv_temperature * LOGIT_BOUND <= float(np.finfo(dtype).max)
@@ -225,15 +382,36 @@ def decode_batch(
         cache = dataclasses.replace(cache, pos=0)
     else:
         step = _xp.compiled(step, backend)
+    start = cache  # position 0: where a stream's slide or restart goes back to
     shrink = early_stop and compile_fn is None and P.writable(cache.keys[0])
-    out = np.full((b, t), bos, dtype=np.int64)
     rows = np.arange(b)  # the rows of `out` still in the batch
-    for pos in range(t):
-        token, cache, done, row = step(params, cache, token, u[:, pos], done, bos_id, inv_t)
+    block, window = params.config.block_size, max(1, params.config.block_size // 2)
+    feed, context, filled, written = list(prompt), list(prompt), 0, 0  # a stream's state
+    for pos in range(t) if length is None else itertools.count():
+        if pos and not pos % t:  # a stream's next chunk of uniforms
+            u = _xp.asarray(next(uniforms), backend, device=dev, dtype=dtype)
+        token, cache, done, row = step(params, cache, token, u[:, pos % t], done, bos_id, inv_t)
+        if length is not None:
+            filled += 1
+            if feed:  # the prompt's or the window's next id, not the draw
+                token = P.full((1,), feed.pop(0), token)
+            elif (ids := _xp.to_numpy(token))[0] == bos:  # BOS (the token) at position 0
+                cache, filled, context = dataclasses.replace(cache, pos=start.pos), 0, []
+                continue
+            else:
+                yield pos, rows, ids
+                if (written := written + 1) == length:
+                    return
+                context.append(int(ids[0]))
+            if filled == block:  # the window slides: its last half from position 0
+                context, filled = context[-window:], 0
+                cache = dataclasses.replace(cache, pos=start.pos)
+                token, feed = P.full((1,), context[0], token), context[1:]
+            continue
         if pos < len(prompt):  # the prompt's token, not the draw
             token = row = P.full((rows.shape[0],), prompt[pos], token)
             done = token != token
-        out[rows, pos] = _xp.to_numpy(row)
+        yield pos, rows, _xp.to_numpy(row)
         if not early_stop or pos < len(prompt) or pos + 1 == t:
             continue
         running = ~_xp.to_numpy(done)
@@ -249,7 +427,6 @@ def decode_batch(
                 for bufs in (cache.keys, cache.values)
             )
             cache = KVCache(keys, values, cache.pos)
-    return out
 
 
 def _keep_columns(xp: Any, buf: Any, idx: Any, filled: int) -> Any:
@@ -299,3 +476,13 @@ def row_uniforms(seed: int, start: int, stop: int, width: int) -> np.ndarray:
     bits = np.random.PCG64(seed)  # what default_rng(seed) wraps
     bits.advance(start * width)
     return np.random.Generator(bits).random((stop - start, width))
+
+
+def stream_uniforms(seed: int, row: int, width: int) -> Iterator[np.ndarray]:
+    """Stream ``row``'s uniforms in ``(1, width)`` chunks: first document mode's row
+    (:func:`row_uniforms`), then those of ``PCG64(seed).jumped(row + 1)``, a stream apart
+    from every row of the first."""
+    yield row_uniforms(seed, row, row + 1, width)
+    rng = np.random.Generator(np.random.PCG64(seed).jumped(row + 1))
+    while True:
+        yield rng.random((1, width))

@@ -1,14 +1,17 @@
 """Tests of microgpt_xp.sample: seeded, batch- and chunk-independent generation that follows
 the spec's §10 protocol (checked against the pure-Python oracle), temperature, the
-inverse-CDF draw ``choose`` (checked against the standard library) and argument errors."""
+inverse-CDF draw ``choose`` (checked against the standard library), argument errors, and
+streams of text (``length=N``, a sliding window) with ``microgpt-xp sample --length``."""
 
 from __future__ import annotations
 
 import bisect
 import fractions
 import itertools
+import json
 import math
 import random
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,9 +19,18 @@ import numpy as np
 import pytest
 import reference
 
-from microgpt_xp import GPTConfig, Params, init_params
+from microgpt_xp import GPTConfig, Params, forward, init_params, save
+from microgpt_xp.cli import main
 from microgpt_xp.data import Tokenizer
-from microgpt_xp.sample import choose, iter_sample_tokens, iter_samples, sample, sample_tokens
+from microgpt_xp.sample import (
+    choose,
+    decode_batch,
+    iter_sample_tokens,
+    iter_samples,
+    sample,
+    sample_tokens,
+    stream_uniforms,
+)
 
 TOKENIZER = Tokenizer("abcde")
 CONFIG = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=8, n_head=2, block_size=8)
@@ -295,3 +307,141 @@ def test_bad_temperature(temperature: Any) -> None:
 def test_bad_bos(bos: int) -> None:
     with pytest.raises(ValueError, match="bos"):
         sample_tokens(_params(), bos, 2)
+
+
+# -- streams of text (length=N) ---------------------------------------------------------------
+def _reference_stream(
+    params: Params, seed: int, length: int, temperature: float, prompt: list[int]
+) -> list[int]:
+    """The stream by the naive rule: at every draw, ``forward`` of the whole window (BOS and
+    the prompt first; after a slide the last ``block_size // 2`` ids, no BOS; after a drawn
+    BOS, BOS alone), one uniform a model step of the incremental decode."""
+    block, window = CONFIG.block_size, CONFIG.block_size // 2
+    u = itertools.chain.from_iterable(c[0] for c in stream_uniforms(seed, 0, block))
+    for _ in prompt:  # the prompt's steps take theirs, as document mode
+        next(u)
+    ctx, out = [BOS, *prompt], []
+    while len(out) < length:
+        logits = forward(params, np.array([ctx]))[0, -1] / temperature
+        draw = int(choose(np.exp(logits - logits.max())[None, :], np.array([next(u)]))[0])
+        if draw == BOS:
+            ctx = [BOS]
+            continue
+        out.append(draw)
+        ctx.append(draw)
+        if len(ctx) > block:  # the cache is full: the window slides, its re-read takes uniforms
+            ctx = ctx[-window:]
+            for _ in range(window - 1):
+                next(u)
+    return out
+
+
+@pytest.mark.parametrize("prompt", ["", "ab"])
+def test_a_stream_is_the_naive_window_rule(prompt: str) -> None:
+    params = _params(seed=1)
+    length = 5 * CONFIG.block_size  # several slides, and drawn BOS (random weights) restart
+    got = sample(params, TOKENIZER, 1, length=length, seed=7, temperature=0.9, prompt=prompt)
+    ids = TOKENIZER.encode(prompt)
+    want = _reference_stream(params, 7, length, 0.9, ids)
+    assert got == [prompt + TOKENIZER.decode(want)]
+    assert len(got[0]) == len(prompt) + length
+
+
+@pytest.mark.parametrize("prompt", ["", "cd"])
+def test_a_stream_begins_with_the_document_of_the_same_uniforms(prompt: str) -> None:
+    params = _params(seed=3)
+    names = sample(params, TOKENIZER, 12, temperature=1.0, seed=4, prompt=prompt)
+    streams = sample(params, TOKENIZER, 12, temperature=1.0, seed=4, prompt=prompt, length=30)
+    assert [s[: len(n)] for s, n in zip(streams, names, strict=True)] == names
+    assert any(len(n) == CONFIG.block_size for n in names)  # whole windows among them
+    # the same through the one loop's entry points, for one row's uniforms
+    u = next(stream_uniforms(4, 5, CONFIG.block_size))
+    doc = decode_batch(params, BOS, u, 1.0, prompt=TOKENIZER.encode(prompt))[0]
+    assert TOKENIZER.decode(_cut(doc)) == names[5]
+
+
+def test_streams_are_reproducible_by_seed_and_prefixes_of_longer_ones() -> None:
+    params = _params(seed=2)
+    one = sample(params, TOKENIZER, 3, length=50, seed=5, temperature=0.8, top_k=3)
+    assert sample(params, TOKENIZER, 3, length=50, seed=5, temperature=0.8, top_k=3) == one
+    longer = sample(params, TOKENIZER, 4, length=90, seed=5, temperature=0.8, top_k=3)
+    assert [s[:50] for s in longer[:3]] == one
+    assert sample(params, TOKENIZER, 3, length=50, seed=6, temperature=0.8, top_k=3) != one
+    assert all(len(s) == 50 and set(s) <= set(TOKENIZER.chars) for s in one)
+    ids = sample_tokens(params, BOS, 3, length=50, seed=5, temperature=0.8, top_k=3)
+    assert ids.shape == (3, 50) and [TOKENIZER.decode(r) for r in ids] == one
+
+
+def test_iter_samples_streams_pieces_as_they_are_drawn() -> None:
+    params = _params()
+    pieces = iter_samples(params, TOKENIZER, 2, length=20, seed=1, prompt="e")
+    assert next(pieces) == "e"  # the prompt first, before anything is drawn
+    rest = list(pieces)
+    assert all(len(p) == 1 for p in rest) and len(rest) == 2 * 20 + 1
+    assert "e" + "".join(rest) == "".join(
+        sample(params, TOKENIZER, 2, length=20, seed=1, prompt="e")
+    )
+
+
+def test_a_low_temperature_stream_is_greedy_through_slides() -> None:
+    params = _params(seed=2)
+    got = sample(params, TOKENIZER, 2, length=40, temperature=1e-3, seed=0)
+    assert got[0] == got[1]  # no uniform matters
+
+
+@pytest.mark.parametrize("length", [0, -1, 2.0, True, "3"])
+def test_bad_length(length: Any) -> None:
+    with pytest.raises(ValueError, match="length") as info:
+        sample(_params(), TOKENIZER, 1, length=length)
+    assert info.value.param == "length"  # type: ignore[attr-defined]
+
+
+def test_a_stream_is_drawn_in_this_process() -> None:
+    with pytest.raises(ValueError, match="in this process") as info:
+        iter_samples(_params(), TOKENIZER, 2, length=5, workers=2)
+    assert info.value.param == "length"  # type: ignore[attr-defined]
+
+
+# -- the command line ---------------------------------------------------------------------------
+@pytest.fixture()
+def checkpoints(tmp_path: Any) -> dict[str, Any]:
+    params = _params(seed=1, dtype="float32")
+    text, docs = tmp_path / "text.ckpt", tmp_path / "docs.ckpt"
+    save(text, params, tokenizer=TOKENIZER, meta={"run": {"mode": "text"}})
+    save(docs, params, tokenizer=TOKENIZER)
+    return {"text": text, "docs": docs, "params": params}
+
+
+def test_cli_length_streams_a_passage(capsys: Any, monkeypatch: Any, checkpoints: Any) -> None:
+    writes: list[str] = []
+    real = sys.stdout.write
+    monkeypatch.setattr(sys.stdout, "write", lambda s: writes.append(s) or real(s))
+    argv = ["sample", "--checkpoint", str(checkpoints["text"]), "--seed", "3"]
+    assert main([*argv, "--length", "40", "--prompt", "ab"]) == 0
+    out = capsys.readouterr().out
+    want = sample(checkpoints["params"], TOKENIZER, 1, length=40, seed=3, prompt="ab")[0]
+    assert out == want + "\n" and len(writes) > 40  # written piece by piece
+    assert main(argv) == 0  # a text checkpoint writes a passage without --length
+    out = capsys.readouterr().out
+    assert out == sample(checkpoints["params"], TOKENIZER, 1, length=500, seed=3)[0] + "\n"
+    assert main([*argv, "--length", "9", "--num-samples", "2", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["samples"] == sample(checkpoints["params"], TOKENIZER, 2, length=9, seed=3)
+
+
+def test_cli_length_on_a_document_checkpoint_is_a_usage_error(
+    capsys: Any, checkpoints: Any
+) -> None:
+    rc = main(["sample", "--checkpoint", str(checkpoints["docs"]), "--length", "10"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--length" in err and "documents" in err and err.count("\n") == 1
+
+
+def test_a_stream_on_every_backend(backend: Any) -> None:
+    params, kw = _params(backend), dict(length=3 * CONFIG.block_size, seed=2, prompt="a")
+    if backend.name == "dask":  # a stream is drawn in this process, not as Dask tasks
+        with pytest.raises(ValueError, match="in this process"):
+            sample(params, TOKENIZER, 2, **kw)  # type: ignore[arg-type]
+        return
+    want = sample(_params(), TOKENIZER, 2, **kw)  # type: ignore[arg-type]
+    assert sample(params, TOKENIZER, 2, **kw) == want  # type: ignore[arg-type]

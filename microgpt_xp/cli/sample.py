@@ -1,14 +1,24 @@
-"""``microgpt-xp sample``: names from a checkpoint (:func:`microgpt_xp.sample`), or with
-``--microgpt-exact`` the original's sampling (:mod:`.replay`)."""
+"""``microgpt-xp sample``: names from a checkpoint (:func:`microgpt_xp.sample`), passages of
+text from a text checkpoint (``--length``, streamed as drawn), or with ``--microgpt-exact``
+the original's sampling (:mod:`.replay`)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from ..sample import DEFAULT_BATCH_SIZE
 from . import _common as cli
 from ._progress import Progress
+
+#: Characters a text checkpoint writes without ``--length``.
+DEFAULT_LENGTH = 500
+
+
+class _Default(int):
+    """``--num-samples`` not given (20 names; one passage on a text checkpoint)."""
 
 
 def add_parser(sub: cli.Subcommands) -> None:
@@ -22,24 +32,48 @@ def add_parser(sub: cli.Subcommands) -> None:
         "number of them takes the memory of one batch. Sample i depends only on --seed,\n"
         "--temperature, --top-k, --prompt and i: the first N names of a longer run are the\n"
         "names of a run of N, whatever the batch size. On a terminal, a progress bar counts\n"
-        "the names of a long run.",
+        "the names of a long run.\n\n"
+        "A text checkpoint ('train --text') writes a passage of continuous text instead,\n"
+        f"--length characters ({DEFAULT_LENGTH} by default) after --prompt, printed as they\n"
+        "are drawn; --num-samples passages (default: one) are separated by a blank line.\n"
+        "The context is a window of at most --block-size characters: from the first\n"
+        "character on, its first --block-size characters are the name the same --seed gives\n"
+        "(up to a drawn end, which starts the context again); when the window is full it\n"
+        "keeps its last half and reads it again, under two model steps a character.",
     )
     cli.add(s, "checkpoint num_samples/sample temperature top_k prompt seed backend device")
     cli.add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact")
-    s.set_defaults(handler=run)
+    s.add_argument(  # TODO(integrator): ARGUMENTS["length"] in _common, then cli.add(s, "length")
+        "--length",
+        type=cli.positive_int,
+        metavar="N",
+        help="characters of text to write after --prompt, streamed as drawn; only for a text "
+        f"checkpoint ('train --text'; default there: {DEFAULT_LENGTH})",
+    )
+    s.set_defaults(
+        handler=run, num_samples=_Default(cli.ARGUMENTS["num_samples/sample"]["default"])
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the checkpoint onto ``--backend``/``--device`` and stream its samples."""
-    given = (args.seed, args.batch_size, args.workers, args.top_k, args.prompt)
-    if args.microgpt_exact and given != (0, DEFAULT_BATCH_SIZE, None, None, None):
+    given = (args.seed, args.batch_size, args.workers, args.top_k, args.prompt, args.length)
+    if args.microgpt_exact and given != (0, DEFAULT_BATCH_SIZE, None, None, None, None):
         raise cli.UsageError(
-            "--seed, --batch-size, --workers, --top-k and --prompt cannot be used with "
-            "--microgpt-exact (it continues the saved random state, one name at a time)"
+            "--seed, --batch-size, --workers, --top-k, --prompt and --length cannot be used "
+            "with --microgpt-exact (it continues the saved random state, one name at a time)"
         )
     cli.check_common(args)
     cli.check_files(args, args.out)
     ck = cli.load_checkpoint(args, args.backend, args.device)
+    run_meta = ck.meta.get("run") if isinstance(ck.meta, dict) else None
+    if isinstance(run_meta, dict) and run_meta.get("mode") == "text":
+        return _passages(args, ck)
+    if args.length is not None:
+        raise cli.UsageError(
+            f"--length writes a stream of text, and checkpoint {args.checkpoint!r} was trained "
+            "on documents (names): leave --length out, or train with 'train --text FILE'"
+        )
     if args.microgpt_exact:
         from .replay import sample_exact
 
@@ -85,4 +119,63 @@ def run(args: argparse.Namespace) -> int:
         else:
             for names in counted:
                 cli.print_samples(names, start=bar.n - len(names) + 1)
+    return 0
+
+
+def _passages(args: argparse.Namespace, ck: Any) -> int:
+    """``sample`` on a text checkpoint: ``--num-samples`` passages (default one) of
+    ``--length`` characters after the prompt, each piece written as it is drawn."""
+    from ..sample import iter_samples
+
+    if args.workers is not None:
+        raise cli.UsageError("--workers cannot be used with a text checkpoint (one stream)")
+    count = 1 if isinstance(args.num_samples, _Default) else args.num_samples
+    length = args.length or DEFAULT_LENGTH
+    pieces = iter_samples(
+        ck.params,
+        ck.tokenizer,
+        count,
+        length=length,
+        **cli.keywords(args, "temperature top_k prompt seed jit"),
+    )
+    size = len(args.prompt or "") + length
+
+    def passages() -> Iterator[list[str]]:  # whole passages, for a file or JSON
+        text = ""
+        for piece in pieces:
+            text += piece
+            if len(text) == size:
+                yield [text]
+                text = ""
+
+    head = {
+        "checkpoint": args.checkpoint,
+        "step": ck.step,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "prompt": args.prompt,
+        "seed": args.seed,
+        "length": length,
+    }
+    with cli.threads_for(args, ck.config, 1, "decode"):
+        if args.out is not None:
+            from .._files import atomic_open
+
+            with atomic_open(args.out, make_parents=False) as f:
+                f.write("\n\n".join(text for [text] in passages()) + "\n")
+            if args.json:
+                cli.print_json({**head, "out": args.out, "num_samples": count})
+            else:
+                print(f"wrote {count} passages of {size} characters to {args.out}")
+        elif args.json:
+            cli.print_json_stream(head, "samples", passages())
+        else:
+            written = 0
+            for piece in pieces:
+                if written and written % size == 0:
+                    sys.stdout.write("\n\n")
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                written += len(piece)
+            sys.stdout.write("\n")
     return 0
