@@ -216,20 +216,22 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
     ckpt = tmp_path / "run.npz"
     argv = [*common, "--checkpoint", ckpt, "--checkpoint-every", 3]
     with monkeypatch.context() as m:
-        interrupt_training_after(m, 4)
+        interrupt_training_after(m, 5)  # in step 5's callbacks: step 4 is the last complete
         rc, _, err = run(capsys, *argv)
     assert rc == 130
     assert_one_error_line(
-        err, "interrupted after step 4", f"the last checkpoint is {ckpt} (step 3)"
+        err,
+        "interrupted after step 4; its state was saved: ",
+        f"last checkpoint is {ckpt} (step 4)",
     )
-    assert load(ckpt).step == 3  # the last periodic save
+    assert load(ckpt).step == 4  # saved at the interrupt, after the periodic save of step 3
     command = err.split("continue the run with: ", 1)[1].strip()
     assert command == shlex.join(["microgpt-xp", *map(str, argv), "--resume"])
 
     rc, out, _ = run(capsys, *shlex.split(command)[1:], "--json")  # the command, as printed
     assert rc == 0
     resumed = json.loads(out)
-    assert resumed["steps"] == 6 and resumed["steps_run"] == 3
+    assert resumed["steps"] == 6 and resumed["steps_run"] == 2
     assert resumed["final_loss"] == uninterrupted["final_loss"]
     assert resumed["samples"] == uninterrupted["samples"]
     assert load(ckpt).step == 6
@@ -251,7 +253,7 @@ def test_ctrl_c_before_any_save_says_to_start_again(
     assert rc == 0
     argv = [*common, "--checkpoint", ckpt, "--overwrite", "--checkpoint-every", 5]
     with monkeypatch.context() as m:
-        interrupt_training_after(m, 2)
+        interrupt_training_after(m, 1)  # before a step is complete: nothing to save
         rc, _, err = run(capsys, *argv)
     assert rc == 130
     assert_one_error_line(err, "no checkpoint of this run was saved yet", "every 5 steps")
@@ -1611,15 +1613,17 @@ def test_optimizer_options_reach_train_only_where_given(
     capsys: Cap, monkeypatch: MP, data_file: Path
 ) -> None:
     seen = record_train(monkeypatch)
-    argv = ["train", "--data", data_file, *SCHEDULE_ARGV, "--beta1", 0.9, "--beta2", 0.95]
-    rc, _, err = run(capsys, *argv, "--val-fraction", 0.25, "--eval-tokens", 64)
+    argv = ["train", "--data", data_file, "--batch-size", 4, *SCHEDULE_ARGV]
+    rc, _, err = run(
+        capsys, *argv, "--beta1", 0.9, "--beta2", 0.95, "--val-fraction", 0.25, "--eval-tokens", 64
+    )
     assert rc == 1 and "recorded" in err
     assert {k: seen[k] for k in SCHEDULE} == SCHEDULE and seen["eval_tokens"] == 64
     assert seen["optimizer"] == AdamConfig(beta1=0.9, beta2=0.95)  # the rest the spec's
     assert callable(seen["on_step"]) and "callback" not in seen
     assert seen["docs"] and seen["val_docs"] and "text" not in seen
     seen.clear()
-    rc, _, _ = run(capsys, "train", "--data", data_file)
+    rc, _, _ = run(capsys, "train", "--data", data_file, "--batch-size", 4)
     assert rc == 1 and seen["optimizer"] is None  # nothing given: the library's defaults
     assert not set(seen) & {*SCHEDULE, "eval_tokens"}
 

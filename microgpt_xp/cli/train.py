@@ -246,7 +246,7 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
     except training.ResumeError as exc:
         raise ValueError(resume_words(exc, args)) from None
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP
-        stop = KeyboardInterrupt(_stopped(args, "interrupted", state["step"], started))
+        stop = KeyboardInterrupt(_stopped(args, "interrupted", state["step"], started, True))
         stop.signum = getattr(exc, "signum", None)  # type: ignore[attr-defined]
         raise stop from None
     except (WorkerDied, ClusterError) as exc:  # a lost worker or scheduler: how to go on
@@ -262,16 +262,20 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
             "larger --steps extends it"
         )
     count = (1 if text_mode else 20) if args.num_samples is None else args.num_samples
-    passage = {"length": args.length or DEFAULT_LENGTH} if text_mode else {}
+    # a stream is drawn in this process (its window slides): passages of --length characters
+    how = (
+        {"length": args.length or DEFAULT_LENGTH}
+        if text_mode
+        else {"chunks": args.chunk_size, "workers": args.workers}
+    )
     names = []
     if count:
         names = sampling.sample(
             result.params,
             result.tokenizer,
             count,
-            chunks=args.chunk_size,
-            **passage,
-            **cli.keywords(args, "temperature seed workers jit"),
+            **how,
+            **cli.keywords(args, "temperature seed jit"),
         )
     final_loss = result.losses[-1] if result.losses else None
     final_val = result.val_losses[-1][1] if result.val_losses else None
@@ -382,15 +386,20 @@ def resume_words(exc: Any, args: argparse.Namespace) -> str:
     return text
 
 
-def _stopped(args: argparse.Namespace, why: str, step: int | None, started_ns: int) -> str:
+def _stopped(
+    args: argparse.Namespace, why: str, step: int | None, started_ns: int, saves: bool = False
+) -> str:
     """What a stopped run prints: why and where it stopped, the last checkpoint, and the
-    command that continues the run (or starts it again)."""
-    where = why + ("" if step is None else f" after step {step}")
+    command that continues the run (or starts it again). ``saves``: the library saved the
+    run at the stop (a ``KeyboardInterrupt``: its last step completed, if it took one)."""
     if args.checkpoint is None:
+        where = why + ("" if step is None else f" after step {step}")
         return f"{where}; nothing was saved (with --checkpoint PATH a run can be resumed)"
     path = Path(args.checkpoint)
-    if not (path.exists() and (args.resume or path.stat().st_mtime_ns >= started_ns)):
+    fresh = path.exists() and path.stat().st_mtime_ns >= started_ns  # written by this run
+    if not (fresh or (path.exists() and args.resume)):
         # no file yet, or the old file that --overwrite has not replaced yet
+        where = why + ("" if step is None else f" after step {step}")
         every = (
             f" (it is saved every {args.checkpoint_every} steps)"
             if args.checkpoint_every
@@ -404,8 +413,10 @@ def _stopped(args: argparse.Namespace, why: str, step: int | None, started_ns: i
         at: int | None = load(args.checkpoint).step
     except Exception:  # the message must come out whatever the file holds
         at = None
-    # the library saves the run at an interrupt: then the file holds the step reached
-    kept = "its state was saved: " if at is not None and step is not None and at >= step else ""
+    kept = ""
+    if saves and fresh and at is not None:  # the state at the stop: its last completed step
+        step, kept = at, "its state was saved: "
+    where = why + ("" if step is None else f" after step {step}")
     saved = "" if at is None else f" (step {at})"
     return (
         f"{where}; {kept}the last checkpoint is {args.checkpoint}{saved}; continue the run "
