@@ -384,7 +384,8 @@ def test_embedded_corpus_keeps_the_originals_block_size_and_output(
         *out.splitlines()[1:2],
         f"checkpoint: {ckpt} (step 2)",
     ]
-    assert re.fullmatch(r"done: 2 steps in \d+\.\d s \| final loss \d+\.\d{4}", out.splitlines()[1])
+    done = r"done: 2 steps in \d+\.\d s \([\d.e+-]+ ms/step, [\d,]+ tokens/s\) \| final loss \d+\.\d{4}"
+    assert re.fullmatch(done, out.splitlines()[1])
 
 
 def test_a_block_size_that_cuts_documents_says_how_many(
@@ -1107,13 +1108,13 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
     if command == "train":  # the scheduler goes away after step 2
         original = train_module.train
 
-        def train_then_lose(*args, callback, **kwargs):  # type: ignore[no-untyped-def]
-            def step_then_lose(step: int, loss: float) -> None:
-                callback(step, loss)
-                if step == 2:
+        def train_then_lose(*args, on_step, **kwargs):  # type: ignore[no-untyped-def]
+            def step_then_lose(stats: StepStats) -> None:
+                on_step(stats)
+                if stats.step == 2:
                     lost.close()
 
-            return original(*args, callback=step_then_lose, **kwargs)
+            return original(*args, on_step=step_then_lose, **kwargs)
 
         monkeypatch.setattr(train_module, "train", train_then_lose)
         argv = ["train", "--data", data_file, "--steps", 20, "--batch-size", 4]
@@ -1159,7 +1160,8 @@ def test_version_and_help(capsys: Cap) -> None:
     ("command", "defaults"),
     [
         ("train", ["--steps STEPS", "(default: 1000)", "(default: 32)", "(default: 0.01)",
-                   "(default: float32)", "(default: 0.5)", "(default: 20)", "(default: numpy)",
+                   "(default: float32)", "(default: 0.5)", "(default: 20; with --text: 1 passage)",
+                   "(default: numpy)", "--decay {linear,cosine}", "--grad-clip NORM",
                    "--n-layer N transformer blocks (default: 1)",
                    "(default: the spec's 16, or the longest document + 1 where that is more)"]),
         ("sample", ["(default: 20)", "(default: 0.5)", "(default: 0)", "(default: numpy)",
