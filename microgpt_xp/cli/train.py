@@ -147,7 +147,7 @@ class _Speed:
     def postfix(self) -> dict[str, str]:
         """The progress line's values: ``ms/step 3.1``, ``tok/s 10.6k``."""
         ms, rate = self.ms_per_step, self.tokens_per_s
-        shown = {} if ms is None else {"ms/step": f"{ms:.3g}"}
+        shown = {} if ms is None else {"ms/step": f"{ms:.2f}"}
         if rate is not None:
             shown["tok/s"] = f"{rate / 1000:.3g}k" if rate >= 1000 else f"{rate:.3g}"
         return shown
@@ -321,7 +321,7 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         per_token = "" if final_token_val is None else f" ({final_token_val:.4f} per token)"
         val_text = f" | held-out loss {final_val:.4f}{per_token}"
     resumed_at = f" (resumed at step {result.start_step})" if result.start_step else ""
-    rate = "" if speed.ms_per_step is None else f" ({speed.ms_per_step:.3g} ms/step"
+    rate = "" if speed.ms_per_step is None else f" ({speed.ms_per_step:.2f} ms/step"
     if rate and speed.tokens_per_s is not None:
         rate += f", {speed.tokens_per_s:,.0f} tokens/s"
     print(
