@@ -140,7 +140,8 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         required=True,
     ),
     "checkpoint/save": opt(
-        "save the run here at the end and every --checkpoint-every steps (a replay: with the "
+        "save the run here at the end, every --checkpoint-every steps and at Ctrl-C or "
+        "SIGTERM (replay: only at the end, with the "
         "random state that 'sample --microgpt-exact' continues); an existing file needs "
         "--resume or --overwrite (default: no checkpoint)",
         metavar="PATH",
@@ -222,7 +223,9 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "beta1": opt("Adam's first-moment decay, in [0, 1) (default: 0.85)", type=decay_rate),
     "beta2": opt("Adam's second-moment decay, in [0, 1) (default: 0.99)", type=decay_rate),
     "seed": opt("seed of the weights, batch order and sampling (sample: of its draws)", 0, int),
-    "checkpoint_every": opt("also save every N steps; 0: only at the end", 0, nonnegative_int),
+    "checkpoint_every": opt(
+        "also save every N steps; 0: only at the end (and at an interrupt)", 0, nonnegative_int
+    ),
     "resume": flag(
         "continue the run in --checkpoint if that file exists, with its corpus, --seed, "
         "--batch-size, --lr, --dtype and shape (an option given must match); its --steps, or "
