@@ -299,28 +299,29 @@ def _permutation(num_docs: int, seed: int, epoch: int) -> np.ndarray:
     return perm
 
 
-#: Batches per pool of :func:`pooled_batch_indices`.
-POOL_BATCHES = 64
-
-
-def pooled_batch_indices(
-    lengths: np.ndarray, batch_size: int, step: int, seed: int, pool: int = POOL_BATCHES
-) -> np.ndarray:
-    """Length-aware indices ``(batch_size,)`` of step ``step``: the stream of
-    :func:`batch_indices` cut into pools of ``pool`` batches; each pool sorted by length
-    (stably) and cut into batches, whose order is shuffled by
-    ``numpy.random.default_rng([seed, pool_number, 1])``. Each pool holds the documents of
-    ``pool`` steps of :func:`batch_indices` and a batch holds documents of near-equal
-    length, so little of it is padding. ``batch_size=1`` is :func:`batch_indices`."""
-    num_docs = len(lengths)
-    if batch_size == 1:
-        return batch_indices(num_docs, batch_size, step, seed)
-    batch_indices(num_docs, batch_size, 0, seed)  # the same errors
-    number, within = divmod(step, pool)
-    docs = _epochs(num_docs, number * pool * batch_size, pool * batch_size, seed)
-    ordered = docs[np.argsort(lengths[docs], kind="stable")]
-    which = np.random.default_rng([seed, number, 1]).permutation(pool)[within]
-    return ordered[which * batch_size : (which + 1) * batch_size]
+def length_groups(lengths: np.ndarray, block_size: int, call_cost: float) -> list[np.ndarray]:
+    """The rows of a batch ``lengths (B,)`` in groups of near-equal length (row indices,
+    shortest first), each to be computed trimmed to its longest: the cut that minimizes
+    the positions computed, ``sum(rows * width)``, plus ``call_cost`` positions for each
+    group (what one more call costs); one group where no cut pays."""
+    predicted = np.minimum(lengths - 1, block_size)
+    if len(lengths) * int(predicted.max()) - int(predicted.sum()) <= call_cost:
+        return [np.arange(len(lengths))]  # even no padding at all would not pay for a call
+    order = np.argsort(predicted, kind="stable")
+    p = predicted[order]
+    ends = np.append(np.flatnonzero(np.diff(p)) + 1, len(p))  # a group ends where p changes
+    starts = np.append(0, ends)  # candidate starts: 0 and every end
+    best = np.zeros(len(starts))  # best[j]: the cost of rows 0..starts[j] - 1
+    back = np.zeros(len(starts), dtype=np.int64)
+    for j in range(1, len(starts)):
+        costs = best[:j] + (starts[j] - starts[:j]) * p[starts[j] - 1] + call_cost
+        back[j] = int(np.argmin(costs))
+        best[j] = costs[back[j]]
+    cuts, j = [], len(starts) - 1
+    while j > 0:
+        cuts.append((int(starts[back[j]]), int(starts[j])))
+        j = int(back[j])
+    return [order[a:b] for a, b in reversed(cuts)]
 
 
 def padding(lengths: np.ndarray, block_size: int) -> tuple[int, int]:

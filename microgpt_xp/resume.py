@@ -61,15 +61,12 @@ def run_record(
     val_docs: Sequence[str] | None,
     *,
     mode: str = "docs",
-    batching: str | None = None,
     optimizer: dict[str, Any] | None = None,
     eval_tokens: int | None = None,
 ) -> dict[str, Any]:
     """What a checkpoint records of the settings that fix a run's losses (JSON-able):
-    ``mode`` (``"docs"``, or ``"text"`` where ``docs`` is ``[text]``), the documents' batch
-    order ``batching`` (``"length"``: :func:`~microgpt_xp.data.pooled_batch_indices`;
-    ``"shuffle"``: :func:`~microgpt_xp.data.batch_indices`, what a record without it
-    means), the ``optimizer``'s settings of :data:`OPTIMIZER_DEFAULTS` and the held-out
+    ``mode`` (``"docs"``, or ``"text"`` where ``docs`` is ``[text]``), the ``optimizer``'s
+    settings of :data:`OPTIMIZER_DEFAULTS` and the held-out
     bound ``eval_tokens`` (informative: not checked on resume)."""
     record = {
         "mode": mode,
@@ -83,8 +80,6 @@ def run_record(
         **{k: (optimizer or {}).get(k, v) for k, v in OPTIMIZER_DEFAULTS.items()},
         "eval_tokens": eval_tokens,
     }
-    if batching is not None:
-        record["batching"] = batching
     return record
 
 
@@ -100,8 +95,7 @@ def resume(
 ) -> tuple[Params, Adam, dict[str, list[Any]]]:
     """The params, optimizer and history (``{"losses": [...], "val_losses": [[step, loss],
     ...], "val_token_losses": [[step, loss], ...]}``) of the run in ``checkpoint``, after
-    checking that the arguments continue that run (:class:`ResumeError` otherwise). The
-    record ``run`` takes the checkpoint's batch order (a run goes on as it began)."""
+    checking that the arguments continue that run (:class:`ResumeError` otherwise)."""
     name = str(checkpoint)
     if params is not None:
         raise ArgumentValueError(
@@ -136,8 +130,6 @@ def resume(
     for option, default in OPTIMIZER_DEFAULTS.items():
         if saved_run.get(option, default) != run[option]:
             raise ResumeError(option, saved_run.get(option, default), run[option], name)
-    if "batching" in run:  # the batch order goes on as it began ("shuffle" before the record)
-        run["batching"] = saved_run.get("batching", "shuffle")
     names = ("text", "val_text") if run["mode"] == "text" else ("docs", "val_docs")
     for option, key in zip(names, ("corpus", "val_corpus"), strict=True):
         was, now = saved_run.get(key), run[key]

@@ -35,7 +35,7 @@ from .data import (
     encode_docs,
     encode_text,
     eval_windows,
-    pooled_batch_indices,
+    length_groups,
     split_docs,
     split_text,
     take_batch,
@@ -63,6 +63,11 @@ __all__ = [
 #: A batch loss above this many times the loss of a uniform guess (``ln V``) means the run
 #: has diverged (a learning rate far too large), even while it is still finite.
 DIVERGED = 100.0
+
+#: What one more call of the loss and gradient costs, in positions computed times
+#: ``n_embd²`` (measured with NumPy on a CPU: about 22 positions of a 128-channel model,
+#: 1,400 of the spec's 16-channel one): where padding costs less, it is computed.
+CALL_COST = 22 * 128**2
 
 #: Held-out scoring's default share of the tokens trained between two evaluations: a
 #: forward costs about a third of a training step, so about a tenth of the run's time.
@@ -156,11 +161,10 @@ def train(
     Args:
         docs: the corpus, a sequence of strings (default:
             :func:`~microgpt_xp.data.default_docs`). Each step's documents come from one
-            permutation of the corpus an epoch, grouped by length (pools of 64 batches
-            sorted by length, the batches' order shuffled:
-            :func:`~microgpt_xp.data.pooled_batch_indices`), so that little of a batch is
-            padding; a run resumed from a checkpoint that predates it keeps the order of
-            :func:`~microgpt_xp.data.batch_indices` (which ``batch_size=1`` also is).
+            permutation of the corpus an epoch
+            (:func:`~microgpt_xp.data.batch_indices`); on a CPU, without a compiler, a
+            step computes its documents in groups of near-equal length where the padding
+            saved pays for the extra calls (:func:`weighted_loss_and_grads`).
         text: instead of ``docs``, one stream of text (every character a token, newlines
             too): each row of a batch a window of ``block_size + 1`` characters, from an
             offset drawn by ``numpy.random.default_rng([seed, step])``, no BOS. The block
@@ -312,7 +316,6 @@ def train(
         corpus,
         held_out,
         mode="docs" if text is None else "text",
-        batching=None if text is not None else "length",
         optimizer={k: getattr(optimizer, k) for k in OPTIMIZER_DEFAULTS},
         eval_tokens=eval_tokens,
     )
@@ -342,8 +345,7 @@ def train(
                 _held_out_text(tokenizer, held_out[0], block, eval_tokens) if held_out else None
             )
         else:
-            order = pooled_batch_indices if run["batching"] == "length" else _shuffled
-            batches = functools.partial(_doc_batch, tokens, lengths, batch_size, seed, order)
+            batches = functools.partial(_doc_batch, tokens, lengths, batch_size, seed)
             scorer = _held_out_docs(tokenizer, held_out, block, eval_tokens) if held_out else None
         loop = _Loop(
             runner,
@@ -435,22 +437,16 @@ def _windows(
     return take_windows(ids, text_windows(len(ids), block, batch_size, step, seed), block)
 
 
-def _shuffled(lengths: np.ndarray, batch_size: int, step: int, seed: int) -> np.ndarray:
-    """:func:`~microgpt_xp.data.batch_indices` (the order of runs that predate pools)."""
-    return batch_indices(len(lengths), batch_size, step, seed)
-
-
 def _doc_batch(
     tokens: np.ndarray,
     lengths: np.ndarray,
     batch_size: int,
     seed: int,
-    order: Callable[[np.ndarray, int, int, int], np.ndarray],
     step: int,
     trim: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A run on documents' batch of step ``step`` in the ``order`` of its record."""
-    idx = order(lengths, batch_size, step, seed)
+    """A run on documents' batch of step ``step``."""
+    idx = batch_indices(len(lengths), batch_size, step, seed)
     return take_batch(tokens, lengths, idx) if trim else (tokens[idx], lengths[idx])
 
 
@@ -681,17 +677,32 @@ def weighted_loss_and_grads(
 ) -> tuple[Any, Any]:
     """One shard's task: its loss and flat gradient, each times the shard's share of the
     batch (of its rows for ``"mean"``, of its predicted tokens for ``"token_mean"``), so
-    that the shards' results add up to the batch's; compiled as ``jit`` says."""
-    if reduction == "mean":
-        weight = len(lengths) / total_rows
-    else:
-        weight = float(np.minimum(lengths - 1, params.config.block_size).sum() / total_tokens)
-    tok, lens = to_batch(tokens, lengths, params.backend, device=params.device)
+    that the shards' results add up to the batch's; compiled as ``jit`` says.
+
+    Not compiled and on a CPU, the rows are computed in groups of near-equal length, each
+    trimmed to its longest, where that saves more than the extra calls cost
+    (:func:`~microgpt_xp.data.length_groups`, a call costing :data:`CALL_COST` ``/
+    n_embd²`` positions): the same sum, to rounding, with little padding computed. A
+    shard's groups depend on its rows only, so a shard gives the same bits wherever it
+    runs."""
+    cfg = params.config
     fn: Callable[..., Any] = _LOSS_AND_GRADS[reduction]
+    groups: list[np.ndarray | None] = [None]  # None: all the rows, as they came
     if _xp.compiler(params.backend, jit) is not None:
         fn = _xp.compiled(fn, params.backend)
-    loss, flat = fn(params, tok, lens)
-    return (loss, flat) if weight == 1.0 else (weight * loss, weight * flat)
+    elif "cpu" in str(params.device).lower() and len(lengths) > 1:
+        found = length_groups(lengths, cfg.block_size, CALL_COST / cfg.n_embd**2)
+        groups = [None] if len(found) == 1 else list(found)
+    parts = []
+    for rows in groups:
+        tok, lens = (tokens, lengths) if rows is None else take_batch(tokens, lengths, rows)
+        if reduction == "mean":
+            weight = len(lens) / total_rows
+        else:
+            weight = float(np.minimum(lens - 1, cfg.block_size).sum() / total_tokens)
+        loss, flat = fn(params, *to_batch(tok, lens, params.backend, device=params.device))
+        parts.append((loss, flat) if weight == 1.0 else (weight * loss, weight * flat))
+    return parts[0] if len(parts) == 1 else runners.tree_sum(parts, add_pair)
 
 
 def _flat_loss_and_grads(

@@ -20,11 +20,10 @@ from microgpt_xp.data import (
     encode_docs,
     encode_text,
     eval_windows,
+    length_groups,
     padding,
-    pooled_batch_indices,
     read_docs,
     split_text,
-    take_batch,
     take_windows,
     text_windows,
 )
@@ -135,54 +134,56 @@ def test_on_step_gets_step_loss_tokens_and_seconds() -> None:
     train(DOCS, on_step=docs_seen.append, **{**ARGS, "config": None})
     tok = Tokenizer.from_docs(DOCS)
     _, lengths = encode_docs(tok, DOCS, 16)
-    want = [int(np.sum(lengths[pooled_batch_indices(lengths, 3, s, 1)] - 1)) for s in range(4)]
+    want = [int(np.sum(lengths[batch_indices(len(DOCS), 3, s, 1)] - 1)) for s in range(4)]
     assert [s.tokens for s in docs_seen] == want
 
 
-# -- length-aware batches -----------------------------------------------------------------------
-def test_pooled_batches_hold_the_streams_documents_and_one_is_the_plain_order() -> None:
-    lengths = np.array([len(d) + 2 for d in DOCS])
-    for size in (1, 2, 5):
-        pooled = [pooled_batch_indices(lengths, size, s, 3, pool=4) for s in range(8)]
-        plain = [batch_indices(len(DOCS), size, s, 3) for s in range(8)]
-        for p in range(2):  # a pool holds the documents of its steps of the plain order
-            got, want = np.concatenate(pooled[4 * p : 4 * p + 4]), plain[4 * p : 4 * p + 4]
-            assert sorted(got.tolist()) == sorted(np.concatenate(want).tolist())
-        if size == 1:
-            assert [x.tolist() for x in pooled] == [x.tolist() for x in plain]
-        else:
-            assert all(np.ptp(lengths[x]) <= np.ptp(lengths) for x in pooled)
+# -- documents of unequal lengths: computed in groups ------------------------------------------
+def test_length_groups_partition_the_rows_where_a_cut_pays() -> None:
+    lengths = np.array([3, 17, 4, 16, 3, 17, 5, 15])  # predicted 2, 16, 3, 15, ...
+    assert [g.tolist() for g in length_groups(lengths, 16, 1e9)] == [list(range(8))]
+    groups = length_groups(lengths, 16, 0.0)  # calls are free: no padding at all
+    assert sorted(np.concatenate(groups).tolist()) == list(range(8))
+    assert all(padding(lengths[g], 16)[0] == padding(lengths[g], 16)[1] for g in groups)
+    two = length_groups(lengths, 16, 20.0)  # one more call is worth 20 positions
+    assert [sorted(lengths[g].tolist()) for g in two] == [[3, 3, 4, 5], [15, 16, 17, 17]]
 
 
-def test_padding_on_names_is_at_most_15_percent(names_txt: Path) -> None:
-    docs = read_docs(names_txt)
-    _, lengths = encode_docs(Tokenizer.from_docs(docs), docs, 16)
-    totals = np.zeros(2)
-    plain = np.zeros(2)
-    for s in range(200):
-        totals += padding(lengths[pooled_batch_indices(lengths, 32, s, 0)], 16)
-        plain += padding(lengths[batch_indices(len(docs), 32, s, 0)], 16)
-    assert 1 - totals[1] / totals[0] <= 0.15 < 1 - plain[1] / plain[0]
+def test_a_step_in_groups_is_the_step_to_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    module = importlib.import_module("microgpt_xp.train")
+    monkeypatch.setattr(module, "CALL_COST", 0.0)  # every length its own group
+    for reduction in ("mean", "token_mean"):
+        grouped = train(DOCS, **{**ARGS, "config": None, "reduction": reduction})
+        monkeypatch.setattr(module, "CALL_COST", 1e30)
+        plain = train(DOCS, **{**ARGS, "config": None, "reduction": reduction})
+        monkeypatch.setattr(module, "CALL_COST", 0.0)
+        np.testing.assert_allclose(grouped.losses, plain.losses, rtol=1e-12)
+        assert grouped.losses != plain.losses or reduction == "token_mean"
+        for a, b in zip(
+            grouped.params.arrays().values(), plain.params.arrays().values(), strict=True
+        ):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
 
-def test_a_checkpoint_without_a_batch_order_resumes_in_the_plain_order(tmp_path: Path) -> None:
-    path = tmp_path / "old.ckpt"
-    args = {**ARGS, "config": None, "steps": 3}
-    train(DOCS, checkpoint=path, **{**args, "steps": 2})
-    saved = load(path)
-    run = dict(saved.meta["run"])
-    assert run["batching"] == "length" and run["mode"] == "docs"
-    del run["batching"], run["mode"]  # as a checkpoint of an earlier version
-    save(path, saved.params, adam=saved.adam, step=2, tokenizer=saved.tokenizer,
-         meta={**saved.meta, "run": run})  # fmt: skip
-    resumed = train(DOCS, checkpoint=path, resume=True, **args)
-    tok = saved.tokenizer
-    assert tok is not None
-    tokens, lengths = encode_docs(tok, DOCS, 16)
-    batch = take_batch(tokens, lengths, batch_indices(len(DOCS), 3, 2, 1))
-    loss, _ = loss_and_grads(saved.params.to("numpy", dtype="float64"), *batch)
-    assert resumed.losses == [float(loss)]
-    assert load(path).meta["run"]["batching"] == "shuffle"
+def test_padding_on_names_and_shakespeare_lines(names_txt: Path) -> None:
+    from microgpt_xp.train import CALL_COST
+
+    cases = [(names_txt, 32, 16)]
+    shakespeare = names_txt.parent / "shakespeare.txt"
+    if shakespeare.is_file():
+        cases.append((shakespeare, 12, 64))
+    for path, size, block in cases:
+        docs = read_docs(path)
+        _, lengths = encode_docs(Tokenizer.from_docs(docs), docs, block)
+        whole, grouped = np.zeros(2), np.zeros(2)
+        for s in range(100):
+            lens = lengths[batch_indices(len(docs), size, s, 0)]
+            whole += padding(lens, block)
+            for g in length_groups(lens, block, CALL_COST / 128**2):  # a 128-channel model
+                grouped += padding(lens[g], block)
+        assert 1 - grouped[1] / grouped[0] <= 0.15 < 1 - whole[1] / whole[0]
 
 
 # -- checkpoints: the mode, the options, an interrupt ------------------------------------------
@@ -190,7 +191,7 @@ def test_the_mode_is_recorded_and_a_resume_cannot_change_it(tmp_path: Path) -> N
     path = tmp_path / "run.ckpt"
     _text(checkpoint=path, steps=2)
     run = load(path).meta["run"]
-    assert run["mode"] == "text" and "batching" not in run
+    assert run["mode"] == "text" and run["warmup"] == 0 and run["decay"] == "linear"
     with pytest.raises(ResumeError, match="mode") as info:
         train([TEXT] * 3, checkpoint=path, resume=True, **{**ARGS, "steps": 3})
     assert info.value.option == "mode" and (info.value.saved, info.value.given) == ("text", "docs")
@@ -201,6 +202,26 @@ def test_the_mode_is_recorded_and_a_resume_cannot_change_it(tmp_path: Path) -> N
         _text(checkpoint=path, resume=True, warmup=1)
     assert info.value.option == "warmup"
     assert _text(checkpoint=path, resume=True, steps=3).start_step == 2  # a finished run, extended
+
+
+def test_a_checkpoint_without_the_new_records_resumes_as_a_run_on_documents(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.ckpt"
+    args = {**ARGS, "config": None}
+    whole = train(DOCS, **args)
+    with pytest.raises(ZeroDivisionError):  # a crash in step 3, after the save of step 2
+        train(DOCS, checkpoint=path, checkpoint_every=2, callback=lambda s, x: s // (s - 3), **args)
+    saved = load(path)
+    old = {k: v for k, v in saved.meta["run"].items() if k in ("seed", "batch_size", "lr",
+           "dtype", "reduction", "corpus", "val_corpus")}  # fmt: skip
+    save(path, saved.params, adam=saved.adam, step=2, tokenizer=saved.tokenizer,
+         meta={"run": old, "history": {"losses": whole.losses[:2], "val_losses": []}})  # fmt: skip
+    resumed = train(DOCS, checkpoint=path, resume=True, **args)
+    assert resumed.losses == whole.losses[2:]
+    with pytest.raises(ResumeError) as info:
+        train(DOCS, checkpoint=path, resume=True, grad_clip=1.0, **args)
+    assert info.value.option == "grad_clip"  # an old run had none
 
 
 class Stop(KeyboardInterrupt):
