@@ -1,7 +1,7 @@
 """Whole library calls side by side, in the interleaved, filtered rounds of
 :mod:`benchmarks.bench.timing` (ratios per round, then the median): ``python -m
 benchmarks.e2e COMMAND``, one function each (its docstring says what it compares):
-``workers``, ``compiled``, ``dask``, ``threads`` and ``sample``.
+``workers``, ``compiled``, ``dask``, ``threads``, ``sample`` and ``stream``.
 """
 
 from __future__ import annotations
@@ -270,6 +270,50 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
     return out | {"same_names": len(names) == 1}
 
 
+#: ``stream``: nanoGPT's documented CPU model of Tiny Shakespeare (65 ids).
+STREAM_CONFIG = mx.GPTConfig(65, n_layer=4, n_head=4, n_embd=128, block_size=64)
+
+
+def stream(args: argparse.Namespace) -> dict[str, Any]:
+    """Characters/s of one ``--length`` stream of text (``iter_samples(length=N)``, piece by
+    piece as ``sample --length`` writes it) from random float32 weights of
+    :data:`STREAM_CONFIG`, on the threads ``sample`` picks for one row; beside it nanoGPT's
+    way, ``forward`` of the whole window (its last ``block_size`` ids) for every character."""
+    from microgpt_xp.sample import choose, iter_samples
+
+    tok = mx.Tokenizer([chr(i) for i in range(32, 32 + STREAM_CONFIG.vocab_size - 1)])
+    params = mx.init_params(STREAM_CONFIG, seed=0, dtype="float32")
+
+    def figures(t0: float, c0: float) -> dict[str, float]:  # CPU time: this thread's work
+        s, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return {"s": s, "chars_per_s": args.length / s, "chars_per_cpu_s": args.length / cpu}
+
+    def window() -> dict[str, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        n = sum(len(piece) for piece in iter_samples(params, tok, 1, length=args.length, seed=1))
+        assert n == args.length
+        return figures(t0, c0)
+
+    def whole_window() -> dict[str, float]:
+        rng, ctx = np.random.default_rng(1), [tok.bos]
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(args.length):
+            z = mx.forward(params, np.array([ctx[-STREAM_CONFIG.block_size :]]))[0, -1] * 2.0
+            ctx.append(int(choose(np.exp(z - z.max())[None, :], rng.random(1))[0]))
+        return figures(t0, c0)
+
+    ways = {"window": window, "whole window each character": whole_window}
+    n = R.default_threads(STREAM_CONFIG, 1, workload="decode")  # the command's choice
+    return compare(
+        f"stream {args.length:,} characters, L4 C128 H4 T64, float32, {n} thread(s)",
+        {
+            w: functools.partial(on_threads, fn, n, STREAM_CONFIG, 1, "decode")
+            for w, fn in ways.items()
+        },
+        args,
+    )
+
+
 def rss_mb(reset: bool = False) -> float:
     """This process's peak RSS (``VmHWM``) in MB; ``reset=True`` first resets the peak to
     the current RSS and returns that."""
@@ -398,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m benchmarks.e2e", description=__doc__.split("\n\n")[0]
     )
     add = p.add_argument
-    add("command", choices=["workers", "compiled", "dask", "threads", "sample"])
+    add("command", choices=["workers", "compiled", "dask", "threads", "sample", "stream"])
     add("--rounds", type=int, default=None, help="rounds kept (workers 5, else 3)")
     add("--max-rounds", type=int, default=None, help="rounds run at most (default: --rounds)")
     add("--max-other", type=float, default=0.15, help="drop rounds where others used more CPU")
@@ -410,6 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--ab", default=None, metavar="DIR", help="sample: also the microgpt_xp package of DIR")
     add("--batch-sizes", default="2000,500", help="sample: batch sizes")
     add("--threads", default="all,policy", help="sample: thread counts, 'all' or 'policy'")
+    add("--length", type=int, default=2000, help="stream: characters of the stream")
     add("--backend", default="numpy", help="threads: the backend trained (torch: its threads too)")
     add("--jit", action=argparse.BooleanOptionalAction, default=None, help="compiled: JAX's sample")
     add("--train", action="store_true", help="dask: training steps too")
@@ -431,6 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dask": dask,
         "threads": threads,
         "sample": sample,
+        "stream": stream,
     }[args.command](args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

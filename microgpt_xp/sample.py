@@ -267,7 +267,16 @@ def sample(
 ) -> list[str]:
     """``num_samples`` documents (names), each from BOS (and ``prompt``) to the first sampled
     BOS or ``block_size`` tokens (:func:`iter_sample_tokens`); with ``length=N``, streams of
-    text, each ``prompt`` and ``N`` characters (:func:`decode_stream`)."""
+    text, each ``prompt`` and ``N`` characters (:func:`decode_stream`).
+
+    >>> import microgpt_xp as mx
+    >>> tokenizer = mx.Tokenizer("ab")
+    >>> params = mx.init_params(mx.GPTConfig(tokenizer.vocab_size, block_size=4), seed=0)
+    >>> names = mx.sample(params, tokenizer, 3, seed=1, prompt="a")
+    >>> texts = mx.sample(params, tokenizer, 3, seed=1, prompt="a", length=20)
+    >>> [len(text) for text in texts], [t.startswith(n) for t, n in zip(texts, names)]
+    ([21, 21, 21], [True, True, True])
+    """
     if length is None:
         return [
             name
@@ -382,7 +391,7 @@ def _decode(
         cache = dataclasses.replace(cache, pos=0)
     else:
         step = _xp.compiled(step, backend)
-    start = cache  # position 0: where a stream's slide or restart goes back to
+    zero = cache.pos  # position 0: where a stream's slide or restart goes back to
     shrink = early_stop and compile_fn is None and P.writable(cache.keys[0])
     rows = np.arange(b)  # the rows of `out` still in the batch
     block, window = params.config.block_size, max(1, params.config.block_size // 2)
@@ -396,7 +405,7 @@ def _decode(
             if feed:  # the prompt's or the window's next id, not the draw
                 token = P.full((1,), feed.pop(0), token)
             elif (ids := _xp.to_numpy(token))[0] == bos:  # BOS (the token) at position 0
-                cache, filled, context = dataclasses.replace(cache, pos=start.pos), 0, []
+                cache, filled, context = dataclasses.replace(cache, pos=zero), 0, []
                 continue
             else:
                 yield pos, rows, ids
@@ -405,7 +414,7 @@ def _decode(
                 context.append(int(ids[0]))
             if filled == block:  # the window slides: its last half from position 0
                 context, filled = context[-window:], 0
-                cache = dataclasses.replace(cache, pos=start.pos)
+                cache = dataclasses.replace(cache, pos=zero)
                 token, feed = P.full((1,), context[0], token), context[1:]
             continue
         if pos < len(prompt):  # the prompt's token, not the draw

@@ -445,3 +445,14 @@ def test_a_stream_on_every_backend(backend: Any) -> None:
         return
     want = sample(_params(), TOKENIZER, 2, **kw)  # type: ignore[arg-type]
     assert sample(params, TOKENIZER, 2, **kw) == want  # type: ignore[arg-type]
+
+
+def test_cli_length_out_writes_the_passages(capsys: Any, tmp_path: Any, checkpoints: Any) -> None:
+    out = tmp_path / "passages.txt"
+    argv = ["sample", "--checkpoint", str(checkpoints["text"]), "--length", "12", "--seed", "1"]
+    assert main([*argv, "--num-samples", "3", "--out", str(out)]) == 0
+    want = sample(checkpoints["params"], TOKENIZER, 3, length=12, seed=1)
+    assert out.read_text(encoding="utf-8") == "\n\n".join(want) + "\n"
+    assert capsys.readouterr().out == f"wrote 3 passages of 12 characters to {out}\n"
+    assert main([*argv, "--workers", "2"]) == 2
+    assert "--workers" in capsys.readouterr().err
