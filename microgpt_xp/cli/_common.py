@@ -167,13 +167,15 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         metavar="F",
     ),
     "eval_tokens": opt(
-        "score at most N predicted held-out tokens at each evaluation, on fixed windows, so "
-        "that its cost is fixed (default: the library's bound)",
+        "score at most N predicted held-out tokens at each evaluation (a stream: evenly "
+        "spaced fixed windows; documents: the first that fit), a fixed cost (default: 0.3 "
+        "times the tokens trained between two evaluations, at least 512: about a tenth of "
+        "the run's time)",
         type=positive_int,
     ),
     "eval_every": opt(
-        "score the held-out documents every N steps and after the last (default: a tenth of "
-        "the run)",
+        "score the held-out documents or text every N steps and after the last (default: a "
+        "tenth of the run)",
         type=positive_int,
     ),
     "backend": opt("array backend", "numpy", choices=BACKENDS),
@@ -296,8 +298,8 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         type=positive_int,
     ),
     "length/sample": opt(
-        "a text checkpoint's samples: N characters of continuous text each, streamed as they "
-        "are drawn (default: 500)",
+        "characters of text to write after --prompt, streamed as drawn; only for a text "
+        "checkpoint ('train --text'; default there: 500)",
         type=positive_int,
     ),
     "num_samples/sample": opt("names to sample", 20, positive_int, metavar="NUM_SAMPLES"),
