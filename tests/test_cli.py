@@ -1651,6 +1651,20 @@ def test_text_options_reach_train(
     assert seen["tokenizer"] == Tokenizer.from_docs([VERSE])
 
 
+def test_resuming_with_other_betas_names_the_option(
+    capsys: Cap, tmp_path: Path, data_file: Path
+) -> None:
+    ckpt = tmp_path / "betas.npz"
+    argv = ["train", "--data", data_file, "--steps", 2, "--batch-size", 4, "--num-samples", 0]
+    rc, _, _ = run(capsys, *argv, "--checkpoint", ckpt, "--beta2", 0.95)
+    assert rc == 0 and load(ckpt).adam.config.beta2 == 0.95  # type: ignore[union-attr]
+    rc, _, err = run(capsys, *argv, "--checkpoint", ckpt, "--resume", "--beta2", 0.9)
+    assert rc == 1
+    assert_one_error_line(err, f"cannot resume '{ckpt}' with --beta2 0.9: its run has --beta2 0.95")
+    rc, _, _ = run(capsys, *argv, "--checkpoint", ckpt, "--resume", "--steps", 3, "--beta2", 0.95)
+    assert rc == 0
+
+
 TEXT_RUN = ["--steps", 6, "--batch-size", 4, "--block-size", 8, "--n-embd", 8, "--n-head", 2]
 TEXT_RUN += ["--val-fraction", 0.2, "--eval-every", 3, "--eval-tokens", 32, *SCHEDULE_ARGV]
 

@@ -340,11 +340,19 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
 
 
 def _resumed_config(args: argparse.Namespace, ck: Any, tokenizer: Any) -> Any:
-    """The shape of the run that --resume continues; a shape option given, or the
-    corpus's characters, must match it."""
+    """The shape of the run that --resume continues; a shape option given, Adam's
+    --beta1/--beta2 given, or the corpus's characters, must match it."""
     for key in cli.SPEC_SHAPE:
         given, saved = getattr(args, key), getattr(ck.config, key)
         if given is not None and given != saved:
+            option = cli.OPTIONS[key]
+            raise ValueError(
+                f"cannot resume {args.checkpoint!r} with {option} {given}: its run has "
+                f"{option} {saved}"
+            )
+    for key in BETAS.split():  # not in the library's run record: checked here
+        given, saved = getattr(args, key), getattr(ck.adam.config, key, None) if ck.adam else None
+        if given is not None and saved is not None and given != saved:
             option = cli.OPTIONS[key]
             raise ValueError(
                 f"cannot resume {args.checkpoint!r} with {option} {given}: its run has "
