@@ -41,6 +41,29 @@ def read_docs(path: str | Path) -> list[str]:
     """The documents of a UTF-8 text file (:func:`docs_from_text`); a byte-order mark at the
     start is dropped. :class:`DataError` for a missing file, one that is not a regular file
     (a folder, FIFO or device: never waited on), bytes that are not UTF-8 or no document."""
+    docs = docs_from_text(_read_utf8(path))
+    if not docs:
+        raise DataError(f"data file {str(path)!r} holds no documents (it is empty or blank)")
+    return docs
+
+
+def read_text(path: str | Path) -> str:
+    r"""A UTF-8 text file as one stream of text (for ``train(text=...)``): its characters as
+    ``open()`` reads them (``\r\n`` and ``\r`` become ``\n``), a byte-order mark at the
+    start dropped; :class:`DataError` as :func:`read_docs`, and for fewer than two
+    characters."""
+    text = _read_utf8(path)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if len(text) < 2:
+        raise DataError(
+            f"data file {str(path)!r} holds {len(text)} characters, too few to train on"
+        )
+    return text
+
+
+def _read_utf8(path: str | Path) -> str:
+    """The text of a UTF-8 file, a byte-order mark at its start dropped (see read_docs)."""
     name = repr(str(path))
     try:  # non-blocking: opening a FIFO without a writer returns at once
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -63,10 +86,7 @@ def read_docs(path: str | Path) -> list[str]:
         raise DataError(
             f"data file {name} is not UTF-8 text (undecodable byte at offset {start + exc.start})"
         ) from exc
-    docs = docs_from_text(text)
-    if not docs:
-        raise DataError(f"data file {name} holds no documents (it is empty or blank)")
-    return docs
+    return text
 
 
 def default_docs() -> list[str]:

@@ -1,7 +1,8 @@
 """The training loop: batches of documents or windows of a stream of text, the
 hand-written backward pass on a runner, Adam and its schedule, held-out loss at a bounded
-cost, callbacks and atomic checkpoints a run resumes from exactly (also when interrupted). Where the arrays live (``backend``) and how a batch is spread over workers
-(``runner``) are two choices; this module never asks a backend's name."""
+cost, callbacks and atomic checkpoints a run resumes from exactly (also when interrupted).
+Where the arrays live (``backend``) and how a batch is spread over workers (``runner``)
+are two choices; this module never asks a backend's name."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from microgpt_xp.data import (
     length_groups,
     padding,
     read_docs,
+    read_text,
     split_text,
     take_windows,
     text_windows,
@@ -62,6 +63,17 @@ def test_text_windows_are_the_seeds_and_the_first_loss_is_theirs() -> None:
     loss, _ = loss_and_grads(init_params(CONFIG, seed=1, dtype="float64"), tokens, lengths)
     assert result.losses[0] == float(loss)
     assert result.tokenizer == TOKENIZER  # every character of the text, newlines too
+
+
+def test_read_text_reads_the_file_as_open_does(tmp_path: Path) -> None:
+    path = tmp_path / "play.txt"
+    path.write_bytes(b"\xef\xbb\xbfKING:\r\nNay.\r\rAll:\n")
+    assert read_text(path) == "KING:\nNay.\n\nAll:\n"
+    path.write_bytes(b"a")
+    with pytest.raises(DataError, match="1 characters"):
+        read_text(path)
+    with pytest.raises(DataError, match="not a regular file"):
+        read_text(tmp_path)
 
 
 def test_text_default_block_size_is_the_specs() -> None:
@@ -288,3 +300,13 @@ def test_bad_corpora(kwargs: dict[str, Any], param: str, error: type) -> None:
 
 def test_step_stats_is_exported() -> None:
     assert mx.StepStats is StepStats and "StepStats" in mx.__all__
+
+
+def test_a_text_run_on_dask_tasks_is_the_numpy_run() -> None:
+    """Windows and held-out scoring in Dask tasks: the same numbers (one chunk: NumPy's
+    arithmetic)."""
+    pytest.importorskip("dask.array")
+    args = dict(val_fraction=0.3, eval_every=2, eval_tokens=24)
+    numpy_run, dask_run = _text(**args), _text(backend="dask", **args)
+    assert dask_run.losses == numpy_run.losses
+    assert dask_run.val_token_losses == numpy_run.val_token_losses
