@@ -562,42 +562,11 @@ def read_docs(path: str | None) -> list[str]:
 
 
 def read_text(path: str) -> str:
-    r"""The characters of the ``--text`` file ``path``, line breaks included (``\r\n`` and
-    ``\r`` read as ``\n``, as ``open()`` reads them), with the checks of ``--data``
-    (:func:`microgpt_xp.data.read_docs`): a regular file, UTF-8, a byte-order mark dropped,
-    not blank. The library reads documents only; this is its reading of a stream."""
-    import codecs
-    import stat
+    """The characters of the ``--text`` file ``path`` (:func:`microgpt_xp.data.read_text`:
+    line breaks included, with the checks of ``--data``)."""
+    from ..data import read_text
 
-    from ..data import DataError
-
-    name = repr(str(path))
-    try:  # non-blocking: opening a FIFO without a writer returns at once
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise DataError(
-                    f"cannot read data file {name}: it is not a regular file (a folder, FIFO "
-                    "or device, which might never end); save the text to a file first"
-                )
-            with open(fd, "rb", closefd=False) as f:
-                raw = f.read()
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise DataError(f"cannot read data file {name}: {exc.strerror or exc}") from exc
-    start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
-    try:
-        text = str(memoryview(raw)[start:], "utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(
-            f"data file {name} is not UTF-8 text (undecodable byte at offset {start + exc.start})"
-        ) from exc
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if not text.strip():
-        raise DataError(f"data file {name} holds no text (it is empty or blank)")
-    return text
+    return read_text(path)
 
 
 def load_checkpoint(args: argparse.Namespace, backend: str, device: Any) -> Any:
