@@ -13,8 +13,7 @@ from typing import Any
 
 from . import _common as cli
 from ._progress import Progress
-
-DEFAULT_LENGTH = 500  # characters of a passage sampled after train --text
+from .sample import DEFAULT_LENGTH  # characters of a passage, as sample writes it
 
 
 def add_parser(sub: cli.Subcommands) -> None:
@@ -321,12 +320,15 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         per_token = "" if final_token_val is None else f" ({final_token_val:.4f} per token)"
         val_text = f" | held-out loss {final_val:.4f}{per_token}"
     resumed_at = f" (resumed at step {result.start_step})" if result.start_step else ""
-    rate = "" if speed.ms_per_step is None else f" ({speed.ms_per_step:.2f} ms/step"
-    if rate and speed.tokens_per_s is not None:
-        rate += f", {speed.tokens_per_s:,.0f} tokens/s"
+    ms, rate = speed.ms_per_step, speed.tokens_per_s
+    speed_text = (
+        ""
+        if ms is None
+        else f" ({ms:.2f} ms/step" + (")" if rate is None else f", {rate:,.0f} tokens/s)")
+    )
     print(
-        f"done: {len(result.losses)} steps{resumed_at} in {seconds:.1f} s{rate}{')' if rate else ''}"
-        f" | final loss {loss_text}{val_text}"
+        f"done: {len(result.losses)} steps{resumed_at} in {seconds:.1f} s{speed_text} | final "
+        f"loss {loss_text}{val_text}"
     )
     if args.checkpoint is not None:
         print(f"checkpoint: {args.checkpoint} (step {result.step})")
@@ -376,6 +378,9 @@ def _source(args: argparse.Namespace) -> str:
 def resume_words(exc: Any, args: argparse.Namespace) -> str:
     """A ``ResumeError`` in the command line's words: the option, given and saved."""
     name, option = args.checkpoint, cli.OPTIONS.get(exc.option, exc.option)
+    if exc.option == "mode":  # documents against a stream of text
+        was = "a stream of text (--text)" if exc.saved == "text" else "documents (--data)"
+        return f"cannot resume {name!r} with {_source(args)}: its run trained on {was}"
     if exc.option in ("docs", "val_docs", "text", "val_text"):  # the corpus, or its split
         given = _source(args)
         if args.val_fraction is not None:
