@@ -66,9 +66,9 @@ __all__ = [
 DIVERGED = 100.0
 
 #: What one more call of the loss and gradient costs, in positions computed times
-#: ``n_embd²`` (measured with NumPy on a CPU: about 22 positions of a 128-channel model,
-#: 1,400 of the spec's 16-channel one): where padding costs less, it is computed.
-CALL_COST = 22 * 128**2
+#: ``n_embd²`` (measured with NumPy on a CPU: about 32 positions of a 128-channel model,
+#: 2,000 of the spec's 16-channel one): where padding costs less, it is computed.
+CALL_COST = 32 * 128**2
 
 #: Held-out scoring's default share of the tokens trained between two evaluations: a
 #: forward costs about a third of a training step, so about a tenth of the run's time.
