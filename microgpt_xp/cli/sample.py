@@ -35,15 +35,15 @@ def add_parser(sub: cli.Subcommands) -> None:
         "the names of a long run.\n\n"
         "A text checkpoint ('train --text') writes a passage of continuous text instead,\n"
         f"--length characters ({DEFAULT_LENGTH} by default) after --prompt, printed as they\n"
-        "are drawn; --num-samples passages (default: one) are separated by a blank line.\n"
-        "The context is a window of at most --block-size characters: from the first\n"
-        "character on, its first --block-size characters are the name the same --seed gives\n"
-        "(up to a drawn end, which starts the context again); when the window is full it\n"
-        "keeps its last half and reads it again, under two model steps a character.",
+        "are drawn; --num-samples passages (default: one) are separated by a blank line\n"
+        "(also in --out). The context is a window of at most the model's block size: a\n"
+        "passage begins with the name the same --seed gives (up to a drawn end, which\n"
+        "starts the context again from nothing); when the window is full it keeps its last\n"
+        "half and reads it again, under two model steps a character.",
     )
     cli.add(s, "checkpoint num_samples/sample temperature top_k prompt seed backend device")
     cli.add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact")
-    s.add_argument(  # TODO(integrator): ARGUMENTS["length"] in _common, then cli.add(s, "length")
+    s.add_argument(  # TODO(integrator): cli.add(s, "length/sample") once _common declares it
         "--length",
         type=cli.positive_int,
         metavar="N",
