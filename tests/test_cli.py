@@ -20,12 +20,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import reference
 
-from microgpt_xp import GPTConfig, Params, __version__, cluster
+from microgpt_xp import AdamConfig, GPTConfig, Params, StepStats, __version__, cluster
 from microgpt_xp import _xp as cli_xp
 from microgpt_xp.checkpoint import load
 from microgpt_xp.cli import _progress, main
@@ -193,13 +194,13 @@ def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
     """Make the CLI's train() raise KeyboardInterrupt (Ctrl-C) once step ``stop`` is done."""
     original = train_module.train
 
-    def interrupted(*args, callback, **kwargs):  # type: ignore[no-untyped-def]
-        def stop_after(step: int, loss: float) -> None:
-            callback(step, loss)
-            if step == stop:
+    def interrupted(*args, on_step, **kwargs):  # type: ignore[no-untyped-def]
+        def stop_after(stats: StepStats) -> None:
+            on_step(stats)
+            if stats.step == stop:
                 raise KeyboardInterrupt
 
-        return original(*args, callback=stop_after, **kwargs)
+        return original(*args, on_step=stop_after, **kwargs)
 
     monkeypatch.setattr(train_module, "train", interrupted)
 
@@ -215,20 +216,22 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
     ckpt = tmp_path / "run.npz"
     argv = [*common, "--checkpoint", ckpt, "--checkpoint-every", 3]
     with monkeypatch.context() as m:
-        interrupt_training_after(m, 4)
+        interrupt_training_after(m, 5)  # in step 5's callbacks: step 4 is the last complete
         rc, _, err = run(capsys, *argv)
     assert rc == 130
     assert_one_error_line(
-        err, "interrupted after step 4", f"the last checkpoint is {ckpt} (step 3)"
+        err,
+        "interrupted after step 4; its state was saved: ",
+        f"last checkpoint is {ckpt} (step 4)",
     )
-    assert load(ckpt).step == 3  # the last periodic save
+    assert load(ckpt).step == 4  # saved at the interrupt, after the periodic save of step 3
     command = err.split("continue the run with: ", 1)[1].strip()
     assert command == shlex.join(["microgpt-xp", *map(str, argv), "--resume"])
 
     rc, out, _ = run(capsys, *shlex.split(command)[1:], "--json")  # the command, as printed
     assert rc == 0
     resumed = json.loads(out)
-    assert resumed["steps"] == 6 and resumed["steps_run"] == 3
+    assert resumed["steps"] == 6 and resumed["steps_run"] == 2
     assert resumed["final_loss"] == uninterrupted["final_loss"]
     assert resumed["samples"] == uninterrupted["samples"]
     assert load(ckpt).step == 6
@@ -250,7 +253,7 @@ def test_ctrl_c_before_any_save_says_to_start_again(
     assert rc == 0
     argv = [*common, "--checkpoint", ckpt, "--overwrite", "--checkpoint-every", 5]
     with monkeypatch.context() as m:
-        interrupt_training_after(m, 2)
+        interrupt_training_after(m, 1)  # before a step is complete: nothing to save
         rc, _, err = run(capsys, *argv)
     assert rc == 130
     assert_one_error_line(err, "no checkpoint of this run was saved yet", "every 5 steps")
@@ -381,7 +384,8 @@ def test_embedded_corpus_keeps_the_originals_block_size_and_output(
         *out.splitlines()[1:2],
         f"checkpoint: {ckpt} (step 2)",
     ]
-    assert re.fullmatch(r"done: 2 steps in \d+\.\d s \| final loss \d+\.\d{4}", out.splitlines()[1])
+    done = r"done: 2 steps in \d+\.\d s \([\d.e+-]+ ms/step, [\d,]+ tokens/s\) \| final loss \d+\.\d{4}"
+    assert re.fullmatch(done, out.splitlines()[1])
 
 
 def test_a_block_size_that_cuts_documents_says_how_many(
@@ -547,17 +551,24 @@ def test_eval_prints_the_mean_per_document_loss(
     argv += [] if chunk_size is None else ["--chunk-size", chunk_size]
     rc, out, err = run(capsys, *argv)
     assert rc == 0 and err == ""
+    scores = score_docs(saved.params, saved.tokenizer, NAMES)
     if chunk_size is None:
-        assert out == f"mean loss {expected:.4f} over {len(NAMES)} documents\n"
+        assert out == (
+            f"mean loss {expected:.4f} over {len(NAMES)} documents "
+            f"({scores.token_mean:.4f} per token)\n"
+        )
     rc, out, err = run(capsys, *argv, "--json")
     assert rc == 0 and err == ""
     result = json.loads(out)
     np.testing.assert_allclose(result["mean_loss"], expected, rtol=1e-6)  # float32, other shapes
     assert result["num_docs"] == len(NAMES)
     assert result["step"] == 8 and result["data"] == str(data_file)
+    np.testing.assert_allclose(result["token_loss"], scores.token_mean, rtol=1e-6)
+    assert result["mode"] == "docs"
     if chunk_size is not None:  # the mean of score_docs, exactly
         scores = score_docs(saved.params, saved.tokenizer, NAMES, chunk_size=chunk_size)
         assert result["mean_loss"] == scores.mean and scores.num_docs == len(NAMES)
+        assert result["token_loss"] == scores.token_mean
 
 
 def test_eval_defaults_to_the_embedded_corpus(capsys: Cap, tmp_path: Path) -> None:
@@ -817,7 +828,32 @@ needs_distributed = pytest.mark.skipif(not HAS_DISTRIBUTED, reason="needs dask.d
         (["train", "--n-layer", str(10**11)], 2, "--n-layer 100000000000: a model of"),
         (["train", "--block-size", str(10**13)], 2, "--block-size 10000000000000: a model of"),
         (["replay", "--n-embd", str(10**20)], 2, "GiB (weights, gradients"),
-        (["train", "--eval-every", "5"], 2, "--eval-every scores held-out documents"),
+        (["train", "--eval-every", "5"], 2, "--eval-every scores held-out text"),
+        (["train", "--eval-tokens", "64"], 2, "--eval-tokens scores held-out text"),
+        (["train", "--eval-tokens", "0"], 2, "argument --eval-tokens: must be at least 1"),
+        (["train", "--decay", "bogus"], 2, "argument --decay: invalid choice: 'bogus'"),
+        (["train", "--text", "{data}", "--data", "{data}"], 2,
+         "argument --data: not allowed with argument --text"),
+        (["train", "--grad-clip", "-1"], 2, "argument --grad-clip: must be a finite number >= 0"),
+        (["train", "--weight-decay", "inf"], 2, "argument --weight-decay: must be a finite"),
+        (["train", "--min-lr", "x"], 2, "argument --min-lr: expected a number >= 0"),
+        (["train", "--warmup", "-1"], 2, "argument --warmup: must be at least 0"),
+        (["train", "--init-std", "0"], 2, "argument --init-std: must be a finite number > 0"),
+        (["train", "--beta1", "1"], 2, "argument --beta1: must be a finite number >= 0 and < 1"),
+        (["train", "--beta2", "-0.5"], 2, "argument --beta2"),
+        (["train", "--length", "64"], 2, "--length is the length of a passage: it needs --text"),
+        (["train", "--data", "{data}", "--batch-size", "4", "--min-lr", "0.1"], 1,
+         "--min-lr must lie in [0, lr], got 0.1"),
+        (["train", "--data", "{data}", "--batch-size", "4", "--warmup", "10", "--steps", "5"], 1,
+         "--warmup must be less than num_steps=5"),
+        (["train", "--text", "{data}", "--block-size", "1000"], 1,
+         "--text: the text has"),
+        (["train", "--text", "{missing}"], 1, "cannot read data file"),
+        (["train", "--text", "{tmp}"], 1, "it is not a regular file"),
+        (["train", "--text", "{not_utf8}"], 1, "not UTF-8"),
+        (["train", "--text", "{data}", "--val-data", "{missing}"], 1, "cannot read data file"),
+        (["train", "--text", "{data}", "--checkpoint", "{data}", "--overwrite"], 2,
+         "is --text"),
         (["train", "--threads", "0"], 2, "--threads"),
         (["sample", "--checkpoint", "{ckpt}", "--threads", "many"], 2, "--threads"),
         (["export", "--checkpoint", "{ckpt}", "--out", "{tmp}/w.json", "--graph", "decode"], 2,
@@ -1078,13 +1114,13 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
     if command == "train":  # the scheduler goes away after step 2
         original = train_module.train
 
-        def train_then_lose(*args, callback, **kwargs):  # type: ignore[no-untyped-def]
-            def step_then_lose(step: int, loss: float) -> None:
-                callback(step, loss)
-                if step == 2:
+        def train_then_lose(*args, on_step, **kwargs):  # type: ignore[no-untyped-def]
+            def step_then_lose(stats: StepStats) -> None:
+                on_step(stats)
+                if stats.step == 2:
                     lost.close()
 
-            return original(*args, callback=step_then_lose, **kwargs)
+            return original(*args, on_step=step_then_lose, **kwargs)
 
         monkeypatch.setattr(train_module, "train", train_then_lose)
         argv = ["train", "--data", data_file, "--steps", 20, "--batch-size", 4]
@@ -1130,7 +1166,8 @@ def test_version_and_help(capsys: Cap) -> None:
     ("command", "defaults"),
     [
         ("train", ["--steps STEPS", "(default: 1000)", "(default: 32)", "(default: 0.01)",
-                   "(default: float32)", "(default: 0.5)", "(default: 20)", "(default: numpy)",
+                   "(default: float32)", "(default: 0.5)", "(default: 20; with --text: 1 passage)",
+                   "(default: numpy)", "--decay {linear,cosine}", "--grad-clip NORM",
                    "--n-layer N transformer blocks (default: 1)",
                    "(default: the spec's 16, or the longest document + 1 where that is more)"]),
         ("sample", ["(default: 20)", "(default: 0.5)", "(default: 0)", "(default: numpy)",
@@ -1222,6 +1259,13 @@ def test_held_out_loss_in_the_text_the_json_and_the_checkpoint(
     assert summary["final_val_loss"] == summary["val_losses"][-1][1]
     history = load(ckpt).meta["history"]
     assert history["losses"] == summary["losses"] and history["val_losses"] == summary["val_losses"]
+    # per token beside per document; the speed of the steps
+    assert [step for step, _ in summary["val_token_losses"]] == [3, 6]
+    assert summary["final_val_token_loss"] == summary["val_token_losses"][-1][1]
+    assert history["val_token_losses"] == summary["val_token_losses"]
+    assert summary["mode"] == "docs" and summary["num_chars"] is None
+    assert summary["ms_per_step"] > 0 and summary["tokens_per_s"] > 0
+    assert 6 * 4 * 2 <= summary["tokens"] <= 6 * 4 * FIT  # predicted tokens of the 6 batches
     # resuming keeps the split: the same command with more steps extends the run
     rc, out, _ = run(
         capsys, *argv, "--eval-every", 3, "--checkpoint", ckpt, "--resume", "--steps", 9
@@ -1239,6 +1283,9 @@ def test_progress_lines_off_a_terminal(capsys: Cap, monkeypatch: MP, data: Path)
     assert lines and all(line.startswith("train: step ") for line in lines)
     assert "train: step 2/200 | loss " in lines[0]  # every 200 // 100 steps
     assert lines[-1].startswith("train: step 200/200 | loss ") and "| val " in lines[-1]
+    assert all(
+        re.search(r" \| ms/step [0-9.e+-]+ \| tok/s [0-9.e+-]+k? \|", line) for line in lines
+    )
 
 
 def test_sample_with_a_prompt_and_top_k(capsys: Cap, checkpoint: Path) -> None:
@@ -1537,3 +1584,146 @@ def test_a_scheduler_killed_mid_run_is_one_error_line(
             _kill_session(proc)
     assert started[-1].returncode == 1 and out == "", err
     assert_one_error_line(err, f"lost the Dask scheduler at {address}", "connection closed")
+
+
+# -- a stream of text, the optimizer's options, speed and saving at an interrupt (issue 33) ----
+VERSE = (
+    "To be, or not to be, that is the question:\n"
+    "Whether 'tis nobler in the mind to suffer\n"
+    "The slings and arrows of outrageous fortune,\n"
+    "Or to take arms against a sea of troubles\n"
+)
+SCHEDULE = {"warmup": 3, "decay": "cosine", "min_lr": 0.001, "weight_decay": 0.1}
+SCHEDULE |= {"grad_clip": 1.0, "init_std": 0.02}
+SCHEDULE_ARGV = [a for k, v in SCHEDULE.items() for a in ("--" + k.replace("_", "-"), v)]
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "verse.txt"
+    path.write_text(VERSE * 4, encoding="utf-8")
+    return path
+
+
+def record_train(monkeypatch: MP) -> dict[str, Any]:
+    """Make the CLI's train() record its keywords and stop (a ValueError: exit status 1)."""
+    seen: dict[str, Any] = {}
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        seen.update(kwargs, args=args)
+        raise ValueError("recorded")
+
+    monkeypatch.setattr(train_module, "train", recording)
+    return seen
+
+
+def test_optimizer_options_reach_train_only_where_given(
+    capsys: Cap, monkeypatch: MP, data_file: Path
+) -> None:
+    seen = record_train(monkeypatch)
+    argv = ["train", "--data", data_file, "--batch-size", 4, *SCHEDULE_ARGV]
+    rc, _, err = run(
+        capsys, *argv, "--beta1", 0.9, "--beta2", 0.95, "--val-fraction", 0.25, "--eval-tokens", 64
+    )
+    assert rc == 1 and "recorded" in err
+    assert {k: seen[k] for k in SCHEDULE} == SCHEDULE and seen["eval_tokens"] == 64
+    assert seen["optimizer"] == AdamConfig(beta1=0.9, beta2=0.95)  # the rest the spec's
+    assert callable(seen["on_step"]) and "callback" not in seen
+    assert seen["docs"] and seen["val_docs"] and "text" not in seen
+    seen.clear()
+    rc, _, _ = run(capsys, "train", "--data", data_file, "--batch-size", 4)
+    assert rc == 1 and seen["optimizer"] is None  # nothing given: the library's defaults
+    assert not set(seen) & {*SCHEDULE, "eval_tokens"}
+
+
+def test_text_options_reach_train(
+    capsys: Cap, monkeypatch: MP, tmp_path: Path, text_file: Path
+) -> None:
+    seen = record_train(monkeypatch)
+    rc, _, _ = run(capsys, "train", "--text", text_file, "--val-fraction", 0.1)
+    assert rc == 1 and "docs" not in seen and "val_docs" not in seen
+    assert seen["text"] == VERSE * 4 and seen["val_text"] is None and seen["val_fraction"] == 0.1
+    held = tmp_path / "held.txt"
+    held.write_text("Or to take arms", encoding="utf-8")
+    seen.clear()
+    rc, _, _ = run(capsys, "train", "--text", text_file, "--val-data", held)
+    assert rc == 1 and seen["val_text"] == "Or to take arms" and seen["val_fraction"] is None
+    assert seen["tokenizer"] == Tokenizer.from_docs([VERSE])
+
+
+def test_resuming_with_other_betas_names_the_option(
+    capsys: Cap, tmp_path: Path, data_file: Path
+) -> None:
+    ckpt = tmp_path / "betas.npz"
+    argv = ["train", "--data", data_file, "--steps", 2, "--batch-size", 4, "--num-samples", 0]
+    rc, _, _ = run(capsys, *argv, "--checkpoint", ckpt, "--beta2", 0.95)
+    assert rc == 0 and load(ckpt).adam.config.beta2 == 0.95  # type: ignore[union-attr]
+    rc, _, err = run(capsys, *argv, "--checkpoint", ckpt, "--resume", "--beta2", 0.9)
+    assert rc == 1
+    assert_one_error_line(err, f"cannot resume '{ckpt}' with --beta2 0.9: its run has --beta2 0.95")
+    rc, _, _ = run(capsys, *argv, "--checkpoint", ckpt, "--resume", "--steps", 3, "--beta2", 0.95)
+    assert rc == 0
+
+
+TEXT_RUN = ["--steps", 6, "--batch-size", 4, "--block-size", 8, "--n-embd", 8, "--n-head", 2]
+TEXT_RUN += ["--val-fraction", 0.2, "--eval-every", 3, "--eval-tokens", 32, *SCHEDULE_ARGV]
+
+
+def test_train_text_end_to_end(capsys: Cap, tmp_path: Path, text_file: Path) -> None:
+    """A tiny run on a stream: its header, speed, per-token held-out loss, a passage as its
+    sample, a text checkpoint that eval scores as a stream."""
+    ckpt = tmp_path / "text.npz"
+    argv = ["train", "--text", text_file, *TEXT_RUN, "--length", 40]
+    rc, out, err = run(capsys, *argv, "--checkpoint", ckpt)
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith(f"train: {len(VERSE) * 4} characters (the last 0.2 held out) |")
+    assert re.match(r"done: 6 steps in .* s \(.* ms/step, .* tokens/s\) \| final loss ", lines[1])
+    assert re.search(r"\| held-out loss \d+\.\d{4} per token$", lines[1])
+    passage = out.split("sample  1:\n", 1)[1][:-1]
+    saved = load(ckpt)
+    assert saved.meta["run"]["mode"] == "text"
+    assert passage == sample(saved.params, saved.tokenizer, 1, length=40, seed=0)[0]
+    assert len(passage) == 40
+
+    rc, out, _ = run(capsys, *argv, "--json")
+    summary = json.loads(out)
+    assert summary["mode"] == "text" and summary["num_chars"] == len(VERSE) * 4
+    assert summary["num_docs"] is None and summary["samples"] == [passage]
+    assert [step for step, _ in summary["val_token_losses"]] == [3, 6]
+    assert summary["val_token_losses"] == summary["val_losses"]  # a stream: both per token
+    assert summary["tokens"] == 6 * 4 * 8 and summary["tokens_per_s"] > 0
+    assert summary["final_loss"] == saved.meta["history"]["losses"][-1]
+
+    rc, out, _ = run(capsys, "eval", "--checkpoint", ckpt, "--data", text_file, "--json")
+    scored = json.loads(out)
+    assert rc == 0 and scored["mode"] == "text" and scored["num_chars"] == len(VERSE) * 4
+    assert 0 < scored["mean_loss"] == scored["token_loss"] < 10
+    rc, out, _ = run(capsys, "eval", "--checkpoint", ckpt, "--data", text_file)
+    assert out.startswith(f"loss {scored['mean_loss']:.4f} per token over ")
+
+
+def test_sigterm_saves_the_run_at_the_interrupt(tmp_path: Path, text_file: Path) -> None:
+    """SIGTERM to a run without --checkpoint-every: its state at that step is saved, and
+    the message says so with the command that continues it."""
+    ckpt = tmp_path / "run.npz"
+    argv = ["train", "--text", str(text_file), "--steps", "1000000", "--batch-size", "2"]
+    argv += ["--block-size", "8", "--checkpoint", str(ckpt), "--num-samples", "0"]
+    child = start("microgpt_xp", *argv)
+    try:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], 60)
+        header = child.stdout.readline() if ready else ""  # printed after the first step
+        time.sleep(0.3)
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert header.startswith("train: ") and child.returncode == 143, err
+    match = re.search(r"interrupted after step (\d+);", err)
+    assert match, err
+    step = int(match.group(1))
+    assert_one_error_line(err, f"its state was saved: the last checkpoint is {ckpt} (step {step})")
+    assert err.rstrip().endswith(shlex.join(["microgpt-xp", *argv, "--resume"]))
+    saved = load(ckpt)
+    assert saved.step == step and len(saved.meta["history"]["losses"]) == step

@@ -70,15 +70,29 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 positive_int, nonnegative_int = int_at_least(1), int_at_least(0)
 
 
-def positive_float(text: str) -> float:
-    """An argparse ``type=`` for finite numbers ``> 0``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
+def float_above(
+    minimum: float, *, strict: bool = True, below: float | None = None
+) -> Callable[[str], float]:
+    """An argparse ``type=`` for finite numbers ``> minimum`` (``>=`` unless ``strict``),
+    and ``< below`` if given."""
+    low = f"{'>' if strict else '>='} {minimum:g}"
+    rule = low if below is None else f"{low} and < {below:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {rule}, got {text!r}") from None
+        fits = value > minimum if strict else value >= minimum
+        if not (math.isfinite(value) and fits and (below is None or value < below)):
+            raise argparse.ArgumentTypeError(f"must be a finite number {rule}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_float, nonnegative_float = float_above(0), float_above(0, strict=False)
+decay_rate = float_above(0, strict=False, below=1)  # Adam's beta1, beta2: [0, 1)
 
 
 def worker_count(text: str) -> int:
@@ -126,7 +140,8 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         required=True,
     ),
     "checkpoint/save": opt(
-        "save the run here at the end and every --checkpoint-every steps (a replay: with the "
+        "save the run here at the end, every --checkpoint-every steps and at Ctrl-C or "
+        "SIGTERM (replay: only at the end, with the "
         "random state that 'sample --microgpt-exact' continues); an existing file needs "
         "--resume or --overwrite (default: no checkpoint)",
         metavar="PATH",
@@ -135,15 +150,32 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         "UTF-8 text file, one document per line (default: the embedded corpus of names)",
         metavar="FILE",
     ),
-    "val_data": opt("held-out documents, one a line", metavar="FILE"),
+    "text": opt(
+        "UTF-8 text file read as one stream of characters, line breaks included: each row of "
+        "a batch is a random window of --block-size + 1 characters, and the samples are "
+        "passages (not with --data)",
+        metavar="FILE",
+    ),
+    "val_data": opt(
+        "held-out documents, one a line (with --text: held-out text, a second stream)",
+        metavar="FILE",
+    ),
     "val_fraction": opt(
-        "hold out this fraction of --data (a split fixed by --seed; a resumed run keeps it)",
+        "hold out this fraction of --data (a split fixed by --seed; a resumed run keeps it); "
+        "with --text, the last fraction of the text",
         type=positive_float,
         metavar="F",
     ),
+    "eval_tokens": opt(
+        "score at most N predicted held-out tokens at each evaluation (a stream: evenly "
+        "spaced fixed windows; documents: the first that fit), a fixed cost (default: 0.3 "
+        "times the tokens trained between two evaluations, at least 512: about a tenth of "
+        "the run's time)",
+        type=positive_int,
+    ),
     "eval_every": opt(
-        "score the held-out documents every N steps and after the last (default: a tenth of "
-        "the run)",
+        "score the held-out documents or text every N steps and after the last (default: a "
+        "tenth of the run)",
         type=positive_int,
     ),
     "backend": opt("array backend", "numpy", choices=BACKENDS),
@@ -162,9 +194,40 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         DEFAULT_BATCH_SIZE,
         positive_int,
     ),
-    "lr": opt("initial learning rate", 0.01, positive_float),
+    "lr": opt("initial learning rate (the peak, after --warmup)", 0.01, positive_float),
+    "warmup": opt(
+        "steps over which the learning rate rises linearly to --lr (default: 0, none)",
+        type=nonnegative_int,
+    ),
+    "decay": opt(
+        "the learning rate's decay after --warmup, to --min-lr at the last step (default: "
+        "linear, the spec's)",
+        choices=("linear", "cosine"),
+    ),
+    "min_lr": opt(
+        "the learning rate the decay ends at (default: 0)", type=nonnegative_float, metavar="LR"
+    ),
+    "weight_decay": opt(
+        "decoupled weight decay, as AdamW: p -= lr_t * WD * p before each step (default: 0)",
+        type=nonnegative_float,
+        metavar="WD",
+    ),
+    "grad_clip": opt(
+        "scale the gradients down to a global L2 norm of at most NORM (default: 0, no clipping)",
+        type=nonnegative_float,
+        metavar="NORM",
+    ),
+    "init_std": opt(
+        "standard deviation of the initial weights (default: 0.08, the spec's)",
+        type=positive_float,
+        metavar="STD",
+    ),
+    "beta1": opt("Adam's first-moment decay, in [0, 1) (default: 0.85)", type=decay_rate),
+    "beta2": opt("Adam's second-moment decay, in [0, 1) (default: 0.99)", type=decay_rate),
     "seed": opt("seed of the weights, batch order and sampling (sample: of its draws)", 0, int),
-    "checkpoint_every": opt("also save every N steps; 0: only at the end", 0, nonnegative_int),
+    "checkpoint_every": opt(
+        "also save every N steps; 0: only at the end (and at an interrupt)", 0, nonnegative_int
+    ),
     "resume": flag(
         "continue the run in --checkpoint if that file exists, with its corpus, --seed, "
         "--batch-size, --lr, --dtype and shape (an option given must match); its --steps, or "
@@ -175,6 +238,11 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "chunk_size/eval": opt(
         "documents scored at once; on dask, documents per task (default: the most whose "
         "activations fit the memory budget, at most the fastest measured size)",
+        type=positive_int,
+    ),
+    "eval_tokens/eval": opt(
+        "a text checkpoint: score at most N predicted tokens of --data, on evenly spaced "
+        "windows (default: all of it)",
         type=positive_int,
     ),
     "memory_budget": opt(
@@ -220,6 +288,20 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     ),
     "plot": opt("save the loss curve to FILE (e.g. loss.png; needs matplotlib)", metavar="FILE"),
     "num_samples": opt("names to sample after training (0: none)", 20, nonnegative_int),
+    "num_samples/train": opt(
+        "names to sample after training, 0: none (default: 20; with --text: 1 passage)",
+        type=nonnegative_int,
+        metavar="NUM_SAMPLES",
+    ),
+    "length": opt(
+        "with --text: characters of each sample passage (default: 500)",
+        type=positive_int,
+    ),
+    "length/sample": opt(
+        "characters of text to write after --prompt, streamed as drawn; only for a text "
+        "checkpoint ('train --text'; default there: 500)",
+        type=positive_int,
+    ),
     "num_samples/sample": opt("names to sample", 20, positive_int, metavar="NUM_SAMPLES"),
     "temperature": opt("sampling temperature", 0.5, positive_float),
     "top_k": opt(
@@ -252,6 +334,7 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
 OPTIONS = {
     **{k.split("/")[0]: "--" + k.split("/")[0].replace("_", "-") for k in ARGUMENTS},
     **{"docs": "--data", "val_docs": "--val-data", "fraction": "--val-fraction"},
+    **{"val_text": "--val-data"},
     **{"num_steps": "--steps", "budget_bytes": "--memory-budget", "address": "--scheduler"},
 }
 
@@ -355,12 +438,12 @@ def check_common(args: argparse.Namespace) -> None:
 
 def check_files(args: argparse.Namespace, out: str | None = None, what: str = "--out") -> None:
     """Outputs never replace inputs: refuse an ``out`` that is ``--checkpoint`` and a
-    ``--checkpoint`` that is ``--data``/``--val-data`` (however spelled); fail now if
+    ``--checkpoint`` that is ``--data``/``--text``/``--val-data`` (however spelled); fail now if
     ``out`` cannot be written."""
     from .._files import check_writable, same_file
 
     ckpt = args.checkpoint
-    for option in ("data", "val_data"):
+    for option in ("data", "text", "val_data"):
         given = getattr(args, option, None)
         if ckpt is not None and given is not None and same_file(ckpt, given):
             raise UsageError(
@@ -478,6 +561,14 @@ def read_docs(path: str | None) -> list[str]:
     return default_docs() if path is None else read_docs(path)
 
 
+def read_text(path: str) -> str:
+    """The characters of the ``--text`` file ``path`` (:func:`microgpt_xp.data.read_text`:
+    line breaks included, with the checks of ``--data``)."""
+    from ..data import read_text
+
+    return read_text(path)
+
+
 def load_checkpoint(args: argparse.Namespace, backend: str, device: Any) -> Any:
     """``--checkpoint``, read once, with its tokenizer (``CheckpointError`` if none)."""
     from ..checkpoint import CheckpointError, load
@@ -539,6 +630,12 @@ def print_samples(names: Sequence[str], start: int = 1) -> None:
     """Print ``sample  i: name`` lines, numbered from ``start``."""
     if names:
         print("\n".join(f"sample {i:2d}: {name}" for i, name in enumerate(names, start=start)))
+
+
+def print_passages(passages: Sequence[str]) -> None:
+    """Print each passage of text under a ``sample i:`` line, as it was drawn."""
+    for i, passage in enumerate(passages, start=1):
+        print(f"sample {i:2d}:\n{passage}")
 
 
 def print_json_stream(head: dict[str, Any], key: str, batches: Iterable[Sequence[Any]]) -> None:

@@ -1,9 +1,12 @@
 """``microgpt-xp eval``: the mean per-document loss of a checkpoint over a corpus, scored
-by :func:`microgpt_xp.scoring.score_docs` a chunk at a time (on Dask, one task a chunk)."""
+by :func:`microgpt_xp.scoring.score_docs` a chunk at a time (on Dask, one task a chunk);
+for a checkpoint trained on a stream of text (``train --text``), the loss per token of the
+file read as a stream, on the fixed windows of training's held-out scoring."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from . import _common as cli
 from ._progress import Progress
@@ -16,15 +19,18 @@ def add_parser(sub: cli.Subcommands) -> None:
         "eval",
         "mean loss of a checkpoint over a corpus",
         "Score every document of a corpus with a checkpoint and print the mean of the\n"
-        "per-document losses (mean negative log-likelihood per predicted token).\n"
-        "A document longer than the checkpoint's block size reads whole is scored on its\n"
-        "first block-size characters (a note says how many are).",
+        "per-document losses (mean negative log-likelihood per predicted token) and the\n"
+        "loss per token. A document longer than the checkpoint's block size reads whole is\n"
+        "scored on its first block-size characters (a note says how many are).\n\n"
+        "A checkpoint of 'train --text' reads --data as one stream of text and prints its\n"
+        "loss per token, on windows of block-size + 1 characters that cover the text (at\n"
+        "most --eval-tokens predicted tokens), as training scores its held-out text.",
     )
     cli.add(
         e,
         "checkpoint data backend device threads jit chunk_size/eval memory_budget scheduler verbose",
     )
-    cli.add(e, "json")
+    cli.add(e, "eval_tokens/eval json")
     e.set_defaults(handler=run)
 
 
@@ -44,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
         # --backend dask: one task per chunk (DaskTasks), placed by the runner
         chunked = _xp.entry(args.backend).chunked
         runner = pick(None, args.backend, chunk_size=chunk if chunked else None, jit=args.jit)
+        if ck.meta.get("run", {}).get("mode") == "text":
+            return _stream(args, ck, runner, chunk)
         docs = cli.read_docs(args.data)
         size = ck.config.block_size
         cli.note_cut(docs, size, f"the checkpoint's block size {size}", scored=True)
@@ -63,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         cli.print_json(
             {
                 "mean_loss": scores.mean,
+                "token_loss": scores.token_mean,
+                "mode": "docs",
                 "num_docs": len(docs),
                 "checkpoint": args.checkpoint,
                 "data": args.data,
@@ -70,5 +80,53 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     else:
-        print(f"mean loss {scores.mean:.4f} over {len(docs)} documents")
+        print(
+            f"mean loss {scores.mean:.4f} over {len(docs)} documents "
+            f"({scores.token_mean:.4f} per token)"
+        )
+    return 0
+
+
+def _stream(args: argparse.Namespace, ck: Any, runner: Any, chunk: int) -> int:
+    """Score ``--data`` as one stream of text: the fixed windows of training's held-out
+    scoring (:func:`microgpt_xp.data.eval_windows`), their loss per predicted token."""
+    from ..data import encode_text, eval_windows, take_windows
+    from ..scoring import score_encoded
+
+    if args.data is None:
+        raise cli.UsageError(
+            f"{args.checkpoint!r} was trained on a stream of text: give the text to score "
+            "with --data FILE"
+        )
+    text = cli.read_text(args.data)
+    size = ck.config.block_size
+    ids = encode_text(ck.tokenizer, text)
+    starts = eval_windows(len(ids), size, args.eval_tokens or len(ids))
+    tokens, lengths = take_windows(ids, starts, size)
+    with (
+        cli.threads_for(args, ck.config, min(chunk, len(starts)), "score"),
+        Progress(len(starts), desc="eval", unit="window") as bar,
+    ):
+        scores = score_encoded(ck.params, tokens, lengths, chunk_size=chunk, runner=runner)
+        bar.update(len(starts))
+    predicted = int(lengths.sum()) - len(lengths)
+    if args.json:
+        cli.print_json(
+            {
+                "mean_loss": scores.token_mean,
+                "token_loss": scores.token_mean,
+                "mode": "text",
+                "num_chars": len(text),
+                "num_tokens": predicted,
+                "num_windows": len(starts),
+                "checkpoint": args.checkpoint,
+                "data": args.data,
+                "step": ck.step,
+            }
+        )
+    else:
+        print(
+            f"loss {scores.token_mean:.4f} per token over {predicted} predicted characters "
+            f"of {len(text)} ({len(starts)} windows of {lengths[0]})"
+        )
     return 0

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import _common as cli
 from ._progress import Progress
+from .sample import DEFAULT_LENGTH  # characters of a passage, as sample writes it
 
 
 def add_parser(sub: cli.Subcommands) -> None:
@@ -20,25 +21,32 @@ def add_parser(sub: cli.Subcommands) -> None:
     t = cli.add_command(
         sub,
         "train",
-        "train on a data file or the embedded default corpus, then sample names",
+        "train on a data file, a stream of text or the embedded default corpus, then sample",
         "Train microgpt with batched Adam and print sampled names.\n\n"
+        "--data FILE trains on documents, one a line; --text FILE on one stream of text\n"
+        "(nanoGPT's way: random windows of --block-size + 1 characters, samples that are\n"
+        "passages), whose held-out part (--val-fraction) is the last fraction of the text.\n"
+        "The progress line and --json give ms/step and tokens/s, and the held-out loss per\n"
+        "token beside the per-document one.\n\n"
         "The model's shape (--n-layer, --n-embd, --n-head, --block-size) is stored in the\n"
         "checkpoint, where sample, eval and export read it. With --val-data or --val-fraction,\n"
         "the held-out loss is shown beside the training loss: on a terminal in a progress\n"
         "bar, elsewhere in a line written every so often.\n\n"
         "An existing --checkpoint is continued with --resume or replaced with --overwrite,\n"
         "never otherwise, and two runs never write one checkpoint at once. Ctrl-C (or\n"
-        "SIGTERM, SIGHUP) stops training and prints the command that continues the run.",
+        "SIGTERM, SIGHUP) stops training, saves the run's state at that step in --checkpoint\n"
+        "and prints the command that continues the run.",
     )
-    cli.add(t, "backend device dtype steps batch_size lr data")
+    cli.add(t, "backend device dtype steps batch_size lr")
+    cli.add(t.add_mutually_exclusive_group(), "data text")
     cli.add(t.add_mutually_exclusive_group(), "val_data val_fraction")
-    cli.add(
-        t, "eval_every seed checkpoint/save checkpoint_every resume overwrite chunk_size workers"
-    )
+    cli.add(t, "eval_every eval_tokens warmup decay min_lr weight_decay grad_clip init_std")
     cli.add(
         t,
-        "threads jit scheduler verbose n_layer n_embd n_head block_size plot num_samples temperature",
+        "beta1 beta2 seed checkpoint/save checkpoint_every resume overwrite chunk_size workers",
     )
+    cli.add(t, "threads jit scheduler verbose n_layer n_embd n_head block_size plot")
+    cli.add(t, "num_samples/train length temperature")
     cli.add(t, "json microgpt_exact newlines")
     t.set_defaults(handler=run)
 
@@ -57,10 +65,17 @@ def run(args: argparse.Namespace) -> int:
         )
     if (args.resume or args.overwrite or args.checkpoint_every) and args.checkpoint is None:
         raise cli.UsageError("--resume, --overwrite and --checkpoint-every need --checkpoint PATH")
-    if args.eval_every is not None and args.val_data is None and args.val_fraction is None:
-        raise cli.UsageError(
-            "--eval-every scores held-out documents: give --val-data or --val-fraction"
-        )
+    for option in ("eval_every", "eval_tokens"):
+        if (
+            getattr(args, option) is not None
+            and args.val_data is None
+            and args.val_fraction is None
+        ):
+            raise cli.UsageError(
+                f"{cli.OPTIONS[option]} scores held-out text: give --val-data or --val-fraction"
+            )
+    if args.length is not None and args.text is None:
+        raise cli.UsageError("--length is the length of a passage: it needs --text")
     cli.check_common(args)
     from .._xp import entry
 
@@ -78,16 +93,63 @@ def run(args: argparse.Namespace) -> int:
         return _train(args, exists and args.resume)
 
 
-def _corpora(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
-    """The training documents and the held-out ones (``None``: none)."""
+def _corpora(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """The corpus as ``train()``'s keywords (``docs``/``val_docs``, or ``text``/``val_text``/
+    ``val_fraction``: the held-out ones ``None`` where none) and every text the tokenizer
+    reads."""
     from ..data import split_docs
 
-    docs = cli.read_docs(args.data)
+    if args.text is not None:
+        text = cli.read_text(args.text)
+        val = None if args.val_data is None else cli.read_text(args.val_data)
+        corpus = {"text": text, "val_text": val, "val_fraction": args.val_fraction}
+        return corpus, [text] if val is None else [text, val]
+    docs, val_docs = cli.read_docs(args.data), None
     if args.val_data is not None:
-        return docs, cli.read_docs(args.val_data)
-    if args.val_fraction is not None:
-        return split_docs(docs, args.val_fraction, args.seed)
-    return docs, None
+        val_docs = cli.read_docs(args.val_data)
+    elif args.val_fraction is not None:
+        docs, val_docs = split_docs(docs, args.val_fraction, args.seed)
+    return {"docs": docs, "val_docs": val_docs}, docs if val_docs is None else [*docs, *val_docs]
+
+
+#: The optimizer's options: keywords of ``train()`` (Adam's betas: of its ``AdamConfig``),
+#: passed only where given, so that the library's defaults (the spec's) hold otherwise.
+SCHEDULE = "warmup decay min_lr weight_decay grad_clip init_std"
+BETAS = "beta1 beta2"
+
+
+def _given(args: argparse.Namespace, names: str) -> dict[str, Any]:
+    """The options ``names`` that were given, as the library keywords of the same name."""
+    return {k: v for k, v in cli.keywords(args, names).items() if v is not None}
+
+
+class _Speed:
+    """ms/step and predicted tokens/s over the steps of this run (their
+    :class:`~microgpt_xp.StepStats`)."""
+
+    def __init__(self) -> None:
+        self.steps, self.tokens, self.seconds = 0, 0, 0.0
+
+    def add(self, stats: Any) -> None:
+        self.steps += 1
+        self.tokens += int(stats.tokens)
+        self.seconds += float(stats.seconds)
+
+    @property
+    def ms_per_step(self) -> float | None:
+        return 1000 * self.seconds / self.steps if self.steps else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+    def postfix(self) -> dict[str, str]:
+        """The progress line's values: ``ms/step 3.1``, ``tok/s 10.6k``."""
+        ms, rate = self.ms_per_step, self.tokens_per_s
+        shown = {} if ms is None else {"ms/step": f"{ms:.2f}"}
+        if rate is not None:
+            shown["tok/s"] = f"{rate / 1000:.3g}k" if rate >= 1000 else f"{rate:.3g}"
+        return shown
 
 
 def _train(args: argparse.Namespace, resuming: bool) -> int:
@@ -97,21 +159,22 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
     from ..cluster import ClusterError
     from ..config import GPTConfig
     from ..data import Tokenizer, default_block_size
+    from ..optim import adam_config
     from ..runners import WorkerDied
 
-    docs, val_docs = _corpora(args)
-    every_doc = docs if val_docs is None else [*docs, *val_docs]
+    corpus, every_doc = _corpora(args)
+    text_mode = args.text is not None
     tokenizer = Tokenizer.from_docs(every_doc)
     if resuming:  # the checkpoint's shape, read here once (train() reads its run)
         from ..checkpoint import load
 
         config = _resumed_config(args, load(args.checkpoint), tokenizer)
     else:
+        longest = None if text_mode else default_block_size(every_doc)  # a stream: the spec's
         config = GPTConfig(
-            tokenizer.vocab_size,
-            **cli.shape_of(args, default_block_size(every_doc), tokenizer.vocab_size),
+            tokenizer.vocab_size, **cli.shape_of(args, longest, tokenizer.vocab_size)
         )
-    if len(docs) < args.batch_size:
+    if not text_mode and len(docs := corpus["docs"]) < args.batch_size:
         raise ValueError(
             f"the corpus has {len(docs)} documents, fewer than the batch size "
             f"{args.batch_size}: use --batch-size {len(docs)} (or less), or more documents"
@@ -120,20 +183,34 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
     shape_text = (
         "" if shape == cli.SPEC_SHAPE else f" ({', '.join(f'{k} {v}' for k, v in shape.items())})"
     )
-    held = "" if val_docs is None else f" (+{len(val_docs)} held out)"
+    if text_mode:
+        what = f"{len(corpus['text'])} characters"
+        held = (
+            f" (+{len(corpus['val_text'])} held out)"
+            if corpus["val_text"] is not None
+            else ""
+            if args.val_fraction is None
+            else f" (the last {args.val_fraction:g} held out)"
+        )
+    else:
+        val_docs = corpus["val_docs"]
+        what = f"{len(corpus['docs'])} docs"
+        held = "" if val_docs is None else f" (+{len(val_docs)} held out)"
     header = (
-        f"train: {len(docs)} docs{held} | vocab {tokenizer.vocab_size} | {config.num_params} "
+        f"train: {what}{held} | vocab {tokenizer.vocab_size} | {config.num_params} "
         f"params{shape_text} | {args.backend} {args.dtype} | batch {args.batch_size} | "
         f"{args.steps} steps"
     )
     state: dict[str, Any] = {"bar": None, "step": None}
+    speed = _Speed()
 
     def begin(step: int) -> Progress:
         """Print the notes and the header once train() has accepted its arguments (so
         that an error is the only line), then show the progress from ``step`` on."""
         size = config.block_size
         what = f"the checkpoint's block size {size}" if resuming else f"--block-size {size}"
-        cli.note_cut(every_doc, size, what)
+        if not text_mode:
+            cli.note_cut(every_doc, size, what)
         if args.resume and not resuming:
             cli.note(f"--resume: {args.checkpoint!r} did not exist; the run started at step 0")
         if not args.json:
@@ -141,31 +218,34 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         state["bar"] = Progress(args.steps, desc="train", unit="step", initial=step)
         return state["bar"]  # type: ignore[no-any-return]
 
-    def progress(step: int, loss: float) -> None:
-        bar = state["bar"] or begin(step - 1)
-        state["step"] = step
-        bar.update(step, loss=f"{loss:.4f}")
+    def progress(stats: Any) -> None:
+        bar = state["bar"] or begin(stats.step - 1)
+        state["step"] = stats.step
+        speed.add(stats)
+        bar.update(stats.step, loss=f"{stats.loss:.4f}", **speed.postfix())
 
     def evaluated(step: int, val_loss: float) -> None:
         state["bar"].update(step, val=f"{val_loss:.4f}")
 
+    betas = _given(args, BETAS)
     started, start = time.time_ns(), time.perf_counter()
     try:
         result = training.train(
-            docs,
+            **corpus,
             config=config,
-            val_docs=val_docs,
-            callback=progress,
+            on_step=progress,
             on_eval=evaluated,
             tokenizer=tokenizer,
             threads=_threads(args, config),
+            optimizer=adam_config(None, **betas) if betas else None,
+            **_given(args, f"{SCHEDULE} eval_tokens"),
             **cli.keywords(args, "steps batch_size seed backend device dtype checkpoint lr jit"),
             **cli.keywords(args, "chunk_size workers eval_every checkpoint_every resume overwrite"),
         )
     except training.ResumeError as exc:
         raise ValueError(resume_words(exc, args)) from None
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP
-        stop = KeyboardInterrupt(_stopped(args, "interrupted", state["step"], started))
+        stop = KeyboardInterrupt(_stopped(args, "interrupted", state["step"], started, True))
         stop.signum = getattr(exc, "signum", None)  # type: ignore[attr-defined]
         raise stop from None
     except (WorkerDied, ClusterError) as exc:  # a lost worker or scheduler: how to go on
@@ -180,23 +260,32 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
             f"the run in {args.checkpoint!r} has taken all its {result.step} steps; a "
             "larger --steps extends it"
         )
+    count = (1 if text_mode else 20) if args.num_samples is None else args.num_samples
+    # a stream is drawn in this process (its window slides): passages of --length characters
+    how = (
+        {"length": args.length or DEFAULT_LENGTH}
+        if text_mode
+        else {"chunks": args.chunk_size, "workers": args.workers}
+    )
     names = []
-    if args.num_samples:
+    if count:
         names = sampling.sample(
             result.params,
             result.tokenizer,
-            args.num_samples,
-            chunks=args.chunk_size,
-            **cli.keywords(args, "temperature seed workers jit"),
+            count,
+            **how,
+            **cli.keywords(args, "temperature seed jit"),
         )
     final_loss = result.losses[-1] if result.losses else None
     final_val = result.val_losses[-1][1] if result.val_losses else None
+    final_token_val = result.val_token_losses[-1][1] if result.val_token_losses else None
     if args.plot is not None and result.losses:
         title = f"microgpt-xp ({args.backend} {args.dtype}, batch {args.batch_size})"
         cli.plot_losses(args.plot, result.losses, result.start_step, title, result.val_losses)
     elif args.plot is not None:
         cli.note(f"no steps were run, so no loss curve was written to {args.plot!r}")
     if args.json:
+        val_docs = corpus.get("val_docs")
         cli.print_json(
             {
                 "final_loss": final_loss,
@@ -208,32 +297,53 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
                 "val_losses": [list(pair) for pair in result.val_losses],
                 "seconds": seconds,
                 **cli.keywords(args, "backend dtype batch_size"),
-                "num_docs": len(docs),
-                "num_val_docs": 0 if val_docs is None else len(val_docs),
+                "num_docs": None if text_mode else len(corpus["docs"]),
+                "num_val_docs": None if text_mode else 0 if val_docs is None else len(val_docs),
                 "config": config.to_dict(),
                 "checkpoint": args.checkpoint,
                 "samples": names,
+                "mode": "text" if text_mode else "docs",
+                "num_chars": len(corpus["text"]) if text_mode else None,
+                "final_val_token_loss": final_token_val,
+                "val_token_losses": [list(pair) for pair in result.val_token_losses],
+                "tokens": speed.tokens,
+                "ms_per_step": speed.ms_per_step,
+                "tokens_per_s": speed.tokens_per_s,
             }
         )
         return 0
     loss_text = "n/a" if final_loss is None else f"{final_loss:.4f}"
-    val_text = "" if final_val is None else f" | held-out loss {final_val:.4f}"
+    val_text = ""
+    if text_mode and final_token_val is not None:
+        val_text = f" | held-out loss {final_token_val:.4f} per token"
+    elif final_val is not None:
+        per_token = "" if final_token_val is None else f" ({final_token_val:.4f} per token)"
+        val_text = f" | held-out loss {final_val:.4f}{per_token}"
     resumed_at = f" (resumed at step {result.start_step})" if result.start_step else ""
+    ms, rate = speed.ms_per_step, speed.tokens_per_s
+    speed_text = (
+        ""
+        if ms is None
+        else f" ({ms:.2f} ms/step" + (")" if rate is None else f", {rate:,.0f} tokens/s)")
+    )
     print(
-        f"done: {len(result.losses)} steps{resumed_at} in {seconds:.1f} s | final loss "
-        f"{loss_text}{val_text}"
+        f"done: {len(result.losses)} steps{resumed_at} in {seconds:.1f} s{speed_text} | final "
+        f"loss {loss_text}{val_text}"
     )
     if args.checkpoint is not None:
         print(f"checkpoint: {args.checkpoint} (step {result.step})")
     if args.plot is not None and result.losses:
         print(f"loss curve: {args.plot}")
-    cli.print_samples(names)
+    if text_mode:
+        cli.print_passages(names)
+    else:
+        cli.print_samples(names)
     return 0
 
 
 def _resumed_config(args: argparse.Namespace, ck: Any, tokenizer: Any) -> Any:
-    """The shape of the run that --resume continues; a shape option given, or the
-    corpus's characters, must match it."""
+    """The shape of the run that --resume continues; a shape option given, Adam's
+    --beta1/--beta2 given, or the corpus's characters, must match it."""
     for key in cli.SPEC_SHAPE:
         given, saved = getattr(args, key), getattr(ck.config, key)
         if given is not None and given != saved:
@@ -242,24 +352,42 @@ def _resumed_config(args: argparse.Namespace, ck: Any, tokenizer: Any) -> Any:
                 f"cannot resume {args.checkpoint!r} with {option} {given}: its run has "
                 f"{option} {saved}"
             )
+    for key in BETAS.split():  # not in the library's run record: checked here
+        given, saved = getattr(args, key), getattr(ck.adam.config, key, None) if ck.adam else None
+        if given is not None and saved is not None and given != saved:
+            option = cli.OPTIONS[key]
+            raise ValueError(
+                f"cannot resume {args.checkpoint!r} with {option} {given}: its run has "
+                f"{option} {saved}"
+            )
     if ck.tokenizer is not None and ck.tokenizer != tokenizer:
         raise ValueError(
-            f"cannot resume {args.checkpoint!r} with --data {args.data or '(the embedded corpus)'}"
-            ": its run trained on a corpus of other characters"
+            f"cannot resume {args.checkpoint!r} with {_source(args)}: its run trained on a "
+            "corpus of other characters"
         )
     return ck.config
+
+
+def _source(args: argparse.Namespace) -> str:
+    """The corpus option given: ``--text FILE``, ``--data FILE`` or the embedded corpus."""
+    if args.text is not None:
+        return f"--text {args.text}"
+    return f"--data {args.data or '(the embedded corpus)'}"
 
 
 def resume_words(exc: Any, args: argparse.Namespace) -> str:
     """A ``ResumeError`` in the command line's words: the option, given and saved."""
     name, option = args.checkpoint, cli.OPTIONS.get(exc.option, exc.option)
-    if exc.option in ("docs", "val_docs"):  # the corpus, or its split by --val-fraction
-        given = f"--data {args.data or '(the embedded corpus)'}"
+    if exc.option == "mode":  # documents against a stream of text
+        was = "a stream of text (--text)" if exc.saved == "text" else "documents (--data)"
+        return f"cannot resume {name!r} with {_source(args)}: its run trained on {was}"
+    if exc.option in ("docs", "val_docs", "text", "val_text"):  # the corpus, or its split
+        given = _source(args)
         if args.val_fraction is not None:
             given += f" --val-fraction {args.val_fraction}"
-        elif args.val_data is not None and exc.option == "val_docs":
+        elif args.val_data is not None and exc.option.startswith("val_"):
             given = f"--val-data {args.val_data}"
-        held = "" if exc.option == "docs" else " held-out"
+        held = " held-out" if exc.option.startswith("val_") else ""
         split = "" if args.val_fraction is None else " or split"
         return (
             f"cannot resume {name!r} with {given}: its run trained on another{held} corpus"
@@ -271,15 +399,20 @@ def resume_words(exc: Any, args: argparse.Namespace) -> str:
     return text
 
 
-def _stopped(args: argparse.Namespace, why: str, step: int | None, started_ns: int) -> str:
+def _stopped(
+    args: argparse.Namespace, why: str, step: int | None, started_ns: int, saves: bool = False
+) -> str:
     """What a stopped run prints: why and where it stopped, the last checkpoint, and the
-    command that continues the run (or starts it again)."""
-    where = why + ("" if step is None else f" after step {step}")
+    command that continues the run (or starts it again). ``saves``: the library saved the
+    run at the stop (a ``KeyboardInterrupt``: its last step completed, if it took one)."""
     if args.checkpoint is None:
+        where = why + ("" if step is None else f" after step {step}")
         return f"{where}; nothing was saved (with --checkpoint PATH a run can be resumed)"
     path = Path(args.checkpoint)
-    if not (path.exists() and (args.resume or path.stat().st_mtime_ns >= started_ns)):
+    fresh = path.exists() and path.stat().st_mtime_ns >= started_ns  # written by this run
+    if not (fresh or (path.exists() and args.resume)):
         # no file yet, or the old file that --overwrite has not replaced yet
+        where = why + ("" if step is None else f" after step {step}")
         every = (
             f" (it is saved every {args.checkpoint_every} steps)"
             if args.checkpoint_every
@@ -290,12 +423,17 @@ def _stopped(args: argparse.Namespace, why: str, step: int | None, started_ns: i
     try:  # the file this run wrote: which step it holds
         from ..checkpoint import load
 
-        saved = f" (step {load(args.checkpoint).step})"
+        at: int | None = load(args.checkpoint).step
     except Exception:  # the message must come out whatever the file holds
-        saved = ""
+        at = None
+    kept = ""
+    if saves and fresh and at is not None:  # the state at the stop: its last completed step
+        step, kept = at, "its state was saved: "
+    where = why + ("" if step is None else f" after step {step}")
+    saved = "" if at is None else f" (step {at})"
     return (
-        f"{where}; the last checkpoint is {args.checkpoint}{saved}; continue the run with: "
-        f"{resume_command(args.argv)}"
+        f"{where}; {kept}the last checkpoint is {args.checkpoint}{saved}; continue the run "
+        f"with: {resume_command(args.argv)}"
     )
 
 
