@@ -57,6 +57,13 @@ class Checkpoint:
         """The model config."""
         return self.params.config
 
+    @property
+    def mode(self) -> str:
+        """What the run trained on: ``"text"`` (a stream) or ``"docs"`` (also for files
+        that predate the record)."""
+        run = self.meta.get("run") if isinstance(self.meta, dict) else None
+        return run.get("mode", "docs") if isinstance(run, dict) else "docs"
+
 
 class _Record(NamedTuple):
     """One array in the header: ``numpy.dtype.str`` (e.g. ``'<f8'``), shape, SHA-256."""

@@ -445,6 +445,15 @@ def take_windows(
     return tokens, np.full(len(starts), width, dtype=np.int64)
 
 
+def held_out_rows(
+    tokenizer: Tokenizer, text: str, block_size: int, max_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A held-out stream as the batch ``(tokens (B, L), lengths (B,))`` of its fixed
+    windows (:func:`eval_windows`): what training's held-out scoring and ``eval`` score."""
+    ids = encode_text(tokenizer, text)
+    return take_windows(ids, eval_windows(len(ids), block_size, max_tokens), block_size)
+
+
 def take_batch(
     tokens: np.ndarray, lengths: np.ndarray, idx: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:

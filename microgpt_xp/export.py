@@ -28,8 +28,9 @@ params' dtype. The graphs (:data:`GRAPHS`):
   and :func:`~microgpt_xp.adam_init`'s), named like its state inputs.
 
 Metadata (``metadata_props``; onnxruntime: ``get_modelmeta().custom_metadata_map``):
-``microgpt_xp.graph``, ``.config``, ``.version``, ``.tokenizer`` (if given: ``{"chars":
-...}``, BOS ``len(chars)``), ``.optimizer`` (train graphs: Adam's settings as JSON). The
+``microgpt_xp.graph``, ``.config``, ``.version``, ``.mode`` (``"docs"``, or ``"text"`` for a
+model trained on a stream), ``.tokenizer`` (if given: ``{"chars": ...}``, BOS
+``len(chars)``), ``.optimizer`` (train graphs: Adam's settings as JSON). The
 graphs validate nothing: out-of-range positions or ids fail in an indexing node or give
 meaningless values.
 """
@@ -69,6 +70,7 @@ def export_onnx(
     batch: int | None = None,
     time: int | None = None,
     optimizer: AdamConfig | None = None,
+    mode: str = "docs",
 ) -> Path:
     """Write the model as a standalone ONNX file (weights inside) and return its path.
 
@@ -80,13 +82,14 @@ def export_onnx(
         batch, time: fix ``B``/``T`` at export (static shapes; dynamic by default); ``time``
             only for ``forward`` and ``train_step``.
         optimizer: Adam's settings of the train graphs (the spec's by default).
+        mode: what the model was trained on, ``"docs"`` or ``"text"`` (a stream), stored.
 
     ``TypeError`` for arguments of another type, ``ValueError`` for an unknown graph, a
     tokenizer of another vocabulary size, bad sizes or a model of 2 GiB or more (protobuf's
     limit, refused before anything is built), ``ImportError`` (saying what to install)
     without ndonnx or onnx.
     """
-    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, clean=True)
+    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, mode, clean=True)
     with atomic_open(Path(path), "wb") as f:  # the weights one at a time: no copy of it all
         f.write(model.SerializeToString())
         for tensor in weights:
@@ -102,11 +105,12 @@ def onnx_model(
     batch: int | None = None,
     time: int | None = None,
     optimizer: AdamConfig | None = None,
+    mode: str = "docs",
     clean: bool = True,
 ) -> Any:
     """The ``onnx.ModelProto`` that :func:`export_onnx` writes; ``clean=False`` keeps
     ndonnx's zero-size guards and NaN checks (see :func:`_clean`)."""
-    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, clean=clean)
+    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, mode, clean=clean)
     model.graph.initializer.extend(weights)
     return model
 
@@ -118,11 +122,12 @@ def _build(
     batch: int | None,
     time: int | None,
     optimizer: AdamConfig | None,
+    mode: str,
     *,
     clean: bool,
 ) -> tuple[Any, list[Any]]:
     """The checked model without the weights' initializers, and those (``TensorProto``s)."""
-    props = _metadata(params, graph, tokenizer, batch, time, optimizer)
+    props = _metadata(params, graph, tokenizer, batch, time, optimizer, mode)
     ndx, onnx = _modules()
     tensors = []
     if graph == "train_init":
@@ -208,6 +213,7 @@ def _metadata(
     batch: int | None,
     time: int | None,
     optimizer: AdamConfig | None,
+    mode: str = "docs",
 ) -> dict[str, str]:
     """The checks of :func:`export_onnx`'s arguments, before anything is built, and the
     ``microgpt_xp.*`` metadata."""
@@ -231,6 +237,8 @@ def _metadata(
             raise ArgumentValueError(name, f"{name} must be at most {limit}, got {value}")
     if optimizer is not None and not isinstance(optimizer, AdamConfig):
         raise ArgumentTypeError("optimizer", "optimizer must be an AdamConfig")
+    if mode not in ("docs", "text"):
+        raise ArgumentValueError("mode", f"mode must be 'docs' or 'text', got {mode!r}")
     weights = cfg.num_params * np.dtype(_xp.dtype_name(params.wte)).itemsize  # none read
     stored = {"train_step": 0, "train_init": 3 * weights}.get(graph, weights)
     if stored > _MAX_BYTES:
@@ -241,6 +249,7 @@ def _metadata(
         "microgpt_xp.graph": graph,
         "microgpt_xp.config": json.dumps(cfg.to_dict()),
         "microgpt_xp.version": __version__,
+        "microgpt_xp.mode": mode,
     }
     if graph.startswith("train"):
         hp = optimizer or AdamConfig()

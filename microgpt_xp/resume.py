@@ -43,12 +43,20 @@ def corpus_digest(docs: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-#: The record's optimizer settings beyond ``lr``, and their values in a run that predates
-#: them (the spec's, :class:`~microgpt_xp.AdamConfig`'s defaults).
-OPTIMIZER_DEFAULTS: dict[str, Any] = {
-    k: getattr(AdamConfig(), k)
-    for k in ("warmup", "decay", "min_lr", "weight_decay", "grad_clip", "init_std")
-}
+#: The optimizer's settings beyond ``lr`` that a resumed run must share with its checkpoint
+#: (checked against the checkpoint's own :class:`~microgpt_xp.AdamConfig`, which an older
+#: file holds with the spec's values for the fields it predates).
+OPTIMIZER_FIELDS = (
+    "beta1",
+    "beta2",
+    "eps",
+    "warmup",
+    "decay",
+    "min_lr",
+    "weight_decay",
+    "grad_clip",
+    "init_std",
+)
 
 
 def run_record(
@@ -66,7 +74,7 @@ def run_record(
 ) -> dict[str, Any]:
     """What a checkpoint records of the settings that fix a run's losses (JSON-able):
     ``mode`` (``"docs"``, or ``"text"`` where ``docs`` is ``[text]``), the ``optimizer``'s
-    settings of :data:`OPTIMIZER_DEFAULTS` and the held-out
+    settings of :data:`OPTIMIZER_FIELDS` and the held-out
     bound ``eval_tokens`` (informative: not checked on resume)."""
     record = {
         "mode": mode,
@@ -77,7 +85,7 @@ def run_record(
         "reduction": reduction,
         "corpus": corpus_digest(docs),
         "val_corpus": None if val_docs is None else corpus_digest(val_docs),
-        **{k: (optimizer or {}).get(k, v) for k, v in OPTIMIZER_DEFAULTS.items()},
+        **{k: (optimizer or {}).get(k, getattr(AdamConfig(), k)) for k in OPTIMIZER_FIELDS},
         "eval_tokens": eval_tokens,
     }
     return record
@@ -127,9 +135,9 @@ def resume(
     for option in ("seed", "batch_size", "lr", "reduction"):
         if option in saved_run and saved_run[option] != run[option]:
             raise ResumeError(option, saved_run[option], run[option], name)
-    for option, default in OPTIMIZER_DEFAULTS.items():
-        if saved_run.get(option, default) != run[option]:
-            raise ResumeError(option, saved_run.get(option, default), run[option], name)
+    for option in OPTIMIZER_FIELDS:
+        if getattr(saved.adam.config, option) != run[option]:
+            raise ResumeError(option, getattr(saved.adam.config, option), run[option], name)
     names = ("text", "val_text") if run["mode"] == "text" else ("docs", "val_docs")
     for option, key in zip(names, ("corpus", "val_corpus"), strict=True):
         was, now = saved_run.get(key), run[key]

@@ -35,7 +35,7 @@ from .data import (
     default_block_size,
     encode_docs,
     encode_text,
-    eval_windows,
+    held_out_rows,
     length_groups,
     split_docs,
     split_text,
@@ -47,7 +47,7 @@ from .model import Reduction, _check_reduction, loss_and_grads
 from .optim import Adam, AdamConfig, AdamState, adam_config, adam_update
 from .params import Params, flatten, init_params, materialize, unflatten
 from .resources import check_threads, use_threads
-from .resume import OPTIMIZER_DEFAULTS, ResumeError, corpus_digest, run_record
+from .resume import OPTIMIZER_FIELDS, ResumeError, corpus_digest, run_record
 from .resume import resume as resume_run
 from .scoring import ScoreSummary, score_docs, score_encoded
 
@@ -258,8 +258,8 @@ def train(
         "grad_clip": grad_clip,
         "init_std": init_std,
     }
-    optimizer = adam_config(optimizer, **{k: v for k, v in changes.items() if v is not None})
-    optimizer = adam_config(optimizer, num_steps=steps)
+    given = {k: v for k, v in changes.items() if v is not None}
+    optimizer = adam_config(optimizer, **given, num_steps=steps)  # one call: warmup < steps
     no_held_out = val_docs is None and val_text is None and val_fraction is None
     for name, idle in (
         ("resume", resume and checkpoint is None),
@@ -317,7 +317,7 @@ def train(
         corpus,
         held_out,
         mode="docs" if text is None else "text",
-        optimizer={k: getattr(optimizer, k) for k in OPTIMIZER_DEFAULTS},
+        optimizer={k: getattr(optimizer, k) for k in OPTIMIZER_FIELDS},
         eval_tokens=eval_tokens,
     )
     # the claim checks again, under its lock, that no other run made the file meanwhile
@@ -471,8 +471,7 @@ def _held_out_docs(tokenizer: Tokenizer, docs: list[str], block: int, max_tokens
 def _held_out_text(tokenizer: Tokenizer, text: str, block: int, max_tokens: int) -> Scorer:
     """The scorer of a held-out stream: its fixed windows
     (:func:`~microgpt_xp.data.eval_windows`); both means are the mean per token."""
-    ids = encode_text(tokenizer, text)
-    tokens, lengths = take_windows(ids, eval_windows(len(ids), block, max_tokens), block)
+    tokens, lengths = held_out_rows(tokenizer, text, block, max_tokens)
 
     def scorer(params: Params, runner: runners.Runner) -> tuple[float, float]:
         summary: ScoreSummary = score_encoded(params, tokens, lengths, runner=runner)

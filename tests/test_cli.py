@@ -191,18 +191,17 @@ def test_plot_without_matplotlib_fails_before_training(
 
 
 def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
-    """Make the CLI's train() raise KeyboardInterrupt (Ctrl-C) once step ``stop`` is done."""
-    original = train_module.train
+    """Make the CLI's training raise KeyboardInterrupt (Ctrl-C) during step ``stop + 1``,
+    before its update: step ``stop`` is the last complete."""
+    original = train_module._Loop.step
+    calls = iter(range(1, 10**6))
 
-    def interrupted(*args, on_step, **kwargs):  # type: ignore[no-untyped-def]
-        def stop_after(stats: StepStats) -> None:
-            on_step(stats)
-            if stats.step == stop:
-                raise KeyboardInterrupt
+    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if next(calls) == stop + 1:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
 
-        return original(*args, on_step=stop_after, **kwargs)
-
-    monkeypatch.setattr(train_module, "train", interrupted)
+    monkeypatch.setattr(train_module._Loop, "step", interrupted)
 
 
 def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
@@ -216,7 +215,7 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
     ckpt = tmp_path / "run.npz"
     argv = [*common, "--checkpoint", ckpt, "--checkpoint-every", 3]
     with monkeypatch.context() as m:
-        interrupt_training_after(m, 5)  # in step 5's callbacks: step 4 is the last complete
+        interrupt_training_after(m, 4)
         rc, _, err = run(capsys, *argv)
     assert rc == 130
     assert_one_error_line(
@@ -253,7 +252,7 @@ def test_ctrl_c_before_any_save_says_to_start_again(
     assert rc == 0
     argv = [*common, "--checkpoint", ckpt, "--overwrite", "--checkpoint-every", 5]
     with monkeypatch.context() as m:
-        interrupt_training_after(m, 1)  # before a step is complete: nothing to save
+        interrupt_training_after(m, 0)  # before a step is complete: nothing to save
         rc, _, err = run(capsys, *argv)
     assert rc == 130
     assert_one_error_line(err, "no checkpoint of this run was saved yet", "every 5 steps")
@@ -493,7 +492,7 @@ def test_resume_errors_name_the_option_and_both_values(
     argv = ["train", "--data", data_file, "--steps", 6, "--batch-size", 4]
     argv += ["--checkpoint", ckpt, "--num-samples", 0, "--checkpoint-every", 3]
     with pytest.MonkeyPatch.context() as m:
-        interrupt_training_after(m, 4)
+        interrupt_training_after(m, 3)
         assert run(capsys, *argv)[0] == 130  # an unfinished run, saved at step 3
     options = [str(a) for a in argv]
     for i in range(0, len(change), 2):
@@ -1170,7 +1169,7 @@ def test_version_and_help(capsys: Cap) -> None:
                    "(default: numpy)", "--decay {linear,cosine}", "--grad-clip NORM",
                    "--n-layer N transformer blocks (default: 1)",
                    "(default: the spec's 16, or the longest document + 1 where that is more)"]),
-        ("sample", ["(default: 20)", "(default: 0.5)", "(default: 0)", "(default: numpy)",
+        ("sample", ["(default: 20;", "(default: 0.5)", "(default: 0)", "(default: numpy)",
                     f"--batch-size N samples generated at once: memory grows with it, the "
                     f"names do not depend on it (default: {sample_module.DEFAULT_BATCH_SIZE})"]),
         ("eval", ["--chunk-size N", "whose activations fit the memory budget", "(default: 500)",

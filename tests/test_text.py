@@ -28,6 +28,8 @@ from microgpt_xp.data import (
     take_windows,
     text_windows,
 )
+from microgpt_xp.export import _metadata
+from microgpt_xp.optim import AdamConfig
 from microgpt_xp.scoring import score_docs, score_encoded
 from microgpt_xp.train import ResumeError, TrainResult, train
 
@@ -202,8 +204,12 @@ def test_padding_on_names_and_shakespeare_lines(names_txt: Path) -> None:
 def test_the_mode_is_recorded_and_a_resume_cannot_change_it(tmp_path: Path) -> None:
     path = tmp_path / "run.ckpt"
     _text(checkpoint=path, steps=2)
-    run = load(path).meta["run"]
+    saved = load(path)
+    run = saved.meta["run"]
     assert run["mode"] == "text" and run["warmup"] == 0 and run["decay"] == "linear"
+    assert saved.mode == "text" and load(path).mode == "text"
+    props = _metadata(saved.params, "forward", None, None, None, None, saved.mode)
+    assert props["microgpt_xp.mode"] == "text"  # what export records of it
     with pytest.raises(ResumeError, match="mode") as info:
         train([TEXT] * 3, checkpoint=path, resume=True, **{**ARGS, "steps": 3})
     assert info.value.option == "mode" and (info.value.saved, info.value.given) == ("text", "docs")
@@ -213,6 +219,9 @@ def test_the_mode_is_recorded_and_a_resume_cannot_change_it(tmp_path: Path) -> N
     with pytest.raises(ResumeError) as info:
         _text(checkpoint=path, resume=True, warmup=1)
     assert info.value.option == "warmup"
+    with pytest.raises(ResumeError) as info:  # Adam's betas too, from the saved optimizer
+        _text(checkpoint=path, resume=True, optimizer=AdamConfig(beta1=0.9))
+    assert info.value.option == "beta1"
     assert _text(checkpoint=path, resume=True, steps=3).start_step == 2  # a finished run, extended
 
 
@@ -234,6 +243,11 @@ def test_a_checkpoint_without_the_new_records_resumes_as_a_run_on_documents(
     with pytest.raises(ResumeError) as info:
         train(DOCS, checkpoint=path, resume=True, grad_clip=1.0, **args)
     assert info.value.option == "grad_clip"  # an old run had none
+
+
+def test_a_warmup_longer_than_the_default_schedule_is_taken() -> None:
+    # checked against the run's own steps, not AdamConfig's default num_steps=1000
+    assert train(text=TEXT, warmup=1001, **{**ARGS, "steps": 1002}).adam.config.warmup == 1001
 
 
 class Stop(KeyboardInterrupt):

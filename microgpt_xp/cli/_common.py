@@ -132,6 +132,10 @@ def flag(help: str) -> dict[str, Any]:
 
 #: Every option of every subcommand, by its ``dest`` (``dest/variant`` where subcommands
 #: differ): the keywords of ``add_argument``.
+#: Names sampled when --num-samples is not given (one passage for a text checkpoint).
+DEFAULT_NUM_SAMPLES = 20
+
+
 ARGUMENTS: dict[str, dict[str, Any]] = {
     "checkpoint": opt(
         "checkpoint to load (written by 'microgpt-xp train --checkpoint PATH'; it holds the "
@@ -287,7 +291,9 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         type=positive_int,
     ),
     "plot": opt("save the loss curve to FILE (e.g. loss.png; needs matplotlib)", metavar="FILE"),
-    "num_samples": opt("names to sample after training (0: none)", 20, nonnegative_int),
+    "num_samples": opt(
+        "names to sample after training (0: none)", DEFAULT_NUM_SAMPLES, nonnegative_int
+    ),
     "num_samples/train": opt(
         "names to sample after training, 0: none (default: 20; with --text: 1 passage)",
         type=nonnegative_int,
@@ -302,7 +308,11 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         "checkpoint ('train --text'; default there: 500)",
         type=positive_int,
     ),
-    "num_samples/sample": opt("names to sample", 20, positive_int, metavar="NUM_SAMPLES"),
+    "num_samples/sample": opt(
+        "names to sample (default: 20; on a text checkpoint: 1 passage)",
+        type=positive_int,
+        metavar="NUM_SAMPLES",
+    ),
     "temperature": opt("sampling temperature", 0.5, positive_float),
     "top_k": opt(
         "draw among the K most likely next characters (default: among all)",

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         # --backend dask: one task per chunk (DaskTasks), placed by the runner
         chunked = _xp.entry(args.backend).chunked
         runner = pick(None, args.backend, chunk_size=chunk if chunked else None, jit=args.jit)
-        if ck.meta.get("run", {}).get("mode") == "text":
+        if ck.mode == "text":
             return _stream(args, ck, runner, chunk)
         docs = cli.read_docs(args.data)
         size = ck.config.block_size
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 def _stream(args: argparse.Namespace, ck: Any, runner: Any, chunk: int) -> int:
     """Score ``--data`` as one stream of text: the fixed windows of training's held-out
     scoring (:func:`microgpt_xp.data.eval_windows`), their loss per predicted token."""
-    from ..data import encode_text, eval_windows, take_windows
+    from ..data import held_out_rows
     from ..scoring import score_encoded
 
     if args.data is None:
@@ -99,16 +99,15 @@ def _stream(args: argparse.Namespace, ck: Any, runner: Any, chunk: int) -> int:
             "with --data FILE"
         )
     text = cli.read_text(args.data)
-    size = ck.config.block_size
-    ids = encode_text(ck.tokenizer, text)
-    starts = eval_windows(len(ids), size, args.eval_tokens or len(ids))
-    tokens, lengths = take_windows(ids, starts, size)
+    tokens, lengths = held_out_rows(
+        ck.tokenizer, text, ck.config.block_size, args.eval_tokens or len(text)
+    )
     with (
-        cli.threads_for(args, ck.config, min(chunk, len(starts)), "score"),
-        Progress(len(starts), desc="eval", unit="window") as bar,
+        cli.threads_for(args, ck.config, min(chunk, len(lengths)), "score"),
+        Progress(len(lengths), desc="eval", unit="window") as bar,
     ):
         scores = score_encoded(ck.params, tokens, lengths, chunk_size=chunk, runner=runner)
-        bar.update(len(starts))
+        bar.update(len(lengths))
     predicted = int(lengths.sum()) - len(lengths)
     if args.json:
         cli.print_json(
@@ -118,7 +117,7 @@ def _stream(args: argparse.Namespace, ck: Any, runner: Any, chunk: int) -> int:
                 "mode": "text",
                 "num_chars": len(text),
                 "num_tokens": predicted,
-                "num_windows": len(starts),
+                "num_windows": len(lengths),
                 "checkpoint": args.checkpoint,
                 "data": args.data,
                 "step": ck.step,
@@ -127,6 +126,6 @@ def _stream(args: argparse.Namespace, ck: Any, runner: Any, chunk: int) -> int:
     else:
         print(
             f"loss {scores.token_mean:.4f} per token over {predicted} predicted characters "
-            f"of {len(text)} ({len(starts)} windows of {lengths[0]})"
+            f"of {len(text)} ({len(lengths)} windows of {lengths[0]})"
         )
     return 0

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         from ..export import export_onnx
 
         graph = args.graph or "forward"
-        export_onnx(ck.params, args.out, graph=graph, tokenizer=ck.tokenizer)
+        export_onnx(ck.params, args.out, graph=graph, tokenizer=ck.tokenizer, mode=ck.mode)
         print(f"wrote the {graph} graph of {ck.config.num_params} weights to {args.out}")
         return 0
     from ..exact import export_state_dict

@@ -17,10 +17,6 @@ from ._progress import Progress
 DEFAULT_LENGTH = 500
 
 
-class _Default(int):
-    """``--num-samples`` not given (20 names; one passage on a text checkpoint)."""
-
-
 def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``sample`` subcommand to ``sub``."""
     s = cli.add_command(
@@ -42,17 +38,8 @@ def add_parser(sub: cli.Subcommands) -> None:
         "half and reads it again, under two model steps a character.",
     )
     cli.add(s, "checkpoint num_samples/sample temperature top_k prompt seed backend device")
-    cli.add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact")
-    s.add_argument(  # TODO(integrator): cli.add(s, "length/sample") once _common declares it
-        "--length",
-        type=cli.positive_int,
-        metavar="N",
-        help="characters of text to write after --prompt, streamed as drawn; only for a text "
-        f"checkpoint ('train --text'; default there: {DEFAULT_LENGTH})",
-    )
-    s.set_defaults(
-        handler=run, num_samples=_Default(cli.ARGUMENTS["num_samples/sample"]["default"])
-    )
+    cli.add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact length/sample")
+    s.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,14 +53,15 @@ def run(args: argparse.Namespace) -> int:
     cli.check_common(args)
     cli.check_files(args, args.out)
     ck = cli.load_checkpoint(args, args.backend, args.device)
-    run_meta = ck.meta.get("run") if isinstance(ck.meta, dict) else None
-    if isinstance(run_meta, dict) and run_meta.get("mode") == "text":
+    if ck.mode == "text":
         return _passages(args, ck)
     if args.length is not None:
         raise cli.UsageError(
             f"--length writes a stream of text, and checkpoint {args.checkpoint!r} was trained "
             "on documents (names): leave --length out, or train with 'train --text FILE'"
         )
+    if args.num_samples is None:
+        args.num_samples = cli.DEFAULT_NUM_SAMPLES
     if args.microgpt_exact:
         from .replay import sample_exact
 
@@ -129,7 +117,7 @@ def _passages(args: argparse.Namespace, ck: Any) -> int:
 
     if args.workers is not None:
         raise cli.UsageError("--workers cannot be used with a text checkpoint (one stream)")
-    count = 1 if isinstance(args.num_samples, _Default) else args.num_samples
+    count = 1 if args.num_samples is None else args.num_samples
     length = args.length or DEFAULT_LENGTH
     pieces = iter_samples(
         ck.params,

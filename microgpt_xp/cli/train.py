@@ -260,7 +260,11 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
             f"the run in {args.checkpoint!r} has taken all its {result.step} steps; a "
             "larger --steps extends it"
         )
-    count = (1 if text_mode else 20) if args.num_samples is None else args.num_samples
+    count = (
+        (1 if text_mode else cli.DEFAULT_NUM_SAMPLES)
+        if args.num_samples is None
+        else args.num_samples
+    )
     # a stream is drawn in this process (its window slides): passages of --length characters
     how = (
         {"length": args.length or DEFAULT_LENGTH}
@@ -342,19 +346,11 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
 
 
 def _resumed_config(args: argparse.Namespace, ck: Any, tokenizer: Any) -> Any:
-    """The shape of the run that --resume continues; a shape option given, Adam's
-    --beta1/--beta2 given, or the corpus's characters, must match it."""
+    """The shape of the run that --resume continues; a shape option given, or the corpus's
+    characters, must match it (the library checks the rest)."""
     for key in cli.SPEC_SHAPE:
         given, saved = getattr(args, key), getattr(ck.config, key)
         if given is not None and given != saved:
-            option = cli.OPTIONS[key]
-            raise ValueError(
-                f"cannot resume {args.checkpoint!r} with {option} {given}: its run has "
-                f"{option} {saved}"
-            )
-    for key in BETAS.split():  # not in the library's run record: checked here
-        given, saved = getattr(args, key), getattr(ck.adam.config, key, None) if ck.adam else None
-        if given is not None and saved is not None and given != saved:
             option = cli.OPTIONS[key]
             raise ValueError(
                 f"cannot resume {args.checkpoint!r} with {option} {given}: its run has "
