@@ -89,7 +89,7 @@ def export_onnx(
     limit, refused before anything is built), ``ImportError`` (saying what to install)
     without ndonnx or onnx.
     """
-    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, mode, clean=True)
+    model, weights = _build(params, True, graph, tokenizer, batch, time, optimizer, mode)
     with atomic_open(Path(path), "wb") as f:  # the weights one at a time: no copy of it all
         f.write(model.SerializeToString())
         for tensor in weights:
@@ -110,24 +110,15 @@ def onnx_model(
 ) -> Any:
     """The ``onnx.ModelProto`` that :func:`export_onnx` writes; ``clean=False`` keeps
     ndonnx's zero-size guards and NaN checks (see :func:`_clean`)."""
-    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, mode, clean=clean)
+    model, weights = _build(params, clean, graph, tokenizer, batch, time, optimizer, mode)
     model.graph.initializer.extend(weights)
     return model
 
 
-def _build(
-    params: Params,
-    graph: str,
-    tokenizer: Tokenizer | None,
-    batch: int | None,
-    time: int | None,
-    optimizer: AdamConfig | None,
-    mode: str,
-    *,
-    clean: bool,
-) -> tuple[Any, list[Any]]:
+def _build(params: Params, clean: bool, *options: Any) -> tuple[Any, list[Any]]:
     """The checked model without the weights' initializers, and those (``TensorProto``s)."""
-    props = _metadata(params, graph, tokenizer, batch, time, optimizer, mode)
+    props = _metadata(params, *options)  # (graph, tokenizer, batch, time, optimizer, mode)
+    graph, _, batch, time, optimizer, _ = options
     ndx, onnx = _modules()
     tensors = []
     if graph == "train_init":
@@ -178,18 +169,14 @@ def _as_initializer_field(tensor: Any) -> bytes:
     """``tensor`` as the bytes of a ``ModelProto`` whose graph holds it as its one
     initializer: protobuf merges a message field that occurs twice, so these bytes after a
     model's add the initializer to its graph."""
-    inner = _field(5, tensor.SerializeToString())  # GraphProto.initializer
-    return _field(7, inner)  # ModelProto.graph
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field: tag, varint length, payload."""
-    n, head = len(payload), bytearray([number << 3 | 2])
-    while n >= 0x80:
-        head.append(n & 0x7F | 0x80)
-        n >>= 7
-    head.append(n)
-    return bytes(head) + payload
+    data = tensor.SerializeToString()
+    for number in (5, 7):  # GraphProto.initializer inside ModelProto.graph
+        n, head = len(data), bytearray([number << 3 | 2])  # tag, varint length, payload
+        while n >= 0x80:
+            head.append(n & 0x7F | 0x80)
+            n >>= 7
+        data = bytes(head) + bytes([n]) + data
+    return data
 
 
 def _modules() -> tuple[Any, Any]:
@@ -224,17 +211,12 @@ def _metadata(
             "graph", f"unknown graph {graph!r}; choose one of {', '.join(GRAPHS)}"
         )
     cfg = params.config
-    limits = {"batch": None, "time": cfg.block_size + (graph == "train_step")}
-    for name, value in (("batch", batch), ("time", time)):
-        if value is None:
-            continue
-        limit = limits[name]
-        if name == "time" and graph not in ("forward", "train_step"):
+    if batch is not None:
+        _xp.check_positive_int(batch, "batch")
+    if time is not None:
+        if graph not in ("forward", "train_step"):
             raise ArgumentValueError("time", f"time is fixed by the {graph} graph itself")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ArgumentValueError(name, f"{name} must be a positive int, got {value!r}")
-        if limit is not None and value > limit:
-            raise ArgumentValueError(name, f"{name} must be at most {limit}, got {value}")
+        _xp.check_positive_int(time, "time", most=cfg.block_size + (graph == "train_step"))
     if optimizer is not None and not isinstance(optimizer, AdamConfig):
         raise ArgumentTypeError("optimizer", "optimizer must be an AdamConfig")
     if mode not in ("docs", "text"):
