@@ -313,9 +313,8 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
 
 
 def _loop(trips: Any, cond: Any, initial: list[Any], body: Any) -> list[Any]:
-    """An ONNX ``Loop`` (through spox: the only plumbing not from ndonnx) whose body takes
-    the iteration number and the condition as scalars (spox's ``loop`` declares them
-    ``(1,)``, which ONNX's shape inference rejects against a scalar condition)."""
+    """An ONNX ``Loop`` through spox whose body takes the iteration number and condition as
+    scalars (spox's ``loop`` declares them ``(1,)``, which shape inference rejects)."""
     import spox.opset.ai.onnx.v21 as op
     from spox._attributes import AttrGraph
     from spox._graph import subgraph
@@ -372,9 +371,8 @@ def _state(params: Params) -> dict[str, Any]:
 
 
 def _initial_state_model(params: Params, onnx: Any) -> Any:
-    """The ``train_init`` graph: one ``Constant`` per state tensor. (Initializers named like
-    the train_step graph's inputs, ONNX's default values, would do in onnxruntime, but
-    onnxruntime-web refuses to feed an input it lists as an initializer.)"""
+    """The ``train_init`` graph: one ``Constant`` per state tensor (onnxruntime-web refuses
+    to feed an input that is also an initializer, ONNX's default values)."""
     from onnx import helper, numpy_helper
 
     nodes, outputs = [], []
@@ -401,11 +399,9 @@ GRAPHS = (*_BUILDERS, "train_init")
 
 # -- the clean-up of the traced graph (measured: benchmarks/onnx_graphs.py) ------------------
 def _constants_to_initializers(graph: Any, onnx: Any) -> None:
-    """Move the tensors of ``Constant`` nodes into ``graph.initializer``, where ONNX tools
-    look for weights: every one of the main graph, and those of subgraphs (the ``Loop``
-    body's weights: ndonnx computes ``qkv_weight``'s concatenation and the constants'
-    transposes while tracing) with at least 16 elements (a subgraph reads the outer names).
-    Each tensor is copied, then cleared at once: one tensor's copy at a time."""
+    """Move the tensors of ``Constant`` nodes into ``graph.initializer`` (where ONNX tools
+    look for weights): all of the main graph's, and subgraphs' of 16 elements or more (the
+    ``Loop`` body's weights), one copy at a time."""
     outputs = {o.name for o in graph.output}
 
     def walk(g: Any, top: bool) -> None:
@@ -436,15 +432,10 @@ def _constants_to_initializers(graph: Any, onnx: Any) -> None:
 
 
 def _clean(graph: Any, onnx: Any) -> None:
-    """Remove, in place and in subgraphs too, what ndonnx adds for cases the graphs never
-    see, and then the nodes and initializers nothing uses. Shapes stay dynamic; results
-    are unchanged for the inputs the graphs take:
-
-    - the zero-size guards: every ``If`` whose condition is ``Equal(<a product of Size
-      nodes>, 0)`` (around each ``MatMul`` and reduction) becomes its ``else`` branch;
-    - the NaN check of a float ``max``, ``Where(ReduceMax(IsNaN(x)), NaN, ReduceMax(x))``,
-      becomes ``ReduceMax(x)`` (a NaN in ``x`` still reaches the results through ``x -
-      max``)."""
+    """Remove, in place and in subgraphs, what ndonnx adds for inputs the graphs never take,
+    then what nothing uses: each zero-size guard ``If(Equal(<product of Size>, 0))`` becomes
+    its ``else`` branch; each NaN check ``Where(ReduceMax(IsNaN(x)), NaN, ReduceMax(x))``
+    becomes ``ReduceMax(x)`` (a NaN in ``x`` still reaches the results through ``x - max``)."""
     from onnx import helper, numpy_helper
 
     small = {t.name: t for t in graph.initializer if int(np.prod(t.dims)) == 1}
