@@ -169,7 +169,7 @@ def _as_initializer_field(tensor: Any) -> bytes:
     """``tensor`` as the bytes of a ``ModelProto`` whose graph holds it as its one
     initializer: protobuf merges a message field that occurs twice, so these bytes after a
     model's add the initializer to its graph."""
-    data = tensor.SerializeToString()
+    data: bytes = tensor.SerializeToString()
     for number in (5, 7):  # GraphProto.initializer inside ModelProto.graph
         n, head = len(data), bytearray([number << 3 | 2])  # tag, varint length, payload
         while n >= 0x80:

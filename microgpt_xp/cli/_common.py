@@ -105,7 +105,8 @@ def thread_count(text: str) -> int | str:
     process may use, so that no larger count reaches a native thread pool."""
     if text == "auto":
         return text
-    value, cpus = positive_int(text), usable_cpus()
+    value: int = positive_int(text)
+    cpus = usable_cpus()
     if value > cpus:
         note(f"--threads {value}: this process may use {cpus} cores; using {cpus}")
     return min(value, cpus)
