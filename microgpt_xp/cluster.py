@@ -1,24 +1,19 @@
-"""Connecting to (or starting) a ``dask.distributed`` cluster, with clear errors.
-
-:func:`connect` returns a ``distributed.Client``, the default scheduler of every Dask
-computation until it is closed; :func:`computing` turns the errors of a computation whose
-scheduler went away into one :class:`ClusterError`; :func:`quiet` silences distributed's
-own logs (the CLI's choice; the library leaves logging alone). Needs the ``dask`` extra.
-"""
+"""A ``dask.distributed`` client with one-line errors (needs the ``dask`` extra):
+:func:`connect` to a scheduler or a new local cluster, :func:`computing` for a lost
+scheduler, :func:`quiet` to silence distributed's logs (the CLI's choice)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import gc
 import json
 import logging
 import os
-import traceback
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +24,8 @@ from ._xp import check_nonnegative_int, check_positive_int
 #: The address that means "start a LocalCluster on this machine".
 LOCAL = "local"
 _TIMEOUTS = (OSError, asyncio.TimeoutError, concurrent.futures.TimeoutError)
+#: The level of the ``distributed`` logger in worker processes started during :func:`quiet`.
+_WORKER_LOG_LEVEL = "DASK_LOGGING__DISTRIBUTED"
 
 
 class ClusterError(RuntimeError):
@@ -54,62 +51,49 @@ def connect(
     timeout: float = 10.0,
     min_workers: int = 1,
 ) -> Any:
-    """A ``distributed.Client`` for the scheduler at ``address``, or for a new local cluster.
+    """A ``distributed.Client`` (Dask's default scheduler until closed) for ``address``.
 
-    Args:
-        address: a scheduler address (``"tcp://host:8786"``, ``"host:8786"``), the path
-            of a scheduler file written by ``dask scheduler --scheduler-file``, or
-            ``None``/``"local"`` to start a ``LocalCluster`` here (its dashboard on a free
-            port).
-        n_workers, threads_per_worker, processes: the shape of a new ``LocalCluster``
-            (``None``: Dask's choice); refused with an address.
-        timeout: seconds to wait for the scheduler, its handshake (a service that never
-            answers, or answers in another protocol, is refused then) and ``min_workers``
-            workers; also how long a client tries to reconnect to a lost scheduler.
-        min_workers: wait until the scheduler has at least this many workers.
-
-    Returns the client, set as Dask's default scheduler (close it: ``with connect(...) as
-    client:``; one that started a ``LocalCluster`` closes it too). Raises
-    :class:`ClusterError` (one line) for a scheduler that cannot be reached or is not
-    one, an unreadable scheduler file, or too few workers; ``ValueError`` for bad
-    arguments.
+    ``address``: ``"tcp://host:8786"``, ``"host:8786"``, a scheduler file (``.json``, from
+    ``dask scheduler --scheduler-file``), or ``None``/``"local"`` for a new ``LocalCluster``
+    shaped by ``n_workers``, ``threads_per_worker``, ``processes`` (closed with the client).
+    ``timeout``: seconds for the scheduler's handshake and ``min_workers`` workers.
+    :class:`ClusterError` (one line) for a scheduler unreachable, not one, or short of
+    workers, or an unreadable scheduler file; ``ValueError`` for bad arguments.
     """
     distributed = _distributed()
     if not timeout > 0:
         raise ArgumentValueError("timeout", f"timeout must be positive, got {timeout!r}")
     check_nonnegative_int(min_workers, "min_workers")
+    target, kwargs, where = None, {}, "a new LocalCluster"
     if address is None or address == LOCAL:
         shape = {"n_workers": n_workers, "threads_per_worker": threads_per_worker}
         shape = {k: check_positive_int(v, k) for k, v in shape.items() if v is not None}
-        where, target = "a new LocalCluster", None
-        kwargs: dict[str, Any] = {"processes": processes, "dashboard_address": ":0", **shape}
+        kwargs = {"processes": processes, "dashboard_address": ":0", **shape}
+    elif not isinstance(address, str) or not address.strip():
+        raise ArgumentValueError(
+            "address", f"the scheduler address must be a non-empty string, got {address!r}"
+        )
+    elif n_workers is not None or threads_per_worker is not None:
+        raise ArgumentValueError(
+            "n_workers",
+            "n_workers/threads_per_worker shape a new local cluster; "
+            f"they cannot be given with a scheduler address ({address!r})",
+        )
     else:
-        if not isinstance(address, str) or not address.strip():
-            raise ArgumentValueError(
-                "address", f"the scheduler address must be a non-empty string, got {address!r}"
-            )
-        if n_workers is not None or threads_per_worker is not None:
-            raise ArgumentValueError(
-                "n_workers",
-                "n_workers/threads_per_worker shape a new local cluster; "
-                f"they cannot be given with a scheduler address ({address!r})",
-            )
         target, where = address, f"the Dask scheduler at {address!r}"
         if address.endswith(".json"):
             target = _read_scheduler_file(address)
             where = f"the Dask scheduler at {target!r} (from scheduler file {address!r})"
-        kwargs = {}
         _handshake(distributed, target, timeout, where)
     try:
-        client = distributed.Client(target, timeout=timeout, **kwargs)
-    except (ValueError, *_TIMEOUTS) as exc:
-        _close_failed_client(distributed, exc)
+        client = _client_class()(target, timeout=timeout, **kwargs)
+    except ValueError as exc:  # a malformed address: no port, an unknown scheme
         if target is None:
-            if isinstance(exc, ValueError):
-                raise
+            raise
+        raise ValueError(f"invalid Dask scheduler address {target!r}: {exc}") from exc
+    except _TIMEOUTS as exc:
+        if target is None:
             raise ClusterError(f"could not start a local Dask cluster: {exc}") from exc
-        if isinstance(exc, ValueError):  # a malformed address: no port, an unknown scheme
-            raise ValueError(f"invalid Dask scheduler address {target!r}: {exc}") from exc
         raise ClusterError(f"{_unreachable(where, timeout)}: {exc}") from exc
     if min_workers:
         try:
@@ -124,8 +108,24 @@ def connect(
     return client
 
 
+@functools.cache
+def _client_class() -> type:
+    class Client(_distributed().Client):  # type: ignore[misc,name-defined]
+        """Closed at once when its start fails: left to ``__del__``, that close would stop
+        the event loop all clients share whenever the garbage collector ran it."""
+
+        def start(self, **kwargs: Any) -> Any:
+            try:
+                return super().start(**kwargs)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.close()
+                raise
+
+    return Client
+
+
 def _read_scheduler_file(path: str) -> str:
-    """The ``"address"`` of a scheduler file; :class:`ClusterError` otherwise."""
     try:
         info = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -142,9 +142,8 @@ def _read_scheduler_file(path: str) -> str:
 
 
 def _handshake(distributed: Any, address: str, timeout: float, where: str) -> None:
-    """Connect to ``address`` and complete Dask's handshake within ``timeout`` seconds
-    (plus one, so that a connection that never opens is reported as unreachable), then
-    hang up; on a thread of its own, so that it works inside a running event loop."""
+    """Complete Dask's handshake with ``address`` within ``timeout`` (+1 s: a connection
+    that never opens is unreachable), on a thread of its own (works in a running loop)."""
 
     async def shake() -> None:
         comm = await distributed.comm.connect(address, timeout=timeout)
@@ -173,23 +172,10 @@ def _unreachable(where: str, timeout: float) -> str:
     return f"cannot reach {where} within {timeout:g} s (is a scheduler running there, e.g. `dask scheduler`?)"
 
 
-def _close_failed_client(distributed: Any, exc: BaseException) -> None:
-    """Close now the half-started ``Client`` whose constructor raised ``exc``: left to its
-    ``__del__``, that close stops the event-loop runner all clients share, whenever the
-    garbage collector runs it (the next Client's start then fails or deadlocks)."""
-    for frame, _ in traceback.walk_tb(exc.__traceback__):
-        client = frame.f_locals.get("self")
-        if frame.f_code is distributed.Client.__init__.__code__ and client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
-            return
-
-
-@contextmanager
+@contextlib.contextmanager
 def computing(client: Any = None) -> Iterator[None]:
-    """Run a Dask computation inside ``with computing():`` to turn the errors of a lost
-    scheduler into a :class:`ClusterError` naming it; other errors pass through.
-    ``client``: the active distributed client by default (none: nothing to do)."""
+    """Turn the errors of a lost scheduler inside the block into a :class:`ClusterError`;
+    others pass through. ``client``: the active distributed client by default."""
     if client is None:
         with contextlib.suppress(ImportError, ValueError):  # none: threads or synchronous
             client = _distributed().get_client()
@@ -214,18 +200,10 @@ def computing(client: Any = None) -> Iterator[None]:
         ) from exc
 
 
-#: The environment variable through which worker processes started during :func:`quiet`
-#: (a ``LocalCluster``'s) read the level of their ``distributed`` logger.
-_WORKER_LOG_LEVEL = "DASK_LOGGING__DISTRIBUTED"  # dask config logging.distributed
-
-
-@contextmanager
+@contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Silence ``dask.distributed``'s own output while the block runs: the ``distributed``,
-    ``tornado``, ``asyncio`` and ``bokeh`` loggers (and their children) raised to
-    ``CRITICAL``, the same for worker processes started meanwhile, and the "Sending large
-    graph" warning ignored; all restored at the end. For a program that reports a failure
-    in its own words (the CLI, unless ``--verbose``); the library never calls it."""
+    """Silence distributed's output in the block: its, tornado's, asyncio's and bokeh's
+    loggers (and those of workers started meanwhile) and the "large graph" warning."""
     with contextlib.suppress(ImportError):
         import distributed  # noqa: F401  (its import sets the levels it would reset)
     names = ("distributed", "tornado", "asyncio", "bokeh")

@@ -89,7 +89,7 @@ def export_onnx(
     limit, refused before anything is built), ``ImportError`` (saying what to install)
     without ndonnx or onnx.
     """
-    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, mode, clean=True)
+    model, weights = _build(params, True, graph, tokenizer, batch, time, optimizer, mode)
     with atomic_open(Path(path), "wb") as f:  # the weights one at a time: no copy of it all
         f.write(model.SerializeToString())
         for tensor in weights:
@@ -110,24 +110,15 @@ def onnx_model(
 ) -> Any:
     """The ``onnx.ModelProto`` that :func:`export_onnx` writes; ``clean=False`` keeps
     ndonnx's zero-size guards and NaN checks (see :func:`_clean`)."""
-    model, weights = _build(params, graph, tokenizer, batch, time, optimizer, mode, clean=clean)
+    model, weights = _build(params, clean, graph, tokenizer, batch, time, optimizer, mode)
     model.graph.initializer.extend(weights)
     return model
 
 
-def _build(
-    params: Params,
-    graph: str,
-    tokenizer: Tokenizer | None,
-    batch: int | None,
-    time: int | None,
-    optimizer: AdamConfig | None,
-    mode: str,
-    *,
-    clean: bool,
-) -> tuple[Any, list[Any]]:
+def _build(params: Params, clean: bool, *options: Any) -> tuple[Any, list[Any]]:
     """The checked model without the weights' initializers, and those (``TensorProto``s)."""
-    props = _metadata(params, graph, tokenizer, batch, time, optimizer, mode)
+    props = _metadata(params, *options)  # (graph, tokenizer, batch, time, optimizer, mode)
+    graph, _, batch, time, optimizer, _ = options
     ndx, onnx = _modules()
     tensors = []
     if graph == "train_init":
@@ -178,18 +169,14 @@ def _as_initializer_field(tensor: Any) -> bytes:
     """``tensor`` as the bytes of a ``ModelProto`` whose graph holds it as its one
     initializer: protobuf merges a message field that occurs twice, so these bytes after a
     model's add the initializer to its graph."""
-    inner = _field(5, tensor.SerializeToString())  # GraphProto.initializer
-    return _field(7, inner)  # ModelProto.graph
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field: tag, varint length, payload."""
-    n, head = len(payload), bytearray([number << 3 | 2])
-    while n >= 0x80:
-        head.append(n & 0x7F | 0x80)
-        n >>= 7
-    head.append(n)
-    return bytes(head) + payload
+    data: bytes = tensor.SerializeToString()
+    for number in (5, 7):  # GraphProto.initializer inside ModelProto.graph
+        n, head = len(data), bytearray([number << 3 | 2])  # tag, varint length, payload
+        while n >= 0x80:
+            head.append(n & 0x7F | 0x80)
+            n >>= 7
+        data = bytes(head) + bytes([n]) + data
+    return data
 
 
 def _modules() -> tuple[Any, Any]:
@@ -224,17 +211,12 @@ def _metadata(
             "graph", f"unknown graph {graph!r}; choose one of {', '.join(GRAPHS)}"
         )
     cfg = params.config
-    limits = {"batch": None, "time": cfg.block_size + (graph == "train_step")}
-    for name, value in (("batch", batch), ("time", time)):
-        if value is None:
-            continue
-        limit = limits[name]
-        if name == "time" and graph not in ("forward", "train_step"):
+    if batch is not None:
+        _xp.check_positive_int(batch, "batch")
+    if time is not None:
+        if graph not in ("forward", "train_step"):
             raise ArgumentValueError("time", f"time is fixed by the {graph} graph itself")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ArgumentValueError(name, f"{name} must be a positive int, got {value!r}")
-        if limit is not None and value > limit:
-            raise ArgumentValueError(name, f"{name} must be at most {limit}, got {value}")
+        _xp.check_positive_int(time, "time", most=cfg.block_size + (graph == "train_step"))
     if optimizer is not None and not isinstance(optimizer, AdamConfig):
         raise ArgumentTypeError("optimizer", "optimizer must be an AdamConfig")
     if mode not in ("docs", "text"):
@@ -331,9 +313,8 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
 
 
 def _loop(trips: Any, cond: Any, initial: list[Any], body: Any) -> list[Any]:
-    """An ONNX ``Loop`` (through spox: the only plumbing not from ndonnx) whose body takes
-    the iteration number and the condition as scalars (spox's ``loop`` declares them
-    ``(1,)``, which ONNX's shape inference rejects against a scalar condition)."""
+    """An ONNX ``Loop`` through spox whose body takes the iteration number and condition as
+    scalars (spox's ``loop`` declares them ``(1,)``, which shape inference rejects)."""
     import spox.opset.ai.onnx.v21 as op
     from spox._attributes import AttrGraph
     from spox._graph import subgraph
@@ -390,9 +371,8 @@ def _state(params: Params) -> dict[str, Any]:
 
 
 def _initial_state_model(params: Params, onnx: Any) -> Any:
-    """The ``train_init`` graph: one ``Constant`` per state tensor. (Initializers named like
-    the train_step graph's inputs, ONNX's default values, would do in onnxruntime, but
-    onnxruntime-web refuses to feed an input it lists as an initializer.)"""
+    """The ``train_init`` graph: one ``Constant`` per state tensor (onnxruntime-web refuses
+    to feed an input that is also an initializer, ONNX's default values)."""
     from onnx import helper, numpy_helper
 
     nodes, outputs = [], []
@@ -419,11 +399,9 @@ GRAPHS = (*_BUILDERS, "train_init")
 
 # -- the clean-up of the traced graph (measured: benchmarks/onnx_graphs.py) ------------------
 def _constants_to_initializers(graph: Any, onnx: Any) -> None:
-    """Move the tensors of ``Constant`` nodes into ``graph.initializer``, where ONNX tools
-    look for weights: every one of the main graph, and those of subgraphs (the ``Loop``
-    body's weights: ndonnx computes ``qkv_weight``'s concatenation and the constants'
-    transposes while tracing) with at least 16 elements (a subgraph reads the outer names).
-    Each tensor is copied, then cleared at once: one tensor's copy at a time."""
+    """Move the tensors of ``Constant`` nodes into ``graph.initializer`` (where ONNX tools
+    look for weights): all of the main graph's, and subgraphs' of 16 elements or more (the
+    ``Loop`` body's weights), one copy at a time."""
     outputs = {o.name for o in graph.output}
 
     def walk(g: Any, top: bool) -> None:
@@ -454,15 +432,10 @@ def _constants_to_initializers(graph: Any, onnx: Any) -> None:
 
 
 def _clean(graph: Any, onnx: Any) -> None:
-    """Remove, in place and in subgraphs too, what ndonnx adds for cases the graphs never
-    see, and then the nodes and initializers nothing uses. Shapes stay dynamic; results
-    are unchanged for the inputs the graphs take:
-
-    - the zero-size guards: every ``If`` whose condition is ``Equal(<a product of Size
-      nodes>, 0)`` (around each ``MatMul`` and reduction) becomes its ``else`` branch;
-    - the NaN check of a float ``max``, ``Where(ReduceMax(IsNaN(x)), NaN, ReduceMax(x))``,
-      becomes ``ReduceMax(x)`` (a NaN in ``x`` still reaches the results through ``x -
-      max``)."""
+    """Remove, in place and in subgraphs, what ndonnx adds for inputs the graphs never take,
+    then what nothing uses: each zero-size guard ``If(Equal(<product of Size>, 0))`` becomes
+    its ``else`` branch; each NaN check ``Where(ReduceMax(IsNaN(x)), NaN, ReduceMax(x))``
+    becomes ``ReduceMax(x)`` (a NaN in ``x`` still reaches the results through ``x - max``)."""
     from onnx import helper, numpy_helper
 
     small = {t.name: t for t in graph.initializer if int(np.prod(t.dims)) == 1}

@@ -1,17 +1,14 @@
-"""What a run takes of the machine: BLAS threads for a model's size, and the number of
-documents scored at once that fits a memory budget.
+"""What a run takes of the machine: BLAS threads for a model's size, and how many documents
+are scored at once within a memory budget.
 
-**Threads.** A second BLAS thread pays only when each product is big enough (measured on 2
-cores: ``tokens * n_embd**2`` from about 2**20) and costs dearly beside a busy core.
-:func:`default_threads` gives ``tokens * n_embd**2 // WORK_PER_THREAD`` threads, at least 1,
-at most the usable cores; :func:`auto_threads` (``--threads auto``) also leaves out the cores
-other processes keep busy. A library call changes thread pools only given ``threads=``.
+**Threads**: a second BLAS thread pays from ``tokens * n_embd**2`` of about 2**20 (measured
+on 2 cores) and costs dearly beside a busy core. A library call changes thread pools only
+given ``threads=``; ``--threads auto`` (:func:`auto_threads`) leaves out the busy cores.
 
-**Memory** (:func:`activation_bytes`). Scoring keeps every layer's activations of a chunk:
-per document of ``T = block_size`` tokens, ``T*C*(2 + 12*L) + (L+1)*H*T**2 + max(5*T*C,
-4*V*T)`` elements plus ``32*(T + 1)`` bytes of ids and masks (NumPy's count, tracemalloc's
-peak within 10 %, tests/test_resources.py; the generic primitives also keep the ReLU's
-``4*T*C`` mask a layer). Scoring is fastest near 16 MB a chunk: :func:`score_chunk`.
+**Memory** (:func:`activation_bytes`): scoring a document of ``T = block_size`` tokens keeps
+``T*C*(2 + 12*L) + (L+1)*H*T**2 + max(5*T*C, 4*V*T)`` elements plus ``32*(T + 1)`` bytes of
+ids and masks (tracemalloc's peak within 10 %, tests/test_resources.py). Scoring is fastest
+near 16 MB a chunk (:func:`score_chunk`).
 """
 
 from __future__ import annotations
@@ -103,7 +100,7 @@ def default_threads(
             "workload", f"workload must be one of {', '.join(WORKLOADS)}, got {workload!r}"
         )
     check_positive_int(batch_size, "batch_size")
-    cpus = _cpus(cpus)
+    cpus = usable_cpus() if cpus is None else check_positive_int(cpus, "cpus", most=NATIVE_INT_MAX)
     tokens = batch_size * (1 if workload == "decode" else config.block_size)
     return min(cpus, max(1, tokens * config.n_embd**2 // WORK_PER_THREAD))
 
@@ -118,16 +115,10 @@ def auto_threads(
 ) -> int:
     """:func:`default_threads` less the CPUs other processes keep ``busy`` (default
     :func:`busy_cpus`, sampled only when more than one thread is wanted), at least 1."""
-    cpus = _cpus(cpus)
-    wanted = default_threads(config, batch_size, workload=workload, cpus=cpus)
-    if wanted == 1:
+    if (wanted := default_threads(config, batch_size, workload=workload, cpus=cpus)) == 1:
         return 1
     busy = busy_cpus() if busy is None else busy
-    return max(1, min(wanted, cpus - int(busy + 0.5)))
-
-
-def _cpus(cpus: int | None) -> int:
-    return usable_cpus() if cpus is None else check_positive_int(cpus, "cpus", most=NATIVE_INT_MAX)
+    return max(1, min(wanted, (cpus or usable_cpus()) - int(busy + 0.5)))
 
 
 def check_threads(threads: Any) -> int | str | None:

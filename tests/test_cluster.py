@@ -4,7 +4,8 @@ threads of this process. (The tests with a real cluster are in test_dask_scale.p
 
 from __future__ import annotations
 
-import socketserver
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,65 +23,41 @@ TIMEOUT = 2.0
 
 
 @contextmanager
-def _serving(server: socketserver.TCPServer) -> Iterator[str]:
-    """Run ``server`` in a thread; yield its ``tcp://`` address; stop it at the end."""
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    host, port = server.socket.getsockname()[:2]
+def _serving(answer: bytes | None = None) -> Iterator[str]:
+    """A service on 127.0.0.1 (its ``tcp://`` address) that accepts every connection and
+    answers nothing (``answer=None``), or sends ``answer`` once the first bytes come."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):  # the server closed
+            while True:
+                conn, _ = server.accept()
+                with conn:
+                    if conn.recv(1):
+                        conn.sendall(answer or b"")
+
+    if answer is not None:
+        threading.Thread(target=serve, daemon=True).start()
     try:
-        yield f"tcp://{host}:{port}"
+        yield f"tcp://127.0.0.1:{server.getsockname()[1]}"
     finally:
-        server.shutdown()
-        server.server_close()
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)  # wakes the accept() of serve
+        server.close()
 
 
-class _Silent(socketserver.ThreadingTCPServer):
-    """Accepts every connection, reads nothing and answers nothing until closed."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self) -> None:
-        self.closing = threading.Event()
-        server = self
-
-        class Hold(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                server.closing.wait()
-
-        super().__init__(("127.0.0.1", 0), Hold)
-
-    def server_close(self) -> None:
-        self.closing.set()
-        super().server_close()
+#: What an HTTP server answers a request it cannot parse.
+HTTP_400 = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\n\r\nBad Request"
 
 
-class _Http(socketserver.ThreadingTCPServer):
-    """Answers what it is sent, once the first bytes come, as an HTTP server answers a
-    request it cannot parse (then hangs up)."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self) -> None:
-        class BadRequest(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                if self.request.recv(1):
-                    self.request.sendall(
-                        b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\n\r\nBad Request"
-                    )
-
-        super().__init__(("127.0.0.1", 0), BadRequest)
-
-
-def _connect_within(seconds: float, *args: Any, **kwargs: Any) -> BaseException:
-    """The exception ``connect(*args, **kwargs)`` raises, which must come within
-    ``seconds`` (run in a thread, so that a hang fails the test instead of blocking it)."""
+def _refused(address: str, *phrases: str) -> str:
+    """The message of the one-line :class:`ClusterError` that ``connect(address)`` raises,
+    holding ``phrases``, within ``TIMEOUT + 8`` s (in a thread: a hang fails the test)."""
     outcome: list[BaseException] = []
 
     def attempt() -> None:
         try:
-            client = connect(*args, **kwargs)
+            client = connect(address, timeout=TIMEOUT, min_workers=0)
         except BaseException as exc:
             outcome.append(exc)
         else:
@@ -90,33 +67,30 @@ def _connect_within(seconds: float, *args: Any, **kwargs: Any) -> BaseException:
     thread = threading.Thread(target=attempt, daemon=True)
     start = time.monotonic()
     thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"connect() still waiting after {seconds:g} s"
+    thread.join(TIMEOUT + 8)
+    assert not thread.is_alive(), f"connect() still waiting after {TIMEOUT + 8:g} s"
     assert outcome, "connect() ended without an outcome"
     print(f"connect() ended after {time.monotonic() - start:.2f} s")
-    return outcome[0]
-
-
-def _one_line_cluster_error(exc: BaseException, *phrases: str) -> str:
+    exc = outcome[0]
     assert isinstance(exc, ClusterError), repr(exc)
-    message = str(exc)
-    assert "\n" not in message
-    for phrase in phrases:
-        assert phrase in message, message
-    return message
+    assert "\n" not in str(exc) and all(p in str(exc) for p in phrases), str(exc)
+    return str(exc)
 
 
-def test_a_service_that_never_answers_fails_within_the_timeout() -> None:
-    with _serving(_Silent()) as address:
-        exc = _connect_within(TIMEOUT + 8, address, timeout=TIMEOUT, min_workers=0)
-    _one_line_cluster_error(exc, address, "did not answer as a Dask scheduler", "2 s")
-
-
-def test_an_http_server_is_not_a_dask_scheduler() -> None:
-    with _serving(_Http()) as address:
-        exc = _connect_within(TIMEOUT + 8, address, timeout=TIMEOUT, min_workers=0)
-    message = _one_line_cluster_error(exc, address, "not as a Dask scheduler")
-    assert "memory" not in message and "EiB" not in message
+@pytest.mark.parametrize(
+    ("answer", "phrases", "absent"),
+    [
+        (None, ["did not answer as a Dask scheduler", "2 s"], []),  # silent: within the timeout
+        (HTTP_400, ["not as a Dask scheduler"], ["memory", "EiB"]),  # an HTTP server
+    ],
+    ids=["silent", "http"],
+)
+def test_a_service_that_is_not_a_dask_scheduler_is_refused(
+    answer: bytes | None, phrases: list[str], absent: list[str]
+) -> None:
+    with _serving(answer) as address:
+        message = _refused(address, address, *phrases)
+    assert not any(word in message for word in absent), message
 
 
 @pytest.mark.parametrize(
@@ -127,23 +101,20 @@ def test_an_http_server_is_not_a_dask_scheduler() -> None:
 def test_a_garbage_scheduler_file_is_one_line(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "scheduler.json"
     path.write_bytes(content)
-    exc = _connect_within(TIMEOUT + 8, str(path), timeout=TIMEOUT, min_workers=0)
-    _one_line_cluster_error(exc, "scheduler file", str(path))
+    _refused(str(path), "scheduler file", str(path))
 
 
 def test_a_scheduler_file_naming_a_silent_service_names_both(tmp_path: Path) -> None:
-    with _serving(_Silent()) as address:
+    with _serving() as address:
         path = tmp_path / "scheduler.json"
         path.write_text(f'{{"address": "{address}", "type": "Scheduler"}}')
-        exc = _connect_within(TIMEOUT + 8, str(path), timeout=TIMEOUT, min_workers=0)
-    _one_line_cluster_error(exc, address, str(path), "did not answer")
+        _refused(str(path), address, str(path), "did not answer")
 
 
 def test_a_closed_port_is_unreachable_within_the_timeout() -> None:
-    with _serving(_Silent()) as address:
+    with _serving() as address:
         pass  # closed again: nothing listens on that port now
-    exc = _connect_within(TIMEOUT + 8, address, timeout=TIMEOUT, min_workers=0)
-    _one_line_cluster_error(exc, "cannot reach", address)
+    _refused(address, "cannot reach", address)
 
 
 def _run_scheduler(check: Callable[[str], None]) -> None:

@@ -6,15 +6,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
+import io
 import json
 import math
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, TypeAlias
 
+import numpy as np
+
+from .. import _xp, cluster, data
+from .._backends import install_extra
+from .._files import atomic_write, check_writable, same_file
 from .._xp import BACKENDS, DTYPES
+from ..data import read_text as read_text  # the characters of --text, line breaks included
+from ..resources import default_threads, usable_cpus, use_threads
+from ..runners.processes import check_workers
 from ..sample import DEFAULT_BATCH_SIZE
 
 PROG = "microgpt-xp"
@@ -52,38 +63,22 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
 Subcommands: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type=`` for integers ``>= minimum``."""
+def number(
+    kind: type, least: float, *, strict: bool = False, below: float | None = None
+) -> Callable[[str], Any]:
+    """An argparse ``type=``: an int, or a finite float, ``>= least`` (``>`` if ``strict``),
+    ``< below`` if given."""
+    rule = f"{'>' if strict else '>='} {least:g}" + ("" if below is None else f" and < {below:g}")
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> Any:
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-positive_int, nonnegative_int = int_at_least(1), int_at_least(0)
-
-
-def float_above(
-    minimum: float, *, strict: bool = True, below: float | None = None
-) -> Callable[[str], float]:
-    """An argparse ``type=`` for finite numbers ``> minimum`` (``>=`` unless ``strict``),
-    and ``< below`` if given."""
-    low = f"{'>' if strict else '>='} {minimum:g}"
-    rule = low if below is None else f"{low} and < {below:g}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number {rule}, got {text!r}") from None
-        fits = value > minimum if strict else value >= minimum
+            what = "an integer" if kind is int else f"a number {rule}"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if kind is int and value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        fits = value > least if strict else value >= least
         if not (math.isfinite(value) and fits and (below is None or value < below)):
             raise argparse.ArgumentTypeError(f"must be a finite number {rule}, got {text!r}")
         return value
@@ -91,15 +86,14 @@ def float_above(
     return parse
 
 
-positive_float, nonnegative_float = float_above(0), float_above(0, strict=False)
-decay_rate = float_above(0, strict=False, below=1)  # Adam's beta1, beta2: [0, 1)
+positive_int, nonnegative_int = number(int, 1), number(int, 0)
+positive_float, nonnegative_float = number(float, 0, strict=True), number(float, 0)
+decay_rate = number(float, 0, below=1)  # Adam's beta1, beta2: [0, 1)
 
 
 def worker_count(text: str) -> int:
     """``--workers``: a positive count, at most 4 processes a core this process may use
     (the library's bound, :func:`microgpt_xp.runners.processes.check_workers`)."""
-    from ..runners.processes import check_workers
-
     try:
         return check_workers(positive_int(text))  # type: ignore[return-value]
     except ValueError as exc:
@@ -111,9 +105,8 @@ def thread_count(text: str) -> int | str:
     process may use, so that no larger count reaches a native thread pool."""
     if text == "auto":
         return text
-    from ..resources import usable_cpus
-
-    value, cpus = positive_int(text), usable_cpus()
+    value: int = positive_int(text)
+    cpus = usable_cpus()
     if value > cpus:
         note(f"--threads {value}: this process may use {cpus} cores; using {cpus}")
     return min(value, cpus)
@@ -343,9 +336,13 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
 #: a ``ResumeError``): the one place where a library error gets the command line's words.
 OPTIONS = {
     **{k.split("/")[0]: "--" + k.split("/")[0].replace("_", "-") for k in ARGUMENTS},
-    **{"docs": "--data", "val_docs": "--val-data", "fraction": "--val-fraction"},
-    **{"val_text": "--val-data"},
-    **{"num_steps": "--steps", "budget_bytes": "--memory-budget", "address": "--scheduler"},
+    "docs": "--data",
+    "val_docs": "--val-data",
+    "val_text": "--val-data",
+    "fraction": "--val-fraction",
+    "num_steps": "--steps",
+    "budget_bytes": "--memory-budget",
+    "address": "--scheduler",
 }
 
 
@@ -395,19 +392,15 @@ def shape_of(
 
 def note_cut(docs: Sequence[str], size: int, what: str, scored: bool = False) -> None:
     """Say on stderr how many documents ``what`` (a block size of ``size``) cuts."""
-    from ..data import block_size_for, count_cut
-
-    cut = count_cut(docs, size)
-    then = (
-        f"they are scored on their first {size} characters"
-        if scored
-        else f"training sees only their first {size} characters, never their end "
-        f"(--block-size {block_size_for(docs)} fits the longest)"
-    )
-    if cut:
+    if cut := data.count_cut(docs, size):
+        then = (
+            f"they are scored on their first {size} characters"
+            if scored
+            else f"training sees only their first {size} characters, never their end "
+            f"(--block-size {data.block_size_for(docs)} fits the longest)"
+        )
         note(
-            f"{cut} of {len(docs)} documents are longer than {what} reads whole "
-            f"({size - 1} characters): {then}"
+            f"{cut} of {len(docs)} documents are longer than {what} reads whole ({size - 1} characters): {then}"
         )
 
 
@@ -415,8 +408,6 @@ def note_cut(docs: Sequence[str], size: int, what: str, scored: bool = False) ->
 def check_common(args: argparse.Namespace) -> None:
     """Refuse ``--jit`` without a compiler, ``--scheduler`` off Dask, and a backend or
     device that is missing, before any work."""
-    from .. import _xp
-
     if getattr(args, "jit", None):
         try:
             _xp.compiler(args.backend, True)
@@ -424,12 +415,9 @@ def check_common(args: argparse.Namespace) -> None:
             raise UsageError(
                 f"--jit: backend {args.backend!r} has no compiler; leave --jit out or give --no-jit"
             ) from None
-    chunked = _xp.entry(args.backend).chunked
     if getattr(args, "scheduler", None) is not None:
-        if not chunked:
+        if not _xp.entry(args.backend).chunked:
             raise UsageError("--scheduler needs --backend dask")
-        import importlib.util
-
         if importlib.util.find_spec("distributed") is None:
             raise ImportError(f"--scheduler needs dask.distributed: {_xp.entry('dask').install}")
     try:
@@ -450,8 +438,6 @@ def check_files(args: argparse.Namespace, out: str | None = None, what: str = "-
     """Outputs never replace inputs: refuse an ``out`` that is ``--checkpoint`` and a
     ``--checkpoint`` that is ``--data``/``--text``/``--val-data`` (however spelled); fail now if
     ``out`` cannot be written."""
-    from .._files import check_writable, same_file
-
     ckpt = args.checkpoint
     for option in ("data", "text", "val_data"):
         given = getattr(args, option, None)
@@ -471,13 +457,9 @@ def check_plot(path: str | None) -> None:
     """Fail before training if ``--plot`` cannot be written."""
     if path is None:
         return
-    from pathlib import Path
-
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError as exc:
-        from .._backends import install_extra
-
         raise ImportError(f"--plot needs matplotlib: {install_extra('plot')} ({exc})") from exc
     suffix = Path(path).suffix.lstrip(".").lower()
     formats = FigureCanvasAgg.get_supported_filetypes()
@@ -493,14 +475,8 @@ def check_plot(path: str | None) -> None:
 def plot_losses(path: str, losses: Sequence[float], first: int, title: str, val: Any = ()) -> None:
     """Save the per-step losses (step ``first + 1`` first), their running mean and the
     held-out losses ``(step, loss)`` as an image, written atomically."""
-    import io
-    from pathlib import Path
-
-    import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from .._files import atomic_write
 
     fig = Figure(figsize=(7, 4), layout="constrained")  # no pyplot: no global state
     FigureCanvasAgg(fig)
@@ -533,9 +509,7 @@ def quiet_dask(verbose: bool = False) -> Iterator[None]:
     if verbose or os.environ.get(VERBOSE, "0") not in ("", "0"):
         yield
         return
-    from ..cluster import quiet
-
-    with quiet():
+    with cluster.quiet():
         yield
 
 
@@ -546,8 +520,6 @@ def dask_client(args: argparse.Namespace) -> Iterator[None]:
     if args.scheduler is None:
         yield
         return
-    from .. import cluster
-
     with quiet_dask(args.verbose), contextlib.ExitStack() as stack:
         # the processes a local cluster spawns inherit SIGINT ignored: Ctrl-C is this
         # command's to handle. Blocked meanwhile, a Ctrl-C here is kept for after.
@@ -566,17 +538,7 @@ def dask_client(args: argparse.Namespace) -> Iterator[None]:
 
 def read_docs(path: str | None) -> list[str]:
     """The documents of ``--data`` (``None``: the embedded corpus)."""
-    from ..data import default_docs, read_docs
-
-    return default_docs() if path is None else read_docs(path)
-
-
-def read_text(path: str) -> str:
-    """The characters of the ``--text`` file ``path`` (:func:`microgpt_xp.data.read_text`:
-    line breaks included, with the checks of ``--data``)."""
-    from ..data import read_text
-
-    return read_text(path)
+    return data.default_docs() if path is None else data.read_docs(path)
 
 
 def load_checkpoint(args: argparse.Namespace, backend: str, device: Any) -> Any:
@@ -593,8 +555,6 @@ def threads_for(args: argparse.Namespace, config: Any, batch: int, workload: str
     """The block that runs on ``--threads``: a count, ``auto`` (the load-aware choice), or
     by default the count that follows from the model, ``batch`` rows of ``workload`` and
     this machine's cores (never its load, so a command repeats its numbers)."""
-    from ..resources import default_threads, use_threads
-
     threads = args.threads
     if threads is None:
         threads = default_threads(config, batch, workload=workload)
