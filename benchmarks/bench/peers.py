@@ -69,7 +69,7 @@ def scalar(case: Case) -> Timed:
     """``scalar``: a training step of the reference on the batch's first document (``T``
     tokens a call, in Python floats): the original microgpt's speed class."""
     if not case.trains:
-        raise PeerSkipped("scalar reference: training only")
+        raise PeerSkipped("scalar reference: train and text only")
     work = case.config.num_params * case.seq_len
     if work > SCALAR_MAX_WORK:
         raise PeerSkipped(f"scalar reference skipped: ~{work:,} graph nodes a document (too slow)")

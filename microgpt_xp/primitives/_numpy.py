@@ -5,8 +5,6 @@ the arrays' precision), leading axes flattened into one matrix, constants cached
 from __future__ import annotations
 
 import functools
-import itertools
-import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -70,18 +68,13 @@ def cumulative_sum0(x: Any) -> Any:
 
 
 def relu(x: Any) -> tuple[Any, Any]:
-    """``np.maximum(x, 0)``, the output as cache: one pass where the mask takes three (by
-    slices, :func:`by_slices`)."""
-    y = np.empty_like(x)
-    by_slices(lambda s: np.maximum(x[s], 0, out=y[s]), y)
+    """``np.maximum(x, 0)``, the output as cache: one pass where the mask takes three."""
+    y = np.maximum(x, 0)
     return y, y
 
 
 def relu_backward(dy: Any, y: Any) -> Any:
-    """``dy * (y > 0)`` (by slices)."""
-    dx = np.empty_like(dy)
-    by_slices(lambda s: np.multiply(dy[s], y[s] > 0, out=dx[s]), dx)
-    return dx
+    return dy * (y > 0)
 
 
 def one_hot(ids: Any, num_classes: int, dtype: Any, *, axis: int = -1) -> Any:
@@ -111,139 +104,57 @@ class Attention(NamedTuple):
 MASK_CACHE_BYTES = 4 << 20
 
 
-def blas_threads() -> int:
-    """NumPy's BLAS threads now (threadpoolctl's live count; 1 where none is found)."""
-    lib = _blas_library()
-    return max(1, int(lib.get_num_threads() or 1)) if lib is not None else 1
-
-
-@functools.lru_cache(maxsize=1)
-def _blas_library() -> Any:
-    from threadpoolctl import ThreadpoolController
-
-    libs = ThreadpoolController().select(user_api="blas").lib_controllers
-    return libs[0] if libs else None
-
-
-_POOL: list[Any] = []  # the helper threads' executor, made on first use
-
-
-def _pool() -> Any:
-    if not _POOL:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL.append(ThreadPoolExecutor(thread_name_prefix="microgpt_xp"))
-    return _POOL[0]
-
-
-if hasattr(os, "register_at_fork"):  # a forked child has no helper threads: make new ones
-    os.register_at_fork(after_in_child=_POOL.clear)
-
-
-def by_rows(fn: Any, rows: int) -> None:
-    """``fn(lo, hi)`` over ``[0, rows)`` cut into as many slices as BLAS has threads, all
-    but the last on helper threads (NumPy lets go of the GIL inside each operation): work
-    that BLAS does not spread itself (small batched products, elementwise passes) uses the
-    cores the caller gave BLAS. Slices write disjoint rows, so the result is the same."""
-    n = max(1, min(blas_threads(), rows))
-    *spans, last = itertools.pairwise([rows * i // n for i in range(n + 1)])
-    futures = [_pool().submit(fn, lo, hi) for lo, hi in spans]
-    fn(*last)
-    for f in futures:
-        f.result()
-
-
-#: Elements below which an elementwise pass stays whole on the caller's thread.
-GRAIN = 1 << 16
-
-
-def by_slices(fn: Any, out: Any) -> None:
-    """``fn(s)`` for slices ``s`` of ``out``'s leading axis that together cover it, by
-    :func:`by_rows` where ``out`` holds at least two :data:`GRAIN` of elements."""
-    if out.ndim == 0 or out.size < 2 * GRAIN:
-        fn(...)
-    else:
-        by_rows(lambda lo, hi: fn(slice(lo, hi)), out.shape[0])
-
-
-def _merged(a: Any, shape: tuple[int, ...]) -> Any:
-    """``a`` reshaped to ``shape`` as a view (an error where that would copy)."""
-    out = a.view()
-    out.shape = shape
-    return out
-
-
 def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
     """Scores laid out ``(H, Tk, B, Tq)``, written in place by the batched product, so the
     softmax reduces axis 1 over contiguous rows; the mask added in place (a cached full-size
     copy up to :data:`MASK_CACHE_BYTES`: a 16-long broadcast costs several times more); the
-    output product writes straight into the merged ``(B, T, H, D)`` layout; the batch's
-    rows in slices on BLAS's threads (:func:`by_rows`)."""
+    output product writes straight into the merged ``(B, T, H, D)`` layout."""
     b, t, _ = qkv.shape
     h, d = n_head, head_dim
+    c = h * d
+    dtype = qkv.dtype
+    scale = float(d) ** -0.5
     x5 = qkv.reshape(b, t, 3, h, d)
     q, k, v = (x5[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, H, T, D) views
-    scale = float(d) ** -0.5
-    att = np.empty((h, t, b, t), qkv.dtype)  # att[h, key, b, query]
-    y = np.empty((b, t, h, d), qkv.dtype)
-    cached = att.nbytes <= MASK_CACHE_BYTES
-
-    def rows(lo: int, hi: int) -> None:
-        _attend(q[lo:hi], k[lo:hi], v[lo:hi], scale, att[:, :, lo:hi], y[lo:hi], cached)
-
-    by_rows(rows, b)
-    return y.reshape(b, t, h * d), Attention(q, k, v, att, scale)
-
-
-def _attend(q: Any, k: Any, v: Any, scale: float, att: Any, y: Any, cached: bool) -> None:
-    """:func:`causal_attention` of a slice of rows, into ``att (H, Tk, b, Tq)``, ``y (b, T,
-    H, D)``; ``cached``: the mask from the cache (the whole batch's scores are small)."""
-    b, h, t, d = q.shape
-    qs_t = np.empty((b, h, d, t), q.dtype)
+    qs_t = np.empty((b, h, d, t), dtype)
     np.multiply(q.transpose(0, 1, 3, 2), scale, out=qs_t)
+    att = np.empty((h, t, b, t), dtype)  # att[h, key, b, query]
     np.matmul(k, qs_t, out=att.transpose(2, 0, 1, 3))
-    rows = _merged(att, (h, t, b * t))
-    if cached:
-        np.add(rows, _key_query_bias(h, t, b, q.dtype), out=rows)
+    rows = att.reshape(h, t, b * t)
+    if att.nbytes <= MASK_CACHE_BYTES:
+        np.add(rows, _key_query_bias(h, t, b, dtype), out=rows)
     else:  # a big batch: broadcast the (Tk, Tq) mask rather than keep a full-size copy
-        np.add(att, _key_query(t, q.dtype)[None, :, None, :], out=att)
+        np.add(att, _key_query(t, dtype)[None, :, None, :], out=att)
     np.subtract(rows, rows.max(axis=1, keepdims=True), out=rows)
     np.exp(rows, out=rows)
     total = rows.sum(axis=1, keepdims=True)
     np.multiply(rows, np.reciprocal(total, out=total), out=rows)
+    y = np.empty((b, t, h, d), dtype)
     np.matmul(att.transpose(2, 0, 3, 1), v, out=y.transpose(0, 2, 1, 3))
+    return y.reshape(b, t, c), Attention(q, k, v, att, scale)
 
 
 def causal_attention_backward(dy: Any, cache: Attention) -> Any:
-    """In the forward's layout; ``dq``, ``dk``, ``dv`` written straight into ``dqkv``; the
-    batch's rows in slices on BLAS's threads."""
+    """In the forward's layout; ``dq``, ``dk``, ``dv`` written straight into ``dqkv``."""
     q, k, v, att, scale = cache
     b, h, t, d = q.shape
+    dtype = att.dtype
     dy_heads = dy.reshape(b, t, h, d).transpose(0, 2, 1, 3)  # (B, H, T, D) view
-    dqkv = np.empty((b, t, 3, h, d), att.dtype)
-    parts = (q, k, v, dy_heads, dqkv)
-    by_rows(lambda lo, hi: _attend_backward(*(a[lo:hi] for a in parts), att[:, :, lo:hi], scale), b)
-    return dqkv.reshape(b, t, 3 * h * d)
-
-
-def _attend_backward(
-    q: Any, k: Any, v: Any, dy_heads: Any, dqkv: Any, att: Any, scale: float
-) -> None:
-    """:func:`causal_attention_backward` of a slice of rows, into ``dqkv (b, T, 3, H, D)``."""
-    b, h, t, d = q.shape
-    dy_t = np.empty((b, h, d, t), att.dtype)
+    dy_t = np.empty((b, h, d, t), dtype)
     np.copyto(dy_t, dy_heads.transpose(0, 1, 3, 2))
-    datt = np.empty((h, t, b, t), att.dtype)  # datt[h, key, b, query]
+    datt = np.empty((h, t, b, t), dtype)  # datt[h, key, b, query]
     np.matmul(v, dy_t, out=datt.transpose(2, 0, 1, 3))
-    rows, probs = datt.reshape(h, t, b * t), _merged(att, (h, t, b * t))
+    rows, probs = datt.reshape(h, t, b * t), att.reshape(h, t, b * t)
     dot = np.multiply(rows, probs).sum(axis=1, keepdims=True)
     np.subtract(rows, dot, out=rows)
     np.multiply(rows, probs, out=rows)
     np.multiply(rows, scale, out=rows)  # the scores' gradient, times the scale
-    dscores_t = datt.transpose(2, 0, 1, 3)  # (b, H, Tk, Tq)
+    dqkv = np.empty((b, t, 3, h, d), dtype)
+    dscores_t = datt.transpose(2, 0, 1, 3)  # (B, H, Tk, Tq)
     np.matmul(dscores_t.transpose(0, 1, 3, 2), k, out=dqkv[:, :, 0].transpose(0, 2, 1, 3))
     np.matmul(dscores_t, q, out=dqkv[:, :, 1].transpose(0, 2, 1, 3))
     np.matmul(att.transpose(2, 0, 1, 3), dy_heads, out=dqkv[:, :, 2].transpose(0, 2, 1, 3))
+    return dqkv.reshape(b, t, 3 * h * d)
 
 
 @functools.lru_cache(maxsize=4)
