@@ -13,8 +13,8 @@ run() {  # run NAME [bench options...]
     "$PY" -m benchmarks.bench "$@" --json "$OUT/$name.json" | tee "$OUT/$name.txt" \
         || echo "($name: a target was missed, or the run failed: see above)"
 }
-run parity --backend numpy,torch --config default,medium --workload train --peers torch --check-targets
-run parity1 --backend numpy,torch --config default,medium --workload train --peers torch --threads 1 --no-breakdown
+run parity --backend numpy,torch --config default,medium --workload train,text --peers torch --threads 2 --check-targets
+run parity1 --backend numpy,torch --config default,medium --workload train,text --peers torch --threads 1 --no-breakdown
 run jax --backend jax --config default,medium --workload train --peers jax --no-breakdown
 run bigb --backend numpy --config default --workload train --batch-size 64,1024 --peers torch --no-breakdown
 run results

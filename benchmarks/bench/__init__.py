@@ -34,7 +34,7 @@ from .profiling import breakdown
 
 SCHEMA = "microgpt-xp-bench/2"
 #: Batch sizes without ``--batch-size`` / ``--decode-batch-size`` (others: 32 and 256).
-DEFAULT_BATCH = {"default": 64, "medium": 32}
+DEFAULT_BATCH = {"default": 64, "medium": 32, "text": 12}
 DEFAULT_DECODE_BATCH = {"default": 1024, "medium": 256}
 
 
@@ -58,12 +58,16 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         default="default,medium",
         help=f"{', '.join(W.CONFIGS)} or specs like L2,C32,H4,T32 (';' before a spec after a config)",
     )
-    add("--workload", default=",".join(W.WORKLOADS), help=f"from {', '.join(W.WORKLOADS)}")
+    add(
+        "--workload",
+        default=",".join(W.WORKLOADS),
+        help=f"from {', '.join(W.WORKLOADS)} (text: its own config, batch 12 by default)",
+    )
     add(
         "--batch-size",
         type=_ints,
         default=None,
-        help="train/score batches (default 64 default, 32 else)",
+        help="train/score/text batches (default 64 default, 12 text, 32 else)",
     )
     add(
         "--decode-batch-size",
@@ -285,12 +289,15 @@ def run_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
     machine = _machine(args, backends)
     if args.ab:
         args.ab_package = checkout(args.ab)
+    # each config with the workloads but text; then text, on its own config
+    plan = [(n, c, [w for w in workloads if w != "text"]) for n, c in configs]
+    plan += [("text", W.CONFIGS["text"], ["text"])] if "text" in workloads else []
     cases = [
         W.Case(
             w, cname, cfg, batch, dtype, backend, device=args.device, peer_device=args.peer_device
         )
-        for cname, cfg in configs
-        for w in workloads
+        for cname, cfg, ws in plan
+        for w in ws
         for batch in (
             (args.decode_batch_size or [DEFAULT_DECODE_BATCH.get(cname, 256)])
             if w == "decode"
@@ -302,7 +309,7 @@ def run_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, list[Any]] = {"results": [], "comparisons": [], "skipped": [], "breakdown": []}
     for case in cases:
         _compare(case, args, settings["peers"], settings, out)
-    for case in [] if args.no_breakdown else [c for c in cases if c.workload == "train"]:
+    for case in [] if args.no_breakdown else [c for c in cases if c.trains]:
         print(
             f"[bench] breakdown {case.config_name} B={case.batch} {case.dtype} {case.backend}",
             file=sys.stderr,

@@ -68,8 +68,8 @@ class ScalarReference:
 def scalar(case: Case) -> Timed:
     """``scalar``: a training step of the reference on the batch's first document (``T``
     tokens a call, in Python floats): the original microgpt's speed class."""
-    if case.workload != "train":
-        raise PeerSkipped("scalar reference: train only")
+    if not case.trains:
+        raise PeerSkipped("scalar reference: train and text only")
     work = case.config.num_params * case.seq_len
     if work > SCALAR_MAX_WORK:
         raise PeerSkipped(f"scalar reference skipped: ~{work:,} graph nodes a document (too slow)")
@@ -89,7 +89,12 @@ def _model(
 ) -> Timed:
     """The ``Timed`` of a peer model's ``train_step``/``reset``, ``score`` or ``decode``."""
     train = every(RESET_EVERY, lambda: model.train_step(tok), model.reset)
-    fns = {"train": train, "score": lambda: float(model.score(tok)[0]), "decode": decode}
+    fns = {
+        "train": train,
+        "text": train,
+        "score": lambda: float(model.score(tok)[0]),
+        "decode": decode,
+    }
     return Timed(name, fns[case.workload], case.tokens)
 
 
@@ -168,7 +173,7 @@ def matmul_shapes(case: Case) -> list[tuple[tuple[int, ...], int, int, int]]:
     ]
     out: list[tuple[tuple[int, ...], int, int, int]] = [((), *mkn) for mkn in linears]
     out += [((b, h), t, d, t), ((b, h), t, t, d)] * cfg.n_layer
-    if case.workload == "train":
+    if case.trains:
         for m, k, nn in linears:
             out += [((), m, nn, k), ((), nn, m, k)]  # dx = dy @ W, dW = dy.T @ x
         out += ([((b, h), t, t, d)] * 3 + [((b, h), t, d, t)]) * cfg.n_layer  # dq, dk, dv; datt

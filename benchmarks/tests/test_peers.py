@@ -20,7 +20,7 @@ def test_peers_table_and_skips() -> None:
     assert list(P.PEERS) == ["scalar", "torch", "matmul", "jax"]
     decode = W.Case("decode", "tiny", TINY, 2, "float32", "numpy")
     for peer, match in (
-        ("scalar", "train only"),
+        ("scalar", "train and text only"),
         ("matmul", "train and score only"),
         ("jax", "on JAX only"),
     ):
