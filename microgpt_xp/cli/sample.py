@@ -75,15 +75,8 @@ def run(args: argparse.Namespace) -> int:
             args.num_samples,
             **cli.keywords(args, "batch_size temperature top_k prompt seed workers jit"),
         )
-    head = {
-        "checkpoint": args.checkpoint,
-        "step": ck.step,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "prompt": args.prompt,
-        "seed": None if args.microgpt_exact else args.seed,
-        "microgpt_exact": args.microgpt_exact,
-    }
+    seed = None if args.microgpt_exact else args.seed
+    head = _head(args, ck, seed=seed, microgpt_exact=args.microgpt_exact)
     batch = min(args.batch_size, args.num_samples)
     with (
         cli.threads_for(args, ck.config, batch, "decode"),
@@ -136,15 +129,7 @@ def _passages(args: argparse.Namespace, ck: Any) -> int:
                 yield [text]
                 text = ""
 
-    head = {
-        "checkpoint": args.checkpoint,
-        "step": ck.step,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "prompt": args.prompt,
-        "seed": args.seed,
-        "length": length,
-    }
+    head = _head(args, ck, length=length)
     with cli.threads_for(args, ck.config, 1, "decode"):
         if args.out is not None:
             from .._files import atomic_open
@@ -167,3 +152,9 @@ def _passages(args: argparse.Namespace, ck: Any) -> int:
                 written += len(piece)
             sys.stdout.write("\n")
     return 0
+
+
+def _head(args: argparse.Namespace, ck: Any, **more: Any) -> dict[str, Any]:
+    """What ``--json`` says of the run before its samples."""
+    head = {"checkpoint": args.checkpoint, "step": ck.step}
+    return {**head, **cli.keywords(args, "temperature top_k prompt seed"), **more}
