@@ -8,6 +8,7 @@ import contextlib
 import functools
 import importlib.util
 import io
+import itertools
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,13 @@ MORE_NAMES = ["sofia", "avery", "mila", "aria", "scarlett", "penelope", "layla",
 LONGEST = max(map(len, NAMES)) + 1  # the block size that reads every name whole
 FIT = max(16, LONGEST)  # the block size train gives NAMES by default
 SAMPLE_LINE = re.compile(r"^sample +(\d+): (.*)$")
-STEP_LINE = re.compile(r"^step +(\d+) / +(\d+) \| loss (\d+\.\d{4})$")
+STEP_LINE = re.compile(r"^step +(\d+) / +(\d+) \| loss \d+\.\d{4}$")
+VERSE = (
+    "To be, or not to be, that is the question:\n"
+    "Whether 'tis nobler in the mind to suffer\n"
+    "The slings and arrows of outrageous fortune,\n"
+    "Or to take arms against a sea of troubles\n"
+)
 needs_distributed = pytest.mark.skipif(
     importlib.util.find_spec("distributed") is None, reason="needs dask.distributed"
 )
@@ -66,8 +73,7 @@ class Cli:
 
     def __call__(self, *argv: object) -> tuple[int, str, str]:
         rc = main([str(a) for a in argv])
-        captured = self.capsys.readouterr()
-        return rc, captured.out, captured.err
+        return (rc, *self.capsys.readouterr())
 
     def ok(self, *argv: object) -> str:
         """The stdout of a command that succeeds with nothing on stderr."""
@@ -79,8 +85,8 @@ class Cli:
         return json.loads(self.ok(*argv, "--json"))
 
     def fails(self, argv: list[Any], status: int, *fragments: str) -> str:
-        """The stderr of a command that exits ``status`` with one error line holding each
-        of ``fragments``, and nothing on stdout."""
+        """The stderr of a command that exits ``status``, prints nothing on stdout and one
+        error line holding each of ``fragments``."""
         rc, out, err = self(*argv)
         assert rc == status and out == "", err
         assert_one_error_line(err, *fragments)
@@ -112,59 +118,106 @@ def train_cmd(data: object, steps: int, *more: object, batch: int = 4) -> list[o
 
 
 def library_samples(ckpt: Path, n: int, **kwargs: Any) -> list[str]:
-    """What ``sample()`` draws from the checkpoint's model."""
     saved = load(ckpt)
     return sample(saved.params, saved.tokenizer, n, **kwargs)
 
 
 def make_checkpoint(path: Path, *argv: object) -> Path:
-    """``path``, written by ``train argv`` (its output dropped)."""
+    """``path``, written by the command ``argv`` (its output dropped)."""
     with contextlib.redirect_stdout(io.StringIO()):
         assert main([str(a) for a in [*argv, "--checkpoint", path, "--num-samples", 0]]) == 0
     return path
 
 
-def start(module: str, *argv: str, **popen: Any) -> subprocess.Popen[str]:
-    """The command (``python -m module argv``, or ``python -c code argv`` when ``module``
-    has a newline) as a child process with its stdout and stderr piped."""
-    how = ["-c" if "\n" in module else "-m", module]
+def on_call(monkeypatch: MP, owner: object, name: str, hook: Callable[[int], object]) -> None:
+    """Run ``hook(n)`` before the n-th call (1, 2, …) of ``owner.name``."""
+    original, calls = getattr(owner, name), itertools.count(1)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        hook(next(calls))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+def raise_at(n: int, error: BaseException) -> Callable[[int], None]:
+    """A hook for :func:`on_call` that raises ``error`` at the n-th call."""
+
+    def hook(call: int) -> None:
+        if call == n:
+            raise error
+
+    return hook
+
+
+def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
+    """Ctrl-C (a KeyboardInterrupt) in step ``stop + 1`` before its update: step ``stop`` is
+    the last complete."""
+    on_call(monkeypatch, train_module._Loop, "step", raise_at(stop + 1, KeyboardInterrupt()))
+
+
+def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
+    """``python -m module argv`` (``python -c module argv`` where ``module`` is code) as a
+    child process, its stdout and stderr piped."""
+    how = ["-c" if "\n" in module else "-m", module, *map(str, argv)]
     pipe = subprocess.PIPE
-    return subprocess.Popen([sys.executable, *how, *argv], stdout=pipe, stderr=pipe, **popen)
+    return subprocess.Popen([sys.executable, *how], stdout=pipe, stderr=pipe, **popen)
+
+
+def signal_when(
+    ready: Callable[[], object], child: subprocess.Popen[str], signum: int
+) -> tuple[str, str]:
+    """Send ``signum`` to ``child`` 0.3 s after ``ready()`` (polled for 60 s at most); its
+    stdout and stderr."""
+    try:
+        deadline = time.monotonic() + 60
+        while not ready() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        child.send_signal(signum)
+        return child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
-def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def names16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data") / "names.txt"
     path.write_text("\n".join(NAMES) + "\n\n", encoding="utf-8")  # a blank line is skipped
     return path
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def names24(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("more") / "names.txt"
     path.write_text("\n".join([*NAMES, *MORE_NAMES]) + "\n", encoding="utf-8")
     return path
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory, data_file: Path) -> Path:
-    """A checkpoint of 8 steps of batch 4 on ``data_file`` (seed 3)."""
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "verse.txt"
+    path.write_text(VERSE * 4, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, names16: Path) -> Path:
+    """A checkpoint of 8 steps of batch 4 on ``names16`` (seed 3)."""
     path = tmp_path_factory.mktemp("ckpt") / "model.npz"
-    return make_checkpoint(path, *train_cmd(data_file, 8, "--seed", 3))
+    return make_checkpoint(path, *train_cmd(names16, 8, "--seed", 3))
 
 
 # -- train ------------------------------------------------------------------------------------
-def test_train_prints_samples_and_saves_a_checkpoint(
-    cli: Cli, tmp_path: Path, data_file: Path
-) -> None:
-    ckpt = tmp_path / "sub" / "model.npz"
-    argv = train_cmd(data_file, 5, "--seed", 7, "--checkpoint", ckpt, "--temperature", 0.8)
-    out = cli.ok(*argv)  # stderr is not a terminal: no progress bar
-    assert f"train: {len(NAMES)} docs" in out
-    assert "done: 5 steps" in out
+def test_train_prints_samples_and_saves(cli: Cli, tmp_path: Path, names16: Path) -> None:
+    ckpt, plot = tmp_path / "sub" / "model.npz", tmp_path / "loss.png"
+    argv = train_cmd(names16, 5, "--seed", 7, "--checkpoint", ckpt, "--temperature", 0.8)
+    out = cli.ok(*argv, "--plot", plot)  # stderr is not a terminal: no progress bar
+    assert f"train: {len(NAMES)} docs" in out and "done: 5 steps" in out
+    assert f"loss curve: {plot}" in out and plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     names = samples_of(out)
-    assert len(names) == 20
-    assert set("".join(names)) <= set("".join(NAMES))
+    assert len(names) == 20 and set("".join(names)) <= set("".join(NAMES))
     saved = load(ckpt)
     assert saved.step == 5 and saved.adam is not None and saved.adam.t == 5
     assert saved.tokenizer == Tokenizer.from_docs(NAMES)
@@ -173,8 +226,8 @@ def test_train_prints_samples_and_saves_a_checkpoint(
 
 
 @pytest.mark.parametrize("workers", [None, 2])
-def test_train_json_matches_the_library(cli: Cli, data_file: Path, workers: int | None) -> None:
-    argv = train_cmd(data_file, 4, "--lr", 0.02, "--seed", 5, "--dtype", "float64")
+def test_train_json_matches_the_library(cli: Cli, names16: Path, workers: int | None) -> None:
+    argv = train_cmd(names16, 4, "--lr", 0.02, "--seed", 5, "--dtype", "float64")
     argv += ["--num-samples", 3, *([] if workers is None else ["--workers", workers])]
     summary = cli.json(*argv)
     config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, block_size=FIT)
@@ -186,51 +239,32 @@ def test_train_json_matches_the_library(cli: Cli, data_file: Path, workers: int 
     assert summary["samples"] == sample(expected.params, expected.tokenizer, 3, seed=5)
 
 
-@pytest.mark.parametrize("command", ["train", "eval"])
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["train", "--data", "{data}", "--steps", "3", "--batch-size", "2"],
+         ["train", "3/3", r"loss=\d+\.\d{4}"]),  # the step and the loss
+        (["eval", "--checkpoint", "{ckpt}", "--data", "{data}", "--chunk-size", "5"],
+         ["eval", f"{len(NAMES)}/{len(NAMES)}"]),  # the documents
+    ],
+)  # fmt: skip
 def test_progress_bar_on_a_terminal(
-    monkeypatch: MP, checkpoint: Path, data_file: Path, command: str
+    monkeypatch: MP, checkpoint: Path, names16: Path, argv: list[str], shown: list[str]
 ) -> None:
     class Terminal(io.StringIO):  # where tqdm draws its bar
         def isatty(self) -> bool:
             return True
 
     monkeypatch.setattr(sys, "stderr", Terminal())
-    argv = {
-        "train": train_cmd(data_file, 3, batch=2),
-        "eval": ["eval", "--checkpoint", checkpoint, "--data", data_file, "--chunk-size", 5],
-    }[command]
-    assert main([str(a) for a in argv]) == 0
-    shown = sys.stderr.getvalue()  # type: ignore[attr-defined]
-    if command == "train":  # the step and the loss
-        assert "train" in shown and "3/3" in shown and re.search(r"loss=\d+\.\d{4}", shown)
-    else:  # the documents
-        assert "eval" in shown and f"{len(NAMES)}/{len(NAMES)}" in shown
-
-
-def test_plot_writes_a_png(cli: Cli, tmp_path: Path, data_file: Path) -> None:
-    plot = tmp_path / "loss.png"
-    assert f"loss curve: {plot}" in cli.ok(*train_cmd(data_file, 3, "--plot", plot, batch=2))
-    assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-
-
-def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
-    """Make the CLI's training raise KeyboardInterrupt (Ctrl-C) during step ``stop + 1``,
-    before its update: step ``stop`` is the last complete."""
-    original = train_module._Loop.step
-    calls = iter(range(1, 10**6))
-
-    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if next(calls) == stop + 1:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(train_module._Loop, "step", interrupted)
+    assert main([a.format(data=names16, ckpt=checkpoint) for a in argv]) == 0
+    bar = sys.stderr.getvalue()  # type: ignore[attr-defined]
+    assert all(re.search(pattern, bar) for pattern in shown), bar
 
 
 def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
-    cli: Cli, monkeypatch: MP, tmp_path: Path, data_file: Path
+    cli: Cli, monkeypatch: MP, tmp_path: Path, names16: Path
 ) -> None:
-    common = train_cmd(data_file, 6, "--num-samples", 2)
+    common = train_cmd(names16, 6, "--num-samples", 2)
     uninterrupted = cli.json(*common)
     ckpt = tmp_path / "run.npz"
     argv = [*common, "--checkpoint", ckpt, "--checkpoint-every", 3]
@@ -238,11 +272,8 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
         interrupt_training_after(m, 4)
         rc, _, err = cli(*argv)
     assert rc == 130
-    assert_one_error_line(
-        err,
-        "interrupted after step 4; its state was saved: ",
-        f"last checkpoint is {ckpt} (step 4)",
-    )
+    saved = f"last checkpoint is {ckpt} (step 4)"
+    assert_one_error_line(err, "interrupted after step 4; its state was saved: ", saved)
     assert load(ckpt).step == 4  # saved at the interrupt, after the periodic save of step 3
     command = err.split("continue the run with: ", 1)[1].strip()
     assert command == shlex.join(["microgpt-xp", *map(str, argv), "--resume"])
@@ -252,18 +283,12 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
     assert resumed["samples"] == uninterrupted["samples"]
     assert load(ckpt).step == 6
 
-
-def test_ctrl_c_before_any_save_says_to_start_again(
-    cli: Cli, monkeypatch: MP, tmp_path: Path, data_file: Path
-) -> None:
-    common = train_cmd(data_file, 6)
+    # before any save; then --overwrite of an older run (not this run's: not resumed)
     with monkeypatch.context() as m:
         interrupt_training_after(m, 2)
         rc, out, err = cli(*common)
     assert rc == 130 and "done:" not in out
     assert_one_error_line(err, "interrupted after step 2; nothing was saved", "--checkpoint PATH")
-    # --overwrite of an older run: that file is not this run's, so it is not resumed
-    ckpt = make_checkpoint(tmp_path / "old.npz", *common)
     argv = [*common, "--checkpoint", ckpt, "--overwrite", "--checkpoint-every", 5]
     with monkeypatch.context() as m:
         interrupt_training_after(m, 0)  # before a step is complete: nothing to save
@@ -275,12 +300,10 @@ def test_ctrl_c_before_any_save_says_to_start_again(
 
 
 def test_resume_command_replaces_overwrite() -> None:
-    assert resume_command(["train", "--steps", "5", "--overwrite"]) == (
-        "microgpt-xp train --steps 5 --resume"
-    )
-    assert resume_command(["train", "--over", "--res", "--data", "my file.txt"]) == (
-        "microgpt-xp train --res --data 'my file.txt'"
-    )
+    got = resume_command(["train", "--steps", "5", "--overwrite"])
+    assert got == "microgpt-xp train --steps 5 --resume"
+    got = resume_command(["train", "--over", "--res", "--data", "my file.txt"])
+    assert got == "microgpt-xp train --res --data 'my file.txt'"
 
 
 @pytest.mark.parametrize(
@@ -293,33 +316,20 @@ def test_resume_command_replaces_overwrite() -> None:
     ],
 )
 def test_a_signal_stops_training_with_the_resume_command(
-    tmp_path: Path, data_file: Path, text_file: Path, signum: int, module: str, data: str
+    tmp_path: Path, names16: Path, text_file: Path, signum: int, module: str, data: str
 ) -> None:
-    """A real SIGINT (Ctrl-C), SIGTERM or SIGHUP, sent to the command as a child process:
-    the run is saved at the step it stopped, and the message says how to continue it."""
+    """A real SIGINT (Ctrl-C), SIGTERM or SIGHUP to the command as a child process: the run
+    is saved at the step it stopped, and the message says how to continue it."""
     ckpt = tmp_path / "run.npz"
-    argv = ["train", *data.format(names=data_file, text=text_file).split()]
-    argv += [
-        "--steps",
-        "1000000",
-        "--batch-size",
-        "2",
-        "--checkpoint",
-        str(ckpt),
-        "--num-samples",
-        "0",
-    ]
+    argv = ["train", *data.format(names=names16, text=text_file).split(), "--steps", "1000000"]
+    argv += ["--batch-size", "2", "--checkpoint", str(ckpt), "--num-samples", "0"]
     child = start(module, *argv, text=True)
-    try:
-        assert child.stdout is not None
-        ready, _, _ = select.select([child.stdout], [], [], 60)
-        header = child.stdout.readline() if ready else ""  # printed after the first step
-        time.sleep(0.3)
-        child.send_signal(signum)
-        _, err = child.communicate(timeout=60)
-    finally:
-        child.kill()
-    assert header.startswith("train: ") and child.returncode == 128 + signum, err
+
+    def header() -> bool:  # printed after the first step
+        return bool(select.select([child.stdout], [], [], 0)[0])
+
+    out, err = signal_when(header, child, signum)
+    assert out.startswith("train: ") and child.returncode == 128 + signum, err
     match = re.search(r"interrupted after step (\d+);", err)
     assert match, err
     step = int(match.group(1))
@@ -330,12 +340,12 @@ def test_a_signal_stops_training_with_the_resume_command(
 
 
 # -- the model's shape and the block size -------------------------------------------------
-def test_shape_options_are_stored_and_sample_eval_export_read_them(
-    cli: Cli, tmp_path: Path, data_file: Path
+def test_shape_options_reach_sample_eval_and_export(
+    cli: Cli, tmp_path: Path, names16: Path
 ) -> None:
-    ckpt = tmp_path / "big.npz"
+    ckpt, weights = tmp_path / "big.npz", tmp_path / "w.json"
     shape = ["--n-layer", 2, "--n-embd", 8, "--n-head", 2, "--block-size", 12]
-    out = cli.ok(*train_cmd(data_file, 3, *shape, "--checkpoint", ckpt, "--num-samples", 0))
+    out = cli.ok(*train_cmd(names16, 3, *shape, "--checkpoint", ckpt, "--num-samples", 0))
     config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, 2, 8, 2, 12)
     assert out.splitlines()[0] == (
         f"train: {len(NAMES)} docs | vocab {config.vocab_size} | {config.num_params} params "
@@ -345,16 +355,30 @@ def test_shape_options_are_stored_and_sample_eval_export_read_them(
     assert saved.config == config and saved.tokenizer is not None
     got = cli.json("sample", "--checkpoint", ckpt, "--num-samples", 9)["samples"]
     assert got == sample(saved.params, saved.tokenizer, 9)
-    scored = cli.json("eval", "--checkpoint", ckpt, "--data", data_file)
+    scored = cli.json("eval", "--checkpoint", ckpt, "--data", names16)
     assert scored["mean_loss"] == score_docs(saved.params, saved.tokenizer, NAMES).mean
-    cli.ok("export", "--checkpoint", ckpt, "--out", tmp_path / "w.json")
-    state = json.loads((tmp_path / "w.json").read_text())
+    cli.ok("export", "--checkpoint", ckpt, "--out", weights)
+    state = json.loads(weights.read_text())
     assert list(state) == [*state_dict_keys(config), "tokenizer"] and "layer1.mlp_fc2" in state
     assert state["tokenizer"] == {"chars": "".join(saved.tokenizer.chars)}
     assert np.array(state["wpe"]).shape == (12, 8)
 
 
-def test_default_block_size_reads_every_document_whole(cli: Cli, tmp_path: Path) -> None:
+def test_export_round_trips_through_params_from_state_dict(
+    cli: Cli, tmp_path: Path, checkpoint: Path
+) -> None:
+    cli.ok("export", "--checkpoint", checkpoint, "--out", tmp_path / "weights.json")
+    state = json.loads((tmp_path / "weights.json").read_text())
+    saved = load(checkpoint)
+    assert list(state) == [*state_dict_keys(saved.config), "tokenizer"]
+    assert Tokenizer.from_dict(state["tokenizer"]) == saved.tokenizer  # ids back to text
+    restored = Params.from_state_dict(state, dtype="float32")
+    assert restored.config == saved.config
+    for key, value in saved.params.to_state_dict().items():
+        assert np.array_equal(restored.to_state_dict()[key], value), key
+
+
+def test_the_default_block_size_reads_every_name_whole(cli: Cli, tmp_path: Path) -> None:
     long_names = tmp_path / "long.txt"
     long_names.write_text("\n".join([*NAMES, "maximiliana-josephina-antonia"]), encoding="utf-8")
     ckpt = tmp_path / "long.npz"
@@ -362,41 +386,33 @@ def test_default_block_size_reads_every_document_whole(cli: Cli, tmp_path: Path)
     assert load(ckpt).config.block_size == 30 and "block_size 30)" in out  # 29 characters + 1
 
 
-def test_embedded_corpus_keeps_the_originals_block_size_and_output(
-    cli: Cli, tmp_path: Path
-) -> None:
+def test_the_embedded_corpus_keeps_the_originals_output(cli: Cli, tmp_path: Path) -> None:
     ckpt = tmp_path / "default.npz"
-    out = cli.ok("train", "--steps", 2, "--num-samples", 0, "--checkpoint", ckpt)
+    lines = cli.ok("train", "--steps", 2, "--num-samples", 0, "--checkpoint", ckpt).splitlines()
     assert load(ckpt).config == GPTConfig(27)  # the spec's model, block size 16
-    assert out.splitlines() == [
+    assert lines[0] == (
         f"train: {len(default_docs())} docs | vocab 27 | 4192 params | numpy float32 | "
-        "batch 32 | 2 steps",
-        *out.splitlines()[1:2],
-        f"checkpoint: {ckpt} (step 2)",
-    ]
+        "batch 32 | 2 steps"
+    )
     done = r"done: 2 steps in \d+\.\d s \([\d.e+-]+ ms/step, [\d,]+ tokens/s\) \| final loss \d+\.\d{4}"
-    assert re.fullmatch(done, out.splitlines()[1])
-    # eval scores the embedded corpus too
-    result = cli.json("eval", "--checkpoint", ckpt)
-    assert result["num_docs"] == len(default_docs())
-    assert 0 < result["mean_loss"] < 10
+    assert re.fullmatch(done, lines[1]) and lines[2:] == [f"checkpoint: {ckpt} (step 2)"]
+    result = cli.json("eval", "--checkpoint", ckpt)  # eval scores the embedded corpus too
+    assert result["num_docs"] == len(default_docs()) and 0 < result["mean_loss"] < 10
 
 
-def test_a_block_size_that_cuts_documents_says_how_many(
-    cli: Cli, tmp_path: Path, data_file: Path
+def test_a_block_size_that_cuts_names_says_how_many(
+    cli: Cli, tmp_path: Path, names16: Path
 ) -> None:
     cut = sum(len(name) >= 5 for name in NAMES)  # more than 4 characters
     ckpt = tmp_path / "short.npz"
-    argv = train_cmd(data_file, 2, "--block-size", 5, "--checkpoint", ckpt, "--num-samples", 0)
-    rc, out, err = cli(*argv)
+    rc, out, err = cli(*train_cmd(names16, 2, "--block-size", 5, "--checkpoint", ckpt))
     assert rc == 0 and out.startswith("train: ")
     assert err == (
         f"microgpt-xp: note: {cut} of {len(NAMES)} documents are longer than --block-size 5 "
         "reads whole (4 characters): training sees only their first 5 characters, never "
         f"their end (--block-size {LONGEST} fits the longest)\n"
     )
-    # eval says it too, for the checkpoint's block size
-    rc, out, err = cli("eval", "--checkpoint", ckpt, "--data", data_file)
+    rc, out, err = cli("eval", "--checkpoint", ckpt, "--data", names16)  # for its block size
     assert rc == 0 and out.startswith("mean loss")
     assert err.count("\n") == 1 and f"note: {cut} of {len(NAMES)} documents" in err
     assert "first 5 characters" in err
@@ -404,17 +420,15 @@ def test_a_block_size_that_cuts_documents_says_how_many(
 
 # -- existing checkpoints: --overwrite, --resume, extending a run -----------------------------
 def test_an_existing_checkpoint_needs_resume_or_overwrite(
-    cli: Cli, tmp_path: Path, data_file: Path
+    cli: Cli, tmp_path: Path, names16: Path
 ) -> None:
     ckpt = tmp_path / "run.npz"
-    argv = ["train", "--data", data_file, "--num-samples", 0, "--checkpoint", ckpt]
+    argv = ["train", "--data", names16, "--num-samples", 0, "--checkpoint", ckpt]
     cli.ok(*argv, "--steps", 3, "--batch-size", 4)
     before = ckpt.read_bytes()
-    for extra, how in (
-        (["--batch-size", 4], ("--resume", "--overwrite")),
-        (["--microgpt-exact"], ("--overwrite",)),
-    ):
-        cli.fails([*argv, "--steps", 2, *extra], 1, f"checkpoint '{ckpt}' exists", *how)
+    for extra, how in [(["--batch-size", 4], ["--resume"]), (["--microgpt-exact"], [])]:
+        exists = f"checkpoint '{ckpt}' exists"
+        cli.fails([*argv, "--steps", 2, *extra], 1, exists, "--overwrite", *how)
         assert ckpt.read_bytes() == before
     assert cli(*argv, "--steps", 2, "--batch-size", 4, "--overwrite")[0] == 0
     assert load(ckpt).step == 2
@@ -424,10 +438,10 @@ def test_an_existing_checkpoint_needs_resume_or_overwrite(
 
 
 def test_resume_with_more_steps_extends_a_finished_run(
-    cli: Cli, tmp_path: Path, data_file: Path
+    cli: Cli, tmp_path: Path, names16: Path
 ) -> None:
     ckpt = tmp_path / "run.npz"
-    argv = ["train", "--data", data_file, "--batch-size", 4, "--checkpoint", ckpt]
+    argv = ["train", "--data", names16, "--batch-size", 4, "--checkpoint", ckpt]
     cli.ok(*argv, "--steps", 6, "--num-samples", 0)
     rc, out, err = cli(*argv, "--steps", 6, "--resume", "--num-samples", 0)
     assert rc == 0 and "done: 0 steps (resumed at step 6)" in out
@@ -463,17 +477,13 @@ def test_resume_with_more_steps_extends_a_finished_run(
     ],
 )  # fmt: skip
 def test_resume_errors_name_the_option_and_both_values(
-    cli: Cli, tmp_path: Path, data_file: Path, change: str, fragment: str
+    cli: Cli, tmp_path: Path, names16: Path, change: str, fragment: str
 ) -> None:
-    other = tmp_path / "other.txt"
-    other.write_text("\n".join(reversed(NAMES)), encoding="utf-8")  # same characters
-    alphabet = tmp_path / "alphabet.txt"
-    alphabet.write_text("\n".join(["xyz", "zyx", "qqq", "abc", "ee"]), encoding="utf-8")
-    files = {"other": other, "alphabet": alphabet}
+    files = {"other": tmp_path / "other.txt", "alphabet": tmp_path / "alphabet.txt"}
+    files["other"].write_text("\n".join(reversed(NAMES)), encoding="utf-8")  # same characters
+    files["alphabet"].write_text("\n".join(["xyz", "zyx", "qqq", "abc", "ee"]), encoding="utf-8")
     ckpt = tmp_path / "run.npz"
-    argv = train_cmd(
-        data_file, 6, "--checkpoint", ckpt, "--num-samples", 0, "--checkpoint-every", 3
-    )
+    argv = train_cmd(names16, 6, "--checkpoint", ckpt, "--num-samples", 0, "--checkpoint-every", 3)
     with pytest.MonkeyPatch.context() as m:
         interrupt_training_after(m, 3)
         assert cli(*argv)[0] == 130  # an unfinished run, saved at step 3
@@ -490,20 +500,25 @@ def test_resume_errors_name_the_option_and_both_values(
 @pytest.mark.parametrize(
     ("option", "before", "after", "fragments"),
     [
-        ("--beta2", "0.95", "0.9", ["with --beta2 0.9: its run has --beta2 0.95"]),
-        ("--val-fraction", "0.25", "0.5", ["with --data {data} --val-fraction 0.5", "another",
-                                           "corpus or split"]),
+        ("--beta2", 0.95, 0.9, ["with --beta2 0.9: its run has --beta2 0.95"]),
+        ("--val-fraction", 0.25, 0.5, ["with --data {data} --val-fraction 0.5", "another",
+                                       "corpus or split"]),
     ],
 )  # fmt: skip
 def test_resuming_with_other_betas_or_split_names_the_option(
-    cli: Cli, tmp_path: Path, data: Path, option: str, before: str, after: str, fragments: list[str]
+    cli: Cli,
+    tmp_path: Path,
+    names24: Path,
+    option: str,
+    before: float,
+    after: float,
+    fragments: list[str],
 ) -> None:
     ckpt = tmp_path / "run.npz"
-    argv = train_cmd(data, 2, "--num-samples", 0, "--checkpoint", ckpt)
+    argv = train_cmd(names24, 2, "--num-samples", 0, "--checkpoint", ckpt)
     cli.ok(*argv, option, before)
-    if option == "--beta2":
-        assert load(ckpt).adam.config.beta2 == 0.95  # type: ignore[union-attr]
-    fragments = [f"cannot resume '{ckpt}'", *(f.format(data=data) for f in fragments)]
+    assert option != "--beta2" or load(ckpt).adam.config.beta2 == 0.95  # type: ignore[union-attr]
+    fragments = [f"cannot resume '{ckpt}'", *(f.format(data=names24) for f in fragments)]
     cli.fails([*argv, "--resume", "--steps", 4, option, after], 1, *fragments)
     cli.ok(*argv, "--resume", "--steps", 3, option, before)  # the same value goes on
 
@@ -532,46 +547,29 @@ def test_sample_prints_the_librarys_names_and_streams_them_as_json(
 
 
 @pytest.mark.parametrize("chunk_size", [None, 3, 1024])
-def test_eval_prints_the_mean_per_document_loss(
-    cli: Cli, checkpoint: Path, data_file: Path, chunk_size: int | None
+def test_eval_prints_the_mean_per_name_loss(
+    cli: Cli, checkpoint: Path, names16: Path, chunk_size: int | None
 ) -> None:
     saved = load(checkpoint)
     assert saved.tokenizer is not None
     tokens, lengths = encode_docs(saved.tokenizer, NAMES, saved.config.block_size)
     expected = float(np.mean(np.asarray(score(saved.params, tokens, lengths), dtype=np.float64)))
-    argv = ["eval", "--checkpoint", checkpoint, "--data", data_file]
+    argv = ["eval", "--checkpoint", checkpoint, "--data", names16]
     argv += [] if chunk_size is None else ["--chunk-size", chunk_size]
     out = cli.ok(*argv)
     scores = score_docs(saved.params, saved.tokenizer, NAMES)
     if chunk_size is None:
-        assert out == (
-            f"mean loss {expected:.4f} over {len(NAMES)} documents "
-            f"({scores.token_mean:.4f} per token)\n"
-        )
+        per_token = f"({scores.token_mean:.4f} per token)"
+        assert out == f"mean loss {expected:.4f} over {len(NAMES)} documents {per_token}\n"
     result = cli.json(*argv)
     np.testing.assert_allclose(result["mean_loss"], expected, rtol=1e-6)  # float32, other shapes
-    assert result["num_docs"] == len(NAMES)
-    assert result["step"] == 8 and result["data"] == str(data_file)
     np.testing.assert_allclose(result["token_loss"], scores.token_mean, rtol=1e-6)
-    assert result["mode"] == "docs"
+    assert result["num_docs"] == len(NAMES) and result["mode"] == "docs"
+    assert result["step"] == 8 and result["data"] == str(names16)
     if chunk_size is not None:  # the mean of score_docs, exactly
         scores = score_docs(saved.params, saved.tokenizer, NAMES, chunk_size=chunk_size)
         assert result["mean_loss"] == scores.mean and scores.num_docs == len(NAMES)
         assert result["token_loss"] == scores.token_mean
-
-
-def test_export_round_trips_through_params_from_state_dict(
-    cli: Cli, tmp_path: Path, checkpoint: Path
-) -> None:
-    cli.ok("export", "--checkpoint", checkpoint, "--out", tmp_path / "weights.json")
-    state = json.loads((tmp_path / "weights.json").read_text())
-    saved = load(checkpoint)
-    assert list(state) == [*state_dict_keys(saved.config), "tokenizer"]
-    assert Tokenizer.from_dict(state["tokenizer"]) == saved.tokenizer  # ids back to text
-    restored = Params.from_state_dict(state, dtype="float32")
-    assert restored.config == saved.config
-    for key, value in saved.params.to_state_dict().items():
-        assert np.array_equal(restored.to_state_dict()[key], value), key
 
 
 def test_export_onnx_writes_a_graph_onnxruntime_runs(
@@ -585,9 +583,8 @@ def test_export_onnx_writes_a_graph_onnxruntime_runs(
     from microgpt_xp import forward
 
     model = tmp_path / "model.onnx"
-    assert str(model) in cli.ok(
-        "export", "--checkpoint", checkpoint, "--format", "onnx", "--out", model
-    )
+    out = cli.ok("export", "--checkpoint", checkpoint, "--format", "onnx", "--out", model)
+    assert str(model) in out
     saved = load(checkpoint)
     tokens = np.array([[saved.tokenizer.bos, 0, 1, 2]], dtype=np.int64)
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
@@ -599,25 +596,19 @@ def test_export_onnx_writes_a_graph_onnxruntime_runs(
 # -- sample: streaming, files, pipes -------------------------------------------------------------
 def test_sample_streams_each_batch_as_it_is_made(monkeypatch: MP, checkpoint: Path) -> None:
     events: list[str] = []
-    original = sample_module.decode_batch
-
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        events.append("batch")
-        return original(*args, **kwargs)
 
     class RecordingStdout(io.StringIO):
         def write(self, text: str) -> int:
             events.append("write")
             return super().write(text)
 
-    monkeypatch.setattr(sample_module, "decode_batch", spy)
+    on_call(monkeypatch, sample_module, "decode_batch", lambda n: events.append("batch"))
     monkeypatch.setattr(sys, "stdout", RecordingStdout())
     argv = ["sample", "--checkpoint", str(checkpoint), "--num-samples", "7", "--seed", "2"]
     assert main([*argv, "--batch-size", "3"]) == 0
     # three batches (3 + 3 + 1), each printed before the next one is made
-    assert [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]] == [
-        "batch", "write", "batch", "write", "batch", "write",
-    ]  # fmt: skip
+    runs = [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]]
+    assert runs == ["batch", "write"] * 3
     printed = sys.stdout.getvalue()  # type: ignore[attr-defined]
     assert samples_of(printed) == library_samples(checkpoint, 7, seed=2)
 
@@ -633,17 +624,8 @@ def test_sample_out_writes_a_names_file_atomically(
     assert out_file.read_text(encoding="utf-8") == "".join(f"{n}\n" for n in names)
     result = cli.json(*argv, "--out", out_file)
     assert result["num_samples"] == 11 and result["out"] == str(out_file)
-
     # Ctrl-C after the first batch: the file keeps its old content, no temporary is left
-    original = sample_module.decode_batch
-    calls = iter(range(1, 100))
-
-    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if next(calls) == 2:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(sample_module, "decode_batch", interrupted)
+    on_call(monkeypatch, sample_module, "decode_batch", raise_at(2, KeyboardInterrupt()))
     out_file.write_text("old\n", encoding="utf-8")
     cli.fails([*argv, "--batch-size", 4, "--out", out_file], 130, "interrupted")
     assert out_file.read_text(encoding="utf-8") == "old\n"
@@ -652,17 +634,9 @@ def test_sample_out_writes_a_names_file_atomically(
 
 def test_sigterm_during_sample_out_leaves_no_partial_file(tmp_path: Path, checkpoint: Path) -> None:
     out = tmp_path / "names.out"
-    argv = ["--checkpoint", str(checkpoint), "--num-samples", "100000000", "--batch-size", "2000"]
-    child = start("microgpt_xp", "sample", *argv, "--out", str(out), text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not list(tmp_path.glob(".names.out.*.tmp")):
-            time.sleep(0.05)
-        time.sleep(0.3)  # a few batches written to the temporary file
-        child.send_signal(signal.SIGTERM)
-        _, err = child.communicate(timeout=60)
-    finally:
-        child.kill()
+    argv = ["--checkpoint", checkpoint, "--num-samples", 10**8, "--batch-size", 2000, "--out", out]
+    child = start("microgpt_xp", "sample", *argv, text=True)
+    _, err = signal_when(lambda: list(tmp_path.glob(".names.out.*.tmp")), child, signal.SIGTERM)
     assert child.returncode == 143, err
     assert not out.exists() and not list(tmp_path.glob(".names.out.*"))
 
@@ -677,18 +651,20 @@ def test_a_closed_stdout_stops_quietly(cli: Cli, monkeypatch: MP, checkpoint: Pa
     assert cli.capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("command", ["sample", "export"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sample", "--num-samples", "100000", "--batch-size", "1000"],
+        ["export", "--out", "-"],  # about 1.5 MB of JSON
+    ],
+)
 def test_a_pipe_closed_by_its_reader_prints_no_broken_pipe(
-    tmp_path: Path, data_file: Path, command: str
+    tmp_path: Path, names16: Path, argv: list[str]
 ) -> None:
     """``microgpt-xp sample | head``, ``microgpt-xp export --out - | head``: output far
     bigger than a pipe's buffer, whose reader goes away after a few bytes."""
-    ckpt = make_checkpoint(tmp_path / "wide.npz", *train_cmd(data_file, 1, "--n-embd", 64))
-    argv = {
-        "sample": ["sample", "--num-samples", "100000", "--batch-size", "1000"],
-        "export": ["export", "--out", "-"],  # about 1.5 MB of JSON
-    }[command]
-    child = start("microgpt_xp.cli", *argv, "--checkpoint", str(ckpt))
+    ckpt = make_checkpoint(tmp_path / "wide.npz", *train_cmd(names16, 1, "--n-embd", 64))
+    child = start("microgpt_xp.cli", *argv, "--checkpoint", ckpt)
     assert child.stdout is not None and child.stderr is not None
     head = child.stdout.read(100)
     child.stdout.close()  # what `head` does once it has its lines
@@ -709,12 +685,10 @@ def test_a_closed_stdout_at_start_is_an_error(checkpoint: Path) -> None:
 
 # -- microgpt-exact ----------------------------------------------------------------------------
 def test_exact_train_prints_the_originals_output_and_sample_replays_it(
-    cli: Cli, tmp_path: Path, data_file: Path
+    cli: Cli, tmp_path: Path, names16: Path
 ) -> None:
     ckpt = tmp_path / "exact.npz"
-    out = cli.ok(
-        "train", "--microgpt-exact", "--data", data_file, "--newlines", "--checkpoint", ckpt
-    )
+    out = cli.ok("train", "--microgpt-exact", "--data", names16, "--newlines", "--checkpoint", ckpt)
     lines = out.splitlines()
     vocab, c, t = len(set("".join(NAMES))) + 1, 16, 16
     assert lines[:3] == [
@@ -723,10 +697,7 @@ def test_exact_train_prints_the_originals_output_and_sample_replays_it(
         f"num params: {2 * vocab * c + t * c + 12 * c * c}",
     ]
     steps = [STEP_LINE.match(line) for line in lines[3:1003]]
-    assert all(steps)
-    assert [(int(m.group(1)), int(m.group(2))) for m in steps if m] == [
-        (s, 1000) for s in range(1, 1001)
-    ]
+    assert [m and m.groups() for m in steps] == [(str(s), "1000") for s in range(1, 1001)]
     assert lines[1003:1005] == ["", INFERENCE_HEADER]
     trained_samples = lines[1005:]
     assert len(trained_samples) == 20
@@ -736,14 +707,14 @@ def test_exact_train_prints_the_originals_output_and_sample_replays_it(
 
 
 @pytest.mark.parametrize("shape", [{}, {"block_size": 6, "n_embd": 8, "n_head": 2}])
-def test_exact_train_matches_the_reference_script_and_notes_cut_documents(
-    cli: Cli, data_file: Path, shape: dict[str, int]
+def test_exact_train_matches_the_reference_and_notes_cut_names(
+    cli: Cli, names16: Path, shape: dict[str, int]
 ) -> None:
     expected = reference.run_microgpt(
         NAMES, num_steps=3, num_samples=2, print_fn=lambda s: None, **shape
     )
     options = [x for key, value in shape.items() for x in (f"--{key.replace('_', '-')}", value)]
-    argv = ["train", "--microgpt-exact", "--data", data_file, "--steps", 3, "--num-samples", 2]
+    argv = ["train", "--microgpt-exact", "--data", names16, "--steps", 3, "--num-samples", 2]
     rc, out, err = cli(*argv, *options)
     assert rc == 0
     # step lines end in '\r' as in the original; the reference drops that and the blank line
@@ -765,24 +736,20 @@ def test_exact_train_without_data_notes_the_original_corpus(cli: Cli) -> None:
 
 # -- errors -------------------------------------------------------------------------------------
 @pytest.fixture
-def paths(tmp_path: Path, checkpoint: Path, data_file: Path) -> dict[str, Path]:
+def paths(tmp_path: Path, checkpoint: Path, names16: Path) -> dict[str, Path]:
     """Good and bad files, by the names the tables below give them in braces."""
-    corrupt = tmp_path / "corrupt.npz"
-    corrupt.write_bytes(b"this is not a checkpoint")
-    truncated = tmp_path / "truncated.npz"
-    truncated.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
-    foreign = tmp_path / "foreign.npz"
-    np.savez(foreign, a=np.zeros(3))
-    unknown_char = tmp_path / "unknown.txt"
-    unknown_char.write_text("emma\nzoë\n", encoding="utf-8")
-    not_utf8 = tmp_path / "latin1.txt"
-    not_utf8.write_bytes("zoë\n".encode("latin-1"))
-    return {
-        **dict(corrupt=corrupt, truncated=truncated, foreign=foreign, not_utf8=not_utf8),
-        **dict(unknown_char=unknown_char, ckpt=checkpoint, data=data_file, tmp=tmp_path),
-        "missing": tmp_path / "missing.txt",
-        "nodir": tmp_path / "no" / "such" / "dir" / "out.json",
-    }
+    made = {"ckpt": checkpoint, "data": names16, "tmp": tmp_path}
+    made |= {"missing": tmp_path / "missing.txt", "nodir": tmp_path / "no/such/dir/out.json"}
+    for name, content in [
+        ("corrupt.npz", b"this is not a checkpoint"),
+        ("truncated.npz", checkpoint.read_bytes()[: checkpoint.stat().st_size // 2]),
+        ("unknown_char.txt", "emma\nzoë\n".encode()),
+        ("not_utf8.txt", "zoë\n".encode("latin-1")),
+    ]:
+        made[name.split(".")[0]] = tmp_path / name
+        made[name.split(".")[0]].write_bytes(content)
+    np.savez(tmp_path / "foreign.npz", a=np.zeros(3))
+    return made | {"foreign": tmp_path / "foreign.npz"}
 
 
 @pytest.mark.parametrize(
@@ -792,17 +759,13 @@ def paths(tmp_path: Path, checkpoint: Path, data_file: Path) -> dict[str, Path]:
         ("train --data {not_utf8}", 1, "not UTF-8"),
         ("train --backend nope", 2, "invalid choice: 'nope'"),
         ("train --dtype float16", 2, "invalid choice: 'float16'"),
-        ("train --steps 0", 2, "--steps"),
-        ("train --steps ten", 2, "--steps"),
-        ("train --batch-size 0", 2, "--batch-size"),
-        ("train --lr -0.1", 2, "--lr"),
-        ("train --temperature 0", 2, "--temperature"),
-        ("train --temperature nan", 2, "--temperature"),
+        ("train --steps 0", 2, "--steps"), ("train --steps ten", 2, "--steps"),
+        ("train --batch-size 0", 2, "--batch-size"), ("train --lr -0.1", 2, "--lr"),
+        ("train --temperature 0", 2, "--temperature"), ("train --temperature nan", 2, "--temperature"),
         ("train --data {data} --batch-size 100", 1, f"has {len(NAMES)} documents, fewer than the "
          f"batch size 100: use --batch-size {len(NAMES)} (or less)"),
-        ("train --resume", 2, "--checkpoint"),
+        ("train --resume", 2, "--checkpoint"), ("train --checkpoint-every 3", 2, "--checkpoint"),
         ("train --overwrite", 2, "need --checkpoint PATH"),
-        ("train --checkpoint-every 3", 2, "--checkpoint"),
         ("train --newlines", 2, "--microgpt-exact"),
         ("train --chunk-size 2", 1, "--chunk-size is the rows of a Dask task: it needs --backend dask"),
         ("train --workers 0", 2, "--workers"),
@@ -811,7 +774,7 @@ def paths(tmp_path: Path, checkpoint: Path, data_file: Path) -> dict[str, Path]:
         (f"train --n-layer {10**11}", 2, "--n-layer 100000000000: a model of"),
         (f"train --block-size {10**13}", 2, "--block-size 10000000000000: a model of"),
         (f"replay --n-embd {10**20}", 2, "GiB (weights, gradients"),
-        # the model's shape, before any output
+        # the model's shape
         ("train --data {data} --batch-size 4 --n-embd 10", 2, "--n-embd 10 is not a multiple of --n-head 4"),
         ("train --data {data} --batch-size 4 --n-head 3", 2, "--n-embd 16 is not a multiple of --n-head 3"),
         ("train --data {data} --batch-size 4 --n-embd 12 --n-head 5", 2,
@@ -844,17 +807,24 @@ def paths(tmp_path: Path, checkpoint: Path, data_file: Path) -> dict[str, Path]:
         ("train --text {not_utf8}", 1, "not UTF-8"),
         ("train --text {data} --val-data {missing}", 1, "cannot read data file"),
         ("train --text {data} --checkpoint {data} --overwrite", 2, "is --text"),
+        ("train --seed -1", 1, "--seed must be a non-negative int, got -1"),
+        ("train --val-fraction 1.5", 1, "--val-fraction"),
+        ("train --val-data {missing}", 1, "cannot read data file"),
+        # threads, workers, devices, compilers, files
         ("train --threads 0", 2, "--threads"),
         ("sample --checkpoint {ckpt} --threads many", 2, "--threads"),
-        ("export --checkpoint {ckpt} --out {tmp}/w.json --graph decode", 2,
-         "--graph applies only with --format onnx"),
-        ("sample --checkpoint {ckpt} --out {nodir}", 1, "does not exist"),
         ("train --microgpt-exact --workers 2", 2, "--workers"),
         ("sample --checkpoint {ckpt} --workers 2 --microgpt-exact", 2, "--workers"),
         ("eval --checkpoint {ckpt} --workers 2", 2, "unrecognized arguments"),
         ("train --microgpt-exact --batch-size 4", 2, "--batch-size"),
         ("train --scheduler tcp://127.0.0.1:8786", 2, "--backend dask"),
+        pytest.param("train --backend dask --scheduler no-port", 1, "address", marks=needs_distributed),
+        pytest.param("eval --checkpoint {ckpt} --backend dask --scheduler bogus://x:1", 1, "address",
+                     marks=needs_distributed),
         ("train --device gpu7", 1, "gpu7"),
+        ("train --jit", 2, "backend 'numpy' has no compiler"),
+        ("sample --checkpoint {ckpt} --jit", 2, "--no-jit"),
+        ("eval --checkpoint {ckpt} --backend torch --jit", 2, "'torch' has no"),
         ("train --plot {tmp}/loss.nope", 1, "image format"),
         ("train --plot {tmp}/no/dir/loss.png", 1, "does not exist"),
         ("train --data {data} --steps 3 --batch-size 2 --resume --checkpoint {corrupt}", 1, "corrupt"),
@@ -868,45 +838,36 @@ def paths(tmp_path: Path, checkpoint: Path, data_file: Path) -> dict[str, Path]:
         ("sample --checkpoint {ckpt} --backend nope", 2, "invalid choice"),
         ("sample --checkpoint {ckpt} --prompt é", 1, "'é'"),
         ("sample --microgpt-exact --checkpoint {ckpt}", 1, "microgpt-exact"),
+        ("sample --checkpoint {ckpt} --out {nodir}", 1, "does not exist"),
+        ("sample --checkpoint {ckpt} --out {ckpt}", 2, "would replace the model"),
         ("eval --checkpoint {corrupt}", 1, "corrupt"),
         ("eval --checkpoint {ckpt} --data {unknown_char}", 1, "'ë'"),
         ("eval --checkpoint {ckpt} --data {missing}", 1, "cannot read data file"),
         ("eval --checkpoint {ckpt} --chunk-size 0", 2, "--chunk-size"),
         ("export --checkpoint {ckpt} --out {nodir}", 1, "does not exist"),
         ("export --checkpoint {ckpt} --out {ckpt}", 2, "would replace the model"),
-        ("sample --checkpoint {ckpt} --out {ckpt}", 2, "would replace the model"),
+        ("export --checkpoint {truncated} --out {tmp}/w.json", 1, "checkpoint"),
+        ("export --checkpoint {ckpt} --out {tmp}/w.json --graph decode", 2,
+         "--graph applies only with --format onnx"),
         ("train --data {data} --checkpoint {data} --overwrite", 2, "would replace its corpus"),
         ("replay --data {data} --checkpoint {data} --overwrite", 2, "would replace its corpus"),
         ("train --microgpt-exact --data {data} --checkpoint {data} --overwrite", 2,
          "would replace its corpus"),
-        ("train --seed -1", 1, "--seed must be a non-negative int, got -1"),
-        ("train --val-fraction 1.5", 1, "--val-fraction"),
-        ("train --val-data {missing}", 1, "cannot read data file"),
-        ("export --checkpoint {truncated} --out {tmp}/w.json", 1, "checkpoint"),
         ("frobnicate", 2, "invalid choice"),
-        ("train --jit", 2, "backend 'numpy' has no compiler"),
-        ("sample --checkpoint {ckpt} --jit", 2, "--no-jit"),
-        ("eval --checkpoint {ckpt} --backend torch --jit", 2, "'torch' has no"),
-        pytest.param("train --backend dask --scheduler no-port", 1, "address", marks=needs_distributed),
-        pytest.param("eval --checkpoint {ckpt} --backend dask --scheduler bogus://x:1", 1, "address",
-                     marks=needs_distributed),
     ],
 )  # fmt: skip
-def test_user_errors_print_one_line_before_any_output(
+def test_user_errors_are_one_line_before_any_output(
     cli: Cli, paths: dict[str, Path], argv: str, status: int, fragment: str
 ) -> None:
     cli.fails(argv.format(**paths).split(), status, fragment)
 
 
 def fault(monkeypatch: MP, what: str) -> None:
-    """Make ``what`` happen: a missing extra (None in sys.modules: an ImportError), no
-    dask.distributed, or a sampler out of memory."""
+    """Make ``what`` happen: an extra not installed (None in sys.modules: an ImportError),
+    no dask.distributed, or a sampler out of memory."""
     if what == "memory":
-
-        def no_memory(*args, **kwargs):  # type: ignore[no-untyped-def]
-            raise MemoryError("Unable to allocate 95.4 GiB for an array with shape (10000000, 16)")
-
-        monkeypatch.setattr(sample_module, "decode_batch", no_memory)
+        error = MemoryError("Unable to allocate 95.4 GiB for an array with shape (10000000, 16)")
+        on_call(monkeypatch, sample_module, "decode_batch", raise_at(1, error))
     elif what == "distributed":
         find_spec = importlib.util.find_spec
 
@@ -948,11 +909,11 @@ def test_a_missing_extra_or_memory_is_one_line_saying_what_to_do(
 
 
 @pytest.mark.parametrize(
-    "argv", [["train"], ["sample", "--checkpoint", "{ckpt}"], ["eval", "--checkpoint", "{ckpt}"]]
+    "command", ["train", "sample --checkpoint {ckpt}", "eval --checkpoint {ckpt}"]
 )
 @pytest.mark.parametrize("device", [None, "cuda:3", "bogus"])
 def test_a_device_the_backend_refuses_is_one_error_line(
-    cli: Cli, monkeypatch: MP, checkpoint: Path, argv: list[str], device: str | None
+    cli: Cli, monkeypatch: MP, checkpoint: Path, command: str, device: str | None
 ) -> None:
     # what torch.device("bogus") and cupy.cuda.Device() on a machine without a GPU raise (a
     # RuntimeError, not a ValueError), without importing either
@@ -964,49 +925,44 @@ def test_a_device_the_backend_refuses_is_one_error_line(
         )
 
     monkeypatch.setattr(cli_xp, "resolve_device", refuse)
-    backend = "numpy" if device == "bogus" else "cupy"
-    where = [] if device is None else ["--device", device]
-    argv = [*(a.format(ckpt=checkpoint) for a in argv), "--backend", backend, *where]
+    argv = [
+        *command.format(ckpt=checkpoint).split(),
+        *([] if device is None else ["--device", device]),
+    ]
     if device == "bogus":
-        cli.fails(argv, 1, "unknown device 'bogus' for backend 'numpy'")
+        cli.fails([*argv, "--backend", "numpy"], 1, "unknown device 'bogus' for backend 'numpy'")
     else:
         which = "a GPU" if device is None else f"the GPU '{device}'"
-        err = cli.fails(argv, 1, "backend 'cupy' needs an NVIDIA GPU with CUDA", which, "numpy")
+        needs = "backend 'cupy' needs an NVIDIA GPU with CUDA"
+        err = cli.fails([*argv, "--backend", "cupy"], 1, needs, which, "numpy")
         assert "unknown device" not in err
 
 
 @pytest.mark.needs_torch
-def test_a_cuda_device_on_a_torch_without_cuda_is_one_line(cli: Cli, data_file: Path) -> None:
+def test_a_cuda_device_on_a_torch_without_cuda_is_one_line(cli: Cli, names16: Path) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this torch has CUDA")
-    rc, _, err = cli("train", "--data", data_file, "--backend", "torch", "--device", "cuda")
+    rc, _, err = cli("train", "--data", names16, "--backend", "torch", "--device", "cuda")
     assert rc == 1 and err.count("\n") == 1 and "no usable CUDA" in err
 
 
-def test_a_diverged_run_is_one_line_and_exit_1(cli: Cli, tmp_path: Path, data: Path) -> None:
-    rc, out, err = cli(*train_cmd(data, 50, "--lr", 1e30, "--checkpoint", tmp_path / "x.npz"))
+def test_a_diverged_run_is_one_line_and_exit_1(cli: Cli, tmp_path: Path, names24: Path) -> None:
+    rc, out, err = cli(*train_cmd(names24, 50, "--lr", 1e30, "--checkpoint", tmp_path / "x.npz"))
     assert rc == 1 and "done:" not in out
     assert err.count("\n") == 1 and "training stopped" in err and "RuntimeWarning" not in err
     assert "no checkpoint of this run was written" in err
 
 
 def test_a_dead_worker_is_one_line_with_the_resume_command(
-    cli: Cli, monkeypatch: MP, tmp_path: Path, data: Path
+    cli: Cli, monkeypatch: MP, tmp_path: Path, names24: Path
 ) -> None:
     from microgpt_xp.runners import processes
 
-    calls = iter(range(1, 100))
-    original = processes.WorkerPool.map
-
-    def dies_at_the_third_step(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if next(calls) == 3:
-            raise processes.WorkerDied("a microgpt_xp worker process died during the step")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(processes.WorkerPool, "map", dies_at_the_third_step)
+    died = processes.WorkerDied("a microgpt_xp worker process died during the step")
+    on_call(monkeypatch, processes.WorkerPool, "map", raise_at(3, died))  # in the third step
     ckpt = tmp_path / "run.npz"
-    argv = train_cmd(data, 6, "--workers", 2, "--checkpoint", ckpt, "--checkpoint-every", 1)
+    argv = train_cmd(names24, 6, "--workers", 2, "--checkpoint", ckpt, "--checkpoint-every", 1)
     rc, _, err = cli(*argv)
     assert rc == 1 and err.count("\n") == 1
     assert "worker process died" in err and "after step 2" in err
@@ -1024,11 +980,10 @@ def test_threads_are_auto_or_a_count_capped_at_the_cores(
     rc, out, err = cli(*argv, "--threads", threads)
     assert rc == 0 and len(json.loads(out)["samples"]) == 3
     cpus = usable_cpus()
-    capped = threads.isdigit() and int(threads) > cpus
     note = (
         f"microgpt-xp: note: --threads {threads}: this process may use {cpus} cores; using {cpus}\n"
     )
-    assert err == (note if capped else "")
+    assert err == (note if threads.isdigit() and int(threads) > cpus else "")
 
 
 @pytest.mark.parametrize(
@@ -1072,20 +1027,6 @@ def same_dask_scheduler() -> Iterator[None]:
     assert dask.config.get("scheduler", None) == before
 
 
-@needs_distributed
-def test_scheduler_runs_eval_and_train_on_the_cluster(
-    cli: Cli, same_dask_scheduler: None, scheduler_address: str, checkpoint: Path, data_file: Path
-) -> None:
-    on_it = ["--backend", "dask", "--scheduler", scheduler_address]
-    argv = ["eval", "--checkpoint", checkpoint, "--data", data_file]
-    local = cli.json(*argv)["mean_loss"]
-    result = cli.json(*argv, *on_it, "--chunk-size", 5)
-    np.testing.assert_allclose(result["mean_loss"], local, rtol=1e-6)
-    argv = train_cmd(data_file, 1, "--num-samples", 0)
-    numpy_loss = cli.json(*argv)["final_loss"]
-    np.testing.assert_allclose(cli.json(*argv, *on_it)["final_loss"], numpy_loss, rtol=1e-6)
-
-
 @pytest.fixture
 def quick_connect(monkeypatch: MP, same_dask_scheduler: None) -> None:
     """connect() waits 1 s for a scheduler (or for a lost one to come back), not 10 s."""
@@ -1093,23 +1034,36 @@ def quick_connect(monkeypatch: MP, same_dask_scheduler: None) -> None:
 
 
 @needs_distributed
-@pytest.mark.parametrize("command", ["eval", "train"])
-def test_scheduler_that_does_not_answer_is_one_error_line(
-    cli: Cli, quick_connect: None, checkpoint: Path, data_file: Path, command: str
+def test_scheduler_runs_eval_and_train_on_the_cluster(
+    cli: Cli, same_dask_scheduler: None, scheduler_address: str, checkpoint: Path, names16: Path
 ) -> None:
-    argv = {
-        "eval": ["eval", "--checkpoint", checkpoint, "--data", data_file],
-        "train": train_cmd(data_file, 1),
-    }[command]
+    on_it = ["--backend", "dask", "--scheduler", scheduler_address]
+    argv = ["eval", "--checkpoint", checkpoint, "--data", names16]
+    local = cli.json(*argv)["mean_loss"]
+    result = cli.json(*argv, *on_it, "--chunk-size", 5)
+    np.testing.assert_allclose(result["mean_loss"], local, rtol=1e-6)
+    argv = train_cmd(names16, 1, "--num-samples", 0)
+    numpy_loss = cli.json(*argv)["final_loss"]
+    np.testing.assert_allclose(cli.json(*argv, *on_it)["final_loss"], numpy_loss, rtol=1e-6)
+
+
+@needs_distributed
+@pytest.mark.parametrize(
+    "command",
+    ["eval --checkpoint {ckpt} --data {data}", "train --data {data} --steps 1 --batch-size 4"],
+)
+def test_scheduler_that_does_not_answer_is_one_error_line(
+    cli: Cli, quick_connect: None, paths: dict[str, Path], command: str
+) -> None:
     port_1 = "tcp://127.0.0.1:1"  # where nothing listens
-    what = f"cannot reach the Dask scheduler at '{port_1}' within 1 s"
-    cli.fails([*argv, "--backend", "dask", "--scheduler", port_1], 1, what)
+    argv = [*command.format(**paths).split(), "--backend", "dask", "--scheduler", port_1]
+    cli.fails(argv, 1, f"cannot reach the Dask scheduler at '{port_1}' within 1 s")
 
 
 @needs_distributed
 @pytest.mark.parametrize("command", ["eval", "train"])
 def test_a_scheduler_lost_mid_run_is_one_error_line(
-    cli: Cli, monkeypatch: MP, quick_connect: None, checkpoint: Path, data_file: Path, command: str
+    cli: Cli, monkeypatch: MP, quick_connect: None, checkpoint: Path, names16: Path, command: str
 ) -> None:
     import distributed
 
@@ -1130,16 +1084,10 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
             return original(*args, on_step=step_then_lose, **kwargs)
 
         monkeypatch.setattr(train_module, "train", train_then_lose)
-        argv = train_cmd(data_file, 20)
+        argv = train_cmd(names16, 20)
     else:  # the scheduler goes away as the scoring is submitted
-        compute = DaskTasks.map
-
-        def lose_then_compute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            lost.close()
-            return compute(self, *args, **kwargs)
-
-        monkeypatch.setattr(DaskTasks, "map", lose_then_compute)
-        argv = ["eval", "--checkpoint", checkpoint, "--data", data_file]
+        on_call(monkeypatch, DaskTasks, "map", lambda n: lost.close())
+        argv = ["eval", "--checkpoint", checkpoint, "--data", names16]
     # distributed logs its failed reconnection to its own stderr handler: no second line
     logged: list[logging.LogRecord] = []
     handler = logging.Handler(logging.ERROR)
@@ -1185,10 +1133,10 @@ def test_dask_local_prints_only_the_commands_lines(
     )
     argv = ["eval", "--checkpoint", paths["ckpt"], "--data", paths[data], "--backend", "dask"]
     env = {**os.environ, "MICROGPT_XP_VERBOSE": "1" if verbose else "0"}
+    command = [sys.executable, "-c", code, *map(str, argv), "--scheduler", "local"]
     result = subprocess.run(
-        [sys.executable, "-c", code, *map(str, argv), "--scheduler", "local", "--chunk-size", "4"],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+        [*command, "--chunk-size", "4"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert result.returncode == status, result.stderr
     if verbose:
         assert "LOUD" in result.stderr and "large graph" in result.stderr
@@ -1215,7 +1163,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_130(
     a corpus that takes longer than the delay)."""
     code = "import sys\nprint(flush=True)\nfrom microgpt_xp.cli import main\nsys.exit(main())\n"
     argv = ["eval", "--checkpoint", checkpoint, "--data", big_corpus, "--backend", "numpy"]
-    child = start(code, *map(str, argv), text=True)
+    child = start(code, *argv, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline() == "\n"  # Python started
         time.sleep(delay)
@@ -1245,7 +1193,7 @@ def _big_dask_eval(checkpoint: Path, corpus: Path, scheduler: str) -> subprocess
     computation has started (within 120 s)."""
     argv = ["eval", "--checkpoint", checkpoint, "--data", corpus, "--backend", "dask"]
     argv += ["--scheduler", scheduler, "--chunk-size", "500"]
-    child = start(_MARKED, *map(str, argv), text=True, start_new_session=True)
+    child = start(_MARKED, *argv, text=True, start_new_session=True)
     try:
         assert child.stdout is not None
         ready, _, _ = select.select([child.stdout], [], [], 120)
@@ -1286,18 +1234,18 @@ def test_a_scheduler_killed_mid_run_is_one_error_line(
     """kill -9 of a `dask scheduler` (127.0.0.1, a worker of its own) mid-eval: the command
     ends within seconds with one line naming the scheduler, and 1."""
     path = tmp_path / "scheduler.json"
-
-    def spawn(argv: list[str], role: str) -> subprocess.Popen[str]:
-        argv = [a.format(role) for a in argv]
-        null = subprocess.DEVNULL
-        return subprocess.Popen(argv, stdout=null, stderr=null, text=True, start_new_session=True)
-
+    dask = [sys.executable, "-m", "distributed.cli.dask_{}", "--host", "127.0.0.1"]
+    where = ["--no-dashboard", "--scheduler-file", str(path)]
+    null = subprocess.DEVNULL
     started: list[subprocess.Popen[str]] = []
+
+    def spawn(role: str, *argv: str) -> subprocess.Popen[str]:
+        command = [a.format(role) for a in [*dask, *argv, *where]]
+        started.append(subprocess.Popen(command, stdout=null, stderr=null, start_new_session=True))
+        return started[-1]
+
     try:
-        dask = [sys.executable, "-m", "distributed.cli.dask_{}", "--host", "127.0.0.1"]
-        where = ["--no-dashboard", "--scheduler-file", str(path)]
-        scheduler = spawn([*dask, "--port", "0", *where], "scheduler")
-        started.append(scheduler)
+        scheduler = spawn("scheduler", "--port", "0")
         for _ in range(300):  # 30 s at most
             with contextlib.suppress(OSError, ValueError):
                 address = json.loads(path.read_text())["address"]
@@ -1305,7 +1253,7 @@ def test_a_scheduler_killed_mid_run_is_one_error_line(
             time.sleep(0.1)
         else:
             pytest.fail("the scheduler wrote no scheduler file in 30 s")
-        started.append(spawn([*dask, "--no-nanny", "--nthreads", "1", *where], "worker"))
+        spawn("worker", "--no-nanny", "--nthreads", "1")
         assert address.startswith("tcp://127.0.0.1:")
         started.append(_big_dask_eval(checkpoint, big_corpus, address))
         scheduler.kill()
@@ -1355,28 +1303,28 @@ def test_help_shows_each_default_once_in_plain_text(cli: Cli, command: str) -> N
         assert option_help.count("(default") <= 1, option_help
 
 
-def test_version(cli: Cli) -> None:
-    assert cli("--version") == (0, f"microgpt-xp {__version__}\n", "")
+@pytest.mark.parametrize("how", ["console script", "python -m", "in-process"])
+def test_the_console_script_and_python_dash_m_run_the_same_program(
+    capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    def call(*argv: str) -> tuple[int, str, str]:
+        if how == "in-process":
+            return (main(list(argv)), *capsys.readouterr())
+        done = subprocess.run([*command, *argv], capture_output=True, text=True, timeout=60)
+        return done.returncode, done.stdout, done.stderr
 
-
-@pytest.mark.parametrize("how", ["console script", "python -m"])
-def test_the_installed_console_script_and_python_dash_m_run_the_same_program(how: str) -> None:
-    if how == "python -m":
-        command = [sys.executable, "-m", "microgpt_xp.cli"]
-    else:
+    command = [sys.executable, "-m", "microgpt_xp.cli"]
+    if how == "console script":
         found = shutil.which("microgpt-xp", path=str(Path(sys.executable).parent))
         if (found := found or shutil.which("microgpt-xp")) is None:
             pytest.skip("the microgpt-xp console script is not installed")
         command = [found]
-
-    def call(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*command, *argv], capture_output=True, text=True, timeout=60)
-
-    version, usage, bad = call("--version"), call("--help"), call("train", "--steps", "0")
-    assert version.returncode == 0 and version.stdout == f"microgpt-xp {__version__}\n"
-    assert usage.returncode == 0 and "usage: microgpt-xp" in usage.stdout
-    assert bad.returncode == 2 and bad.stdout == ""
-    assert_one_error_line(bad.stderr, "--steps")
+    assert call("--version") == (0, f"microgpt-xp {__version__}\n", "")
+    rc, out, _ = call("--help")
+    assert rc == 0 and "usage: microgpt-xp" in out
+    rc, out, err = call("train", "--steps", "0")
+    assert rc == 2 and out == ""
+    assert_one_error_line(err, "--steps")
 
 
 def test_help_imports_no_heavy_module() -> None:
@@ -1396,21 +1344,22 @@ def test_help_imports_no_heavy_module() -> None:
 
 # -- held-out loss, progress lines off a terminal -----------------------------------------------
 def test_held_out_loss_in_the_text_the_json_and_the_checkpoint(
-    cli: Cli, tmp_path: Path, data: Path
+    cli: Cli, tmp_path: Path, names24: Path
 ) -> None:
     ckpt = tmp_path / "run.npz"
-    argv = train_cmd(data, 6, "--val-fraction", 0.25, "--eval-every", 3, "--checkpoint", ckpt)
+    argv = train_cmd(names24, 6, "--val-fraction", 0.25, "--eval-every", 3, "--checkpoint", ckpt)
     summary = cli.json(*argv)
     assert summary["num_docs"] == 18 and summary["num_val_docs"] == 6
-    assert [step for step, _ in summary["val_losses"]] == [3, 6]
     assert len(summary["losses"]) == 6 and summary["final_loss"] == summary["losses"][-1]
-    assert summary["final_val_loss"] == summary["val_losses"][-1][1]
     history = load(ckpt).meta["history"]
-    assert history["losses"] == summary["losses"] and history["val_losses"] == summary["val_losses"]
-    # per token beside per document; the speed of the steps
-    assert [step for step, _ in summary["val_token_losses"]] == [3, 6]
-    assert summary["final_val_token_loss"] == summary["val_token_losses"][-1][1]
-    assert history["val_token_losses"] == summary["val_token_losses"]
+    assert history["losses"] == summary["losses"]
+    # per document and per token; the speed of the steps
+    for key, final in [
+        ("val_losses", "final_val_loss"),
+        ("val_token_losses", "final_val_token_loss"),
+    ]:
+        assert [step for step, _ in summary[key]] == [3, 6] and history[key] == summary[key]
+        assert summary[final] == summary[key][-1][1]
     assert summary["mode"] == "docs" and summary["num_chars"] is None
     assert summary["ms_per_step"] > 0 and summary["tokens_per_s"] > 0
     assert 6 * 4 * 2 <= summary["tokens"] <= 6 * 4 * FIT  # predicted tokens of the 6 batches
@@ -1420,9 +1369,9 @@ def test_held_out_loss_in_the_text_the_json_and_the_checkpoint(
     assert "(+6 held out)" in out.splitlines()[0]
 
 
-def test_progress_lines_off_a_terminal(cli: Cli, monkeypatch: MP, data: Path) -> None:
+def test_progress_lines_off_a_terminal(cli: Cli, monkeypatch: MP, names24: Path) -> None:
     monkeypatch.setattr(_progress, "LINE_SECONDS", 0.0)
-    argv = train_cmd(data, 200, "--num-samples", 0, "--val-data", data, "--eval-every", 100)
+    argv = train_cmd(names24, 200, "--num-samples", 0, "--val-data", names24, "--eval-every", 100)
     rc, out, err = cli(*argv)
     assert rc == 0 and out.startswith("train: ")
     lines = err.splitlines()
@@ -1434,26 +1383,15 @@ def test_progress_lines_off_a_terminal(cli: Cli, monkeypatch: MP, data: Path) ->
 
 
 # -- a stream of text and the optimizer's options -----------------------------------------------
-VERSE = (
-    "To be, or not to be, that is the question:\n"
-    "Whether 'tis nobler in the mind to suffer\n"
-    "The slings and arrows of outrageous fortune,\n"
-    "Or to take arms against a sea of troubles\n"
-)
 SCHEDULE = {"warmup": 3, "decay": "cosine", "min_lr": 0.001, "weight_decay": 0.1}
 SCHEDULE |= {"grad_clip": 1.0, "init_std": 0.02}
 SCHEDULE_ARGV = [a for k, v in SCHEDULE.items() for a in ("--" + k.replace("_", "-"), v)]
 
 
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("text") / "verse.txt"
-    path.write_text(VERSE * 4, encoding="utf-8")
-    return path
-
-
-def record_train(monkeypatch: MP) -> dict[str, Any]:
-    """Make the CLI's train() record its keywords and stop (a ValueError: exit status 1)."""
+def test_options_reach_train_only_where_given(
+    cli: Cli, monkeypatch: MP, tmp_path: Path, names16: Path, text_file: Path
+) -> None:
+    """train() records its keywords and stops (a ValueError: exit status 1)."""
     seen: dict[str, Any] = {}
 
     def recording(*args: Any, **kwargs: Any) -> None:
@@ -1461,29 +1399,18 @@ def record_train(monkeypatch: MP) -> dict[str, Any]:
         raise ValueError("recorded")
 
     monkeypatch.setattr(train_module, "train", recording)
-    return seen
-
-
-def test_optimizer_options_reach_train_only_where_given(
-    cli: Cli, monkeypatch: MP, data_file: Path
-) -> None:
-    seen = record_train(monkeypatch)
-    argv = ["train", "--data", data_file, "--batch-size", 4, *SCHEDULE_ARGV, "--beta1", 0.9]
+    argv = ["train", "--data", names16, "--batch-size", 4, *SCHEDULE_ARGV, "--beta1", 0.9]
     cli.fails([*argv, "--beta2", 0.95, "--val-fraction", 0.25, "--eval-tokens", 64], 1, "recorded")
     assert {k: seen[k] for k in SCHEDULE} == SCHEDULE and seen["eval_tokens"] == 64
     assert seen["optimizer"] == AdamConfig(beta1=0.9, beta2=0.95)  # the rest the spec's
     assert callable(seen["on_step"]) and "callback" not in seen
     assert seen["docs"] and seen["val_docs"] and "text" not in seen
     seen.clear()
-    assert cli("train", "--data", data_file, "--batch-size", 4)[0] == 1
+    assert cli("train", "--data", names16, "--batch-size", 4)[0] == 1
     assert seen["optimizer"] is None  # nothing given: the library's defaults
     assert not set(seen) & {*SCHEDULE, "eval_tokens"}
-
-
-def test_text_options_reach_train(
-    cli: Cli, monkeypatch: MP, tmp_path: Path, text_file: Path
-) -> None:
-    seen = record_train(monkeypatch)
+    # a stream of text, its held-out part the last fraction or a file
+    seen.clear()
     assert cli("train", "--text", text_file, "--val-fraction", 0.1)[0] == 1
     assert "docs" not in seen and "val_docs" not in seen
     assert seen["text"] == VERSE * 4 and seen["val_text"] is None and seen["val_fraction"] == 0.1
