@@ -340,9 +340,7 @@ def test_a_signal_stops_training_with_the_resume_command(
 
 
 # -- the model's shape and the block size -------------------------------------------------
-def test_shape_options_reach_sample_eval_and_export(
-    cli: Cli, tmp_path: Path, names16: Path
-) -> None:
+def test_shape_options_reach_sample_eval_export(cli: Cli, tmp_path: Path, names16: Path) -> None:
     ckpt, weights = tmp_path / "big.npz", tmp_path / "w.json"
     shape = ["--n-layer", 2, "--n-embd", 8, "--n-head", 2, "--block-size", 12]
     out = cli.ok(*train_cmd(names16, 3, *shape, "--checkpoint", ckpt, "--num-samples", 0))
@@ -364,9 +362,7 @@ def test_shape_options_reach_sample_eval_and_export(
     assert np.array(state["wpe"]).shape == (12, 8)
 
 
-def test_export_round_trips_through_params_from_state_dict(
-    cli: Cli, tmp_path: Path, checkpoint: Path
-) -> None:
+def test_export_round_trips_via_from_state_dict(cli: Cli, tmp_path: Path, checkpoint: Path) -> None:
     cli.ok("export", "--checkpoint", checkpoint, "--out", tmp_path / "weights.json")
     state = json.loads((tmp_path / "weights.json").read_text())
     saved = load(checkpoint)
@@ -400,9 +396,7 @@ def test_the_embedded_corpus_keeps_the_originals_output(cli: Cli, tmp_path: Path
     assert result["num_docs"] == len(default_docs()) and 0 < result["mean_loss"] < 10
 
 
-def test_a_block_size_that_cuts_names_says_how_many(
-    cli: Cli, tmp_path: Path, names16: Path
-) -> None:
+def test_a_block_size_cutting_names_says_how_many(cli: Cli, tmp_path: Path, names16: Path) -> None:
     cut = sum(len(name) >= 5 for name in NAMES)  # more than 4 characters
     ckpt = tmp_path / "short.npz"
     rc, out, err = cli(*train_cmd(names16, 2, "--block-size", 5, "--checkpoint", ckpt))
@@ -419,9 +413,7 @@ def test_a_block_size_that_cuts_names_says_how_many(
 
 
 # -- existing checkpoints: --overwrite, --resume, extending a run -----------------------------
-def test_an_existing_checkpoint_needs_resume_or_overwrite(
-    cli: Cli, tmp_path: Path, names16: Path
-) -> None:
+def test_existing_file_needs_resume_or_overwrite(cli: Cli, tmp_path: Path, names16: Path) -> None:
     ckpt = tmp_path / "run.npz"
     argv = ["train", "--data", names16, "--num-samples", 0, "--checkpoint", ckpt]
     cli.ok(*argv, "--steps", 3, "--batch-size", 4)
@@ -437,9 +429,7 @@ def test_an_existing_checkpoint_needs_resume_or_overwrite(
     cli.fails([*argv, "--steps", 2, "--overwrite", "--resume"], 2, "--resume", "--overwrite")
 
 
-def test_resume_with_more_steps_extends_a_finished_run(
-    cli: Cli, tmp_path: Path, names16: Path
-) -> None:
+def test_resume_with_more_steps_extends_a_run(cli: Cli, tmp_path: Path, names16: Path) -> None:
     ckpt = tmp_path / "run.npz"
     argv = ["train", "--data", names16, "--batch-size", 4, "--checkpoint", ckpt]
     cli.ok(*argv, "--steps", 6, "--num-samples", 0)
@@ -547,9 +537,7 @@ def test_sample_prints_the_librarys_names_and_streams_them_as_json(
 
 
 @pytest.mark.parametrize("chunk_size", [None, 3, 1024])
-def test_eval_prints_the_mean_per_name_loss(
-    cli: Cli, checkpoint: Path, names16: Path, chunk_size: int | None
-) -> None:
+def test_eval_mean_loss(cli: Cli, checkpoint: Path, names16: Path, chunk_size: int | None) -> None:
     saved = load(checkpoint)
     assert saved.tokenizer is not None
     tokens, lengths = encode_docs(saved.tokenizer, NAMES, saved.config.block_size)
@@ -572,9 +560,7 @@ def test_eval_prints_the_mean_per_name_loss(
         assert result["token_loss"] == scores.token_mean
 
 
-def test_export_onnx_writes_a_graph_onnxruntime_runs(
-    cli: Cli, tmp_path: Path, checkpoint: Path
-) -> None:
+def test_export_onnx_runs_in_onnxruntime(cli: Cli, tmp_path: Path, checkpoint: Path) -> None:
     for module in ("ndonnx", "onnx", "onnxruntime"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed (the [onnx] extra)")
@@ -613,9 +599,7 @@ def test_sample_streams_each_batch_as_it_is_made(monkeypatch: MP, checkpoint: Pa
     assert samples_of(printed) == library_samples(checkpoint, 7, seed=2)
 
 
-def test_sample_out_writes_a_names_file_atomically(
-    cli: Cli, monkeypatch: MP, tmp_path: Path, checkpoint: Path
-) -> None:
+def test_sample_out_is_atomic(cli: Cli, monkeypatch: MP, tmp_path: Path, checkpoint: Path) -> None:
     names = library_samples(checkpoint, 11, seed=4)
     out_file = tmp_path / "names.txt"
     argv = ["sample", "--checkpoint", checkpoint, "--num-samples", 11, "--seed", 4]
@@ -658,9 +642,7 @@ def test_a_closed_stdout_stops_quietly(cli: Cli, monkeypatch: MP, checkpoint: Pa
         ["export", "--out", "-"],  # about 1.5 MB of JSON
     ],
 )
-def test_a_pipe_closed_by_its_reader_prints_no_broken_pipe(
-    tmp_path: Path, names16: Path, argv: list[str]
-) -> None:
+def test_a_pipe_closed_early_is_no_error(tmp_path: Path, names16: Path, argv: list[str]) -> None:
     """``microgpt-xp sample | head``, ``microgpt-xp export --out - | head``: output far
     bigger than a pipe's buffer, whose reader goes away after a few bytes."""
     ckpt = make_checkpoint(tmp_path / "wide.npz", *train_cmd(names16, 1, "--n-embd", 64))
@@ -684,9 +666,7 @@ def test_a_closed_stdout_at_start_is_an_error(checkpoint: Path) -> None:
 
 
 # -- microgpt-exact ----------------------------------------------------------------------------
-def test_exact_train_prints_the_originals_output_and_sample_replays_it(
-    cli: Cli, tmp_path: Path, names16: Path
-) -> None:
+def test_exact_prints_the_originals_output(cli: Cli, tmp_path: Path, names16: Path) -> None:
     ckpt = tmp_path / "exact.npz"
     out = cli.ok("train", "--microgpt-exact", "--data", names16, "--newlines", "--checkpoint", ckpt)
     lines = out.splitlines()
@@ -707,9 +687,7 @@ def test_exact_train_prints_the_originals_output_and_sample_replays_it(
 
 
 @pytest.mark.parametrize("shape", [{}, {"block_size": 6, "n_embd": 8, "n_head": 2}])
-def test_exact_train_matches_the_reference_and_notes_cut_names(
-    cli: Cli, names16: Path, shape: dict[str, int]
-) -> None:
+def test_exact_matches_the_reference_script(cli: Cli, names16: Path, shape: dict[str, int]) -> None:
     expected = reference.run_microgpt(
         NAMES, num_steps=3, num_samples=2, print_fn=lambda s: None, **shape
     )
@@ -752,110 +730,93 @@ def paths(tmp_path: Path, checkpoint: Path, names16: Path) -> dict[str, Path]:
     return made | {"foreign": tmp_path / "foreign.npz"}
 
 
+USAGE_ERRORS = [  # exit status 2: the command line itself is wrong
+    ("train --backend nope", "invalid choice: 'nope'"), ("train --dtype float16", "invalid choice: 'float16'"),
+    ("train --steps 0", "--steps"), ("train --steps ten", "--steps"), ("train --lr -0.1", "--lr"),
+    ("train --batch-size 0", "--batch-size"), ("train --microgpt-exact --batch-size 4", "--batch-size"),
+    ("train --temperature 0", "--temperature"), ("train --temperature nan", "--temperature"),
+    ("train --resume", "--checkpoint"), ("train --checkpoint-every 3", "--checkpoint"),
+    ("train --overwrite", "need --checkpoint PATH"), ("train --newlines", "--microgpt-exact"),
+    ("train --workers 0", "--workers"), ("train --workers 100000", "--workers: workers must be at most"),
+    (f"train --n-embd {10**20}", f"--n-embd {10**20}: a model of"),
+    (f"train --n-layer {10**11}", "--n-layer 100000000000: a model of"),
+    (f"train --block-size {10**13}", "--block-size 10000000000000: a model of"),
+    (f"replay --n-embd {10**20}", "GiB (weights, gradients"),
+    ("train --data {data} --batch-size 4 --n-embd 10", "--n-embd 10 is not a multiple of --n-head 4"),
+    ("train --data {data} --batch-size 4 --n-head 3", "--n-embd 16 is not a multiple of --n-head 3"),
+    ("train --data {data} --batch-size 4 --n-embd 12 --n-head 5", "--n-embd 12 is not a multiple of --n-head 5"),
+    ("train --data {data} --microgpt-exact --n-head 3", "--n-embd 16 is not a multiple of --n-head 3"),
+    ("train --data {data} --batch-size 4 --n-layer 0", "--n-layer"),
+    ("train --data {data} --batch-size 4 --n-embd -4", "--n-embd"),
+    ("train --data {data} --batch-size 4 --block-size 0", "--block-size"),
+    ("train --data {data} --batch-size 4 --block-size two", "--block-size"),
+    ("train --eval-every 5", "--eval-every scores held-out text"),
+    ("train --eval-tokens 64", "--eval-tokens scores held-out text"),
+    ("train --eval-tokens 0", "argument --eval-tokens: must be at least 1"),
+    ("train --decay bogus", "argument --decay: invalid choice: 'bogus'"),
+    ("train --text {data} --data {data}", "argument --data: not allowed with argument --text"),
+    ("train --grad-clip -1", "argument --grad-clip: must be a finite number >= 0"),
+    ("train --weight-decay inf", "argument --weight-decay: must be a finite"),
+    ("train --min-lr x", "argument --min-lr: expected a number >= 0"),
+    ("train --warmup -1", "argument --warmup: must be at least 0"),
+    ("train --init-std 0", "argument --init-std: must be a finite number > 0"),
+    ("train --beta1 1", "argument --beta1: must be a finite number >= 0 and < 1"),
+    ("train --beta2 -0.5", "argument --beta2"),
+    ("train --length 64", "--length is the length of a passage: it needs --text"),
+    ("train --text {data} --checkpoint {data} --overwrite", "is --text"),
+    ("train --threads 0", "--threads"), ("sample --checkpoint {ckpt} --threads many", "--threads"),
+    ("train --microgpt-exact --workers 2", "--workers"),
+    ("sample --checkpoint {ckpt} --workers 2 --microgpt-exact", "--workers"),
+    ("eval --checkpoint {ckpt} --workers 2", "unrecognized arguments"),
+    ("train --scheduler tcp://127.0.0.1:8786", "--backend dask"),
+    ("train --jit", "backend 'numpy' has no compiler"), ("sample --checkpoint {ckpt} --jit", "--no-jit"),
+    ("eval --checkpoint {ckpt} --backend torch --jit", "'torch' has no"),
+    ("sample", "--checkpoint"), ("frobnicate", "invalid choice"),
+    ("sample --checkpoint {ckpt} --temperature -1", "--temperature"),
+    ("sample --checkpoint {ckpt} --num-samples 0", "--num-samples"),
+    ("sample --checkpoint {ckpt} --backend nope", "invalid choice"),
+    ("eval --checkpoint {ckpt} --chunk-size 0", "--chunk-size"),
+    ("export --checkpoint {ckpt} --out {tmp}/w.json --graph decode", "--graph applies only with --format onnx"),
+    ("export --checkpoint {ckpt} --out {ckpt}", "would replace the model"),
+    ("sample --checkpoint {ckpt} --out {ckpt}", "would replace the model"),
+    ("train --data {data} --checkpoint {data} --overwrite", "would replace its corpus"),
+    ("replay --data {data} --checkpoint {data} --overwrite", "would replace its corpus"),
+    ("train --microgpt-exact --data {data} --checkpoint {data} --overwrite", "would replace its corpus"),
+]  # fmt: skip
+RUN_ERRORS = [  # exit status 1: the command line is fine, what it names is not
+    ("train --data {missing}", "cannot read data file"), ("train --data {not_utf8}", "not UTF-8"),
+    ("train --data {data} --batch-size 100",
+     f"has {len(NAMES)} documents, fewer than the batch size 100: use --batch-size {len(NAMES)} (or less)"),
+    ("train --chunk-size 2", "--chunk-size is the rows of a Dask task: it needs --backend dask"),
+    ("train --data {data} --batch-size 4 --min-lr 0.1", "--min-lr must lie in [0, lr], got 0.1"),
+    ("train --data {data} --batch-size 4 --warmup 10 --steps 5", "--warmup must be less than num_steps=5"),
+    ("train --text {data} --block-size 1000", "--text: the text has"),
+    ("train --text {missing}", "cannot read data file"), ("train --text {not_utf8}", "not UTF-8"),
+    ("train --text {tmp}", "it is not a regular file"),
+    ("train --text {data} --val-data {missing}", "cannot read data file"),
+    ("train --seed -1", "--seed must be a non-negative int, got -1"),
+    ("train --val-fraction 1.5", "--val-fraction"), ("train --val-data {missing}", "cannot read data file"),
+    ("train --device gpu7", "gpu7"), ("train --plot {tmp}/loss.nope", "image format"),
+    ("train --plot {tmp}/no/dir/loss.png", "does not exist"),
+    ("train --data {data} --steps 3 --batch-size 2 --resume --checkpoint {corrupt}", "corrupt"),
+    ("sample --checkpoint {missing}", "does not exist"), ("sample --checkpoint {corrupt}", "corrupt"),
+    ("sample --checkpoint {truncated}", "checkpoint"),
+    ("sample --checkpoint {foreign}", "not a microgpt-xp checkpoint"),
+    ("sample --checkpoint {ckpt} --prompt é", "'é'"),
+    ("sample --microgpt-exact --checkpoint {ckpt}", "microgpt-exact"),
+    ("sample --checkpoint {ckpt} --out {nodir}", "does not exist"),
+    ("eval --checkpoint {corrupt}", "corrupt"), ("eval --checkpoint {ckpt} --data {unknown_char}", "'ë'"),
+    ("eval --checkpoint {ckpt} --data {missing}", "cannot read data file"),
+    ("export --checkpoint {ckpt} --out {nodir}", "does not exist"),
+    ("export --checkpoint {truncated} --out {tmp}/w.json", "checkpoint"),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("argv", "status", "fragment"),
-    [
-        ("train --data {missing}", 1, "cannot read data file"),
-        ("train --data {not_utf8}", 1, "not UTF-8"),
-        ("train --backend nope", 2, "invalid choice: 'nope'"),
-        ("train --dtype float16", 2, "invalid choice: 'float16'"),
-        ("train --steps 0", 2, "--steps"), ("train --steps ten", 2, "--steps"),
-        ("train --batch-size 0", 2, "--batch-size"), ("train --lr -0.1", 2, "--lr"),
-        ("train --temperature 0", 2, "--temperature"), ("train --temperature nan", 2, "--temperature"),
-        ("train --data {data} --batch-size 100", 1, f"has {len(NAMES)} documents, fewer than the "
-         f"batch size 100: use --batch-size {len(NAMES)} (or less)"),
-        ("train --resume", 2, "--checkpoint"), ("train --checkpoint-every 3", 2, "--checkpoint"),
-        ("train --overwrite", 2, "need --checkpoint PATH"),
-        ("train --newlines", 2, "--microgpt-exact"),
-        ("train --chunk-size 2", 1, "--chunk-size is the rows of a Dask task: it needs --backend dask"),
-        ("train --workers 0", 2, "--workers"),
-        ("train --workers 100000", 2, "--workers: workers must be at most"),
-        (f"train --n-embd {10**20}", 2, f"--n-embd {10**20}: a model of"),
-        (f"train --n-layer {10**11}", 2, "--n-layer 100000000000: a model of"),
-        (f"train --block-size {10**13}", 2, "--block-size 10000000000000: a model of"),
-        (f"replay --n-embd {10**20}", 2, "GiB (weights, gradients"),
-        # the model's shape
-        ("train --data {data} --batch-size 4 --n-embd 10", 2, "--n-embd 10 is not a multiple of --n-head 4"),
-        ("train --data {data} --batch-size 4 --n-head 3", 2, "--n-embd 16 is not a multiple of --n-head 3"),
-        ("train --data {data} --batch-size 4 --n-embd 12 --n-head 5", 2,
-         "--n-embd 12 is not a multiple of --n-head 5"),
-        ("train --data {data} --batch-size 4 --n-layer 0", 2, "--n-layer"),
-        ("train --data {data} --batch-size 4 --n-embd -4", 2, "--n-embd"),
-        ("train --data {data} --batch-size 4 --block-size 0", 2, "--block-size"),
-        ("train --data {data} --batch-size 4 --block-size two", 2, "--block-size"),
-        ("train --data {data} --microgpt-exact --n-head 3", 2, "--n-embd 16 is not a multiple of --n-head 3"),
-        # held-out text, the optimizer, a stream of text
-        ("train --eval-every 5", 2, "--eval-every scores held-out text"),
-        ("train --eval-tokens 64", 2, "--eval-tokens scores held-out text"),
-        ("train --eval-tokens 0", 2, "argument --eval-tokens: must be at least 1"),
-        ("train --decay bogus", 2, "argument --decay: invalid choice: 'bogus'"),
-        ("train --text {data} --data {data}", 2, "argument --data: not allowed with argument --text"),
-        ("train --grad-clip -1", 2, "argument --grad-clip: must be a finite number >= 0"),
-        ("train --weight-decay inf", 2, "argument --weight-decay: must be a finite"),
-        ("train --min-lr x", 2, "argument --min-lr: expected a number >= 0"),
-        ("train --warmup -1", 2, "argument --warmup: must be at least 0"),
-        ("train --init-std 0", 2, "argument --init-std: must be a finite number > 0"),
-        ("train --beta1 1", 2, "argument --beta1: must be a finite number >= 0 and < 1"),
-        ("train --beta2 -0.5", 2, "argument --beta2"),
-        ("train --length 64", 2, "--length is the length of a passage: it needs --text"),
-        ("train --data {data} --batch-size 4 --min-lr 0.1", 1, "--min-lr must lie in [0, lr], got 0.1"),
-        ("train --data {data} --batch-size 4 --warmup 10 --steps 5", 1,
-         "--warmup must be less than num_steps=5"),
-        ("train --text {data} --block-size 1000", 1, "--text: the text has"),
-        ("train --text {missing}", 1, "cannot read data file"),
-        ("train --text {tmp}", 1, "it is not a regular file"),
-        ("train --text {not_utf8}", 1, "not UTF-8"),
-        ("train --text {data} --val-data {missing}", 1, "cannot read data file"),
-        ("train --text {data} --checkpoint {data} --overwrite", 2, "is --text"),
-        ("train --seed -1", 1, "--seed must be a non-negative int, got -1"),
-        ("train --val-fraction 1.5", 1, "--val-fraction"),
-        ("train --val-data {missing}", 1, "cannot read data file"),
-        # threads, workers, devices, compilers, files
-        ("train --threads 0", 2, "--threads"),
-        ("sample --checkpoint {ckpt} --threads many", 2, "--threads"),
-        ("train --microgpt-exact --workers 2", 2, "--workers"),
-        ("sample --checkpoint {ckpt} --workers 2 --microgpt-exact", 2, "--workers"),
-        ("eval --checkpoint {ckpt} --workers 2", 2, "unrecognized arguments"),
-        ("train --microgpt-exact --batch-size 4", 2, "--batch-size"),
-        ("train --scheduler tcp://127.0.0.1:8786", 2, "--backend dask"),
-        pytest.param("train --backend dask --scheduler no-port", 1, "address", marks=needs_distributed),
-        pytest.param("eval --checkpoint {ckpt} --backend dask --scheduler bogus://x:1", 1, "address",
-                     marks=needs_distributed),
-        ("train --device gpu7", 1, "gpu7"),
-        ("train --jit", 2, "backend 'numpy' has no compiler"),
-        ("sample --checkpoint {ckpt} --jit", 2, "--no-jit"),
-        ("eval --checkpoint {ckpt} --backend torch --jit", 2, "'torch' has no"),
-        ("train --plot {tmp}/loss.nope", 1, "image format"),
-        ("train --plot {tmp}/no/dir/loss.png", 1, "does not exist"),
-        ("train --data {data} --steps 3 --batch-size 2 --resume --checkpoint {corrupt}", 1, "corrupt"),
-        ("sample", 2, "--checkpoint"),
-        ("sample --checkpoint {missing}", 1, "does not exist"),
-        ("sample --checkpoint {corrupt}", 1, "corrupt"),
-        ("sample --checkpoint {truncated}", 1, "checkpoint"),
-        ("sample --checkpoint {foreign}", 1, "not a microgpt-xp checkpoint"),
-        ("sample --checkpoint {ckpt} --temperature -1", 2, "--temperature"),
-        ("sample --checkpoint {ckpt} --num-samples 0", 2, "--num-samples"),
-        ("sample --checkpoint {ckpt} --backend nope", 2, "invalid choice"),
-        ("sample --checkpoint {ckpt} --prompt é", 1, "'é'"),
-        ("sample --microgpt-exact --checkpoint {ckpt}", 1, "microgpt-exact"),
-        ("sample --checkpoint {ckpt} --out {nodir}", 1, "does not exist"),
-        ("sample --checkpoint {ckpt} --out {ckpt}", 2, "would replace the model"),
-        ("eval --checkpoint {corrupt}", 1, "corrupt"),
-        ("eval --checkpoint {ckpt} --data {unknown_char}", 1, "'ë'"),
-        ("eval --checkpoint {ckpt} --data {missing}", 1, "cannot read data file"),
-        ("eval --checkpoint {ckpt} --chunk-size 0", 2, "--chunk-size"),
-        ("export --checkpoint {ckpt} --out {nodir}", 1, "does not exist"),
-        ("export --checkpoint {ckpt} --out {ckpt}", 2, "would replace the model"),
-        ("export --checkpoint {truncated} --out {tmp}/w.json", 1, "checkpoint"),
-        ("export --checkpoint {ckpt} --out {tmp}/w.json --graph decode", 2,
-         "--graph applies only with --format onnx"),
-        ("train --data {data} --checkpoint {data} --overwrite", 2, "would replace its corpus"),
-        ("replay --data {data} --checkpoint {data} --overwrite", 2, "would replace its corpus"),
-        ("train --microgpt-exact --data {data} --checkpoint {data} --overwrite", 2,
-         "would replace its corpus"),
-        ("frobnicate", 2, "invalid choice"),
-    ],
-)  # fmt: skip
+    [(argv, 2, fragment) for argv, fragment in USAGE_ERRORS]
+    + [(argv, 1, fragment) for argv, fragment in RUN_ERRORS],
+)
 def test_user_errors_are_one_line_before_any_output(
     cli: Cli, paths: dict[str, Path], argv: str, status: int, fragment: str
 ) -> None:
@@ -954,9 +915,7 @@ def test_a_diverged_run_is_one_line_and_exit_1(cli: Cli, tmp_path: Path, names24
     assert "no checkpoint of this run was written" in err
 
 
-def test_a_dead_worker_is_one_line_with_the_resume_command(
-    cli: Cli, monkeypatch: MP, tmp_path: Path, names24: Path
-) -> None:
+def test_dead_worker_says_resume(cli: Cli, monkeypatch: MP, tmp_path: Path, names24: Path) -> None:
     from microgpt_xp.runners import processes
 
     died = processes.WorkerDied("a microgpt_xp worker process died during the step")
@@ -971,9 +930,7 @@ def test_a_dead_worker_is_one_line_with_the_resume_command(
 
 
 @pytest.mark.parametrize("threads", ["auto", "1", "1000000", "18446744073709551616"])
-def test_threads_are_auto_or_a_count_capped_at_the_cores(
-    cli: Cli, checkpoint: Path, threads: str
-) -> None:
+def test_threads_are_auto_or_capped_at_the_cores(cli: Cli, checkpoint: Path, threads: str) -> None:
     from microgpt_xp.resources import usable_cpus
 
     argv = ["sample", "--checkpoint", checkpoint, "--num-samples", 3, "--json"]
@@ -997,9 +954,7 @@ def test_threads_are_auto_or_a_count_capped_at_the_cores(
         (None, "a plain ValueError", "a plain ValueError"),
     ],
 )  # fmt: skip
-def test_library_errors_name_their_option_from_one_table(
-    param: str | None, message: str, line: str
-) -> None:
+def test_library_errors_name_their_cli_option(param: str | None, message: str, line: str) -> None:
     from microgpt_xp._errors import ArgumentValueError
     from microgpt_xp.cli._common import in_option_words
 
@@ -1033,6 +988,9 @@ def quick_connect(monkeypatch: MP, same_dask_scheduler: None) -> None:
     monkeypatch.setattr(cluster, "connect", functools.partial(cluster.connect, timeout=1.0))
 
 
+NO_ANSWER = "cannot reach the Dask scheduler at 'tcp://127.0.0.1:1' within 1 s"  # nothing there
+
+
 @needs_distributed
 def test_scheduler_runs_eval_and_train_on_the_cluster(
     cli: Cli, same_dask_scheduler: None, scheduler_address: str, checkpoint: Path, names16: Path
@@ -1049,15 +1007,18 @@ def test_scheduler_runs_eval_and_train_on_the_cluster(
 
 @needs_distributed
 @pytest.mark.parametrize(
-    "command",
-    ["eval --checkpoint {ckpt} --data {data}", "train --data {data} --steps 1 --batch-size 4"],
+    ("argv", "fragment"),
+    [
+        ("eval --checkpoint {ckpt} --data {data} --scheduler tcp://127.0.0.1:1", NO_ANSWER),
+        ("train --data {data} --steps 1 --batch-size 4 --scheduler tcp://127.0.0.1:1", NO_ANSWER),
+        ("train --scheduler no-port", "address"),
+        ("eval --checkpoint {ckpt} --scheduler bogus://x:1", "address"),
+    ],
 )
-def test_scheduler_that_does_not_answer_is_one_error_line(
-    cli: Cli, quick_connect: None, paths: dict[str, Path], command: str
+def test_a_scheduler_that_does_not_answer_is_one_line(
+    cli: Cli, quick_connect: None, paths: dict[str, Path], argv: str, fragment: str
 ) -> None:
-    port_1 = "tcp://127.0.0.1:1"  # where nothing listens
-    argv = [*command.format(**paths).split(), "--backend", "dask", "--scheduler", port_1]
-    cli.fails(argv, 1, f"cannot reach the Dask scheduler at '{port_1}' within 1 s")
+    cli.fails([*argv.format(**paths).split(), "--backend", "dask"], 1, fragment)
 
 
 @needs_distributed
@@ -1228,9 +1189,7 @@ def test_ctrl_c_under_dask_local_is_one_line(checkpoint: Path, big_corpus: Path)
 
 
 @needs_distributed
-def test_a_scheduler_killed_mid_run_is_one_error_line(
-    tmp_path: Path, checkpoint: Path, big_corpus: Path
-) -> None:
+def test_a_killed_scheduler_is_one_line(tmp_path: Path, checkpoint: Path, big_corpus: Path) -> None:
     """kill -9 of a `dask scheduler` (127.0.0.1, a worker of its own) mid-eval: the command
     ends within seconds with one line naming the scheduler, and 1."""
     path = tmp_path / "scheduler.json"
@@ -1304,9 +1263,7 @@ def test_help_shows_each_default_once_in_plain_text(cli: Cli, command: str) -> N
 
 
 @pytest.mark.parametrize("how", ["console script", "python -m", "in-process"])
-def test_the_console_script_and_python_dash_m_run_the_same_program(
-    capsys: pytest.CaptureFixture[str], how: str
-) -> None:
+def test_console_script_and_python_m_agree(capsys: pytest.CaptureFixture[str], how: str) -> None:
     def call(*argv: str) -> tuple[int, str, str]:
         if how == "in-process":
             return (main(list(argv)), *capsys.readouterr())
@@ -1343,9 +1300,7 @@ def test_help_imports_no_heavy_module() -> None:
 
 
 # -- held-out loss, progress lines off a terminal -----------------------------------------------
-def test_held_out_loss_in_the_text_the_json_and_the_checkpoint(
-    cli: Cli, tmp_path: Path, names24: Path
-) -> None:
+def test_held_out_loss_in_text_json_and_checkpoint(cli: Cli, tmp_path: Path, names24: Path) -> None:
     ckpt = tmp_path / "run.npz"
     argv = train_cmd(names24, 6, "--val-fraction", 0.25, "--eval-every", 3, "--checkpoint", ckpt)
     summary = cli.json(*argv)
