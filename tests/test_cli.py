@@ -671,11 +671,8 @@ def test_exact_prints_the_originals_output(cli: Cli, tmp_path: Path, names16: Pa
     out = cli.ok("train", "--microgpt-exact", "--data", names16, "--newlines", "--checkpoint", ckpt)
     lines = out.splitlines()
     vocab, c, t = len(set("".join(NAMES))) + 1, 16, 16
-    assert lines[:3] == [
-        f"num docs: {len(NAMES)}",
-        f"vocab size: {vocab}",
-        f"num params: {2 * vocab * c + t * c + 12 * c * c}",
-    ]
+    params = 2 * vocab * c + t * c + 12 * c * c
+    assert lines[:3] == [f"num docs: {len(NAMES)}", f"vocab size: {vocab}", f"num params: {params}"]
     steps = [STEP_LINE.match(line) for line in lines[3:1003]]
     assert [m and m.groups() for m in steps] == [(str(s), "1000") for s in range(1, 1001)]
     assert lines[1003:1005] == ["", INFERENCE_HEADER]
@@ -886,10 +883,8 @@ def test_a_device_the_backend_refuses_is_one_error_line(
         )
 
     monkeypatch.setattr(cli_xp, "resolve_device", refuse)
-    argv = [
-        *command.format(ckpt=checkpoint).split(),
-        *([] if device is None else ["--device", device]),
-    ]
+    where = [] if device is None else ["--device", device]
+    argv = [*command.format(ckpt=checkpoint).split(), *where]
     if device == "bogus":
         cli.fails([*argv, "--backend", "numpy"], 1, "unknown device 'bogus' for backend 'numpy'")
     else:
@@ -937,10 +932,8 @@ def test_threads_are_auto_or_capped_at_the_cores(cli: Cli, checkpoint: Path, thr
     rc, out, err = cli(*argv, "--threads", threads)
     assert rc == 0 and len(json.loads(out)["samples"]) == 3
     cpus = usable_cpus()
-    note = (
-        f"microgpt-xp: note: --threads {threads}: this process may use {cpus} cores; using {cpus}\n"
-    )
-    assert err == (note if threads.isdigit() and int(threads) > cpus else "")
+    note = f"note: --threads {threads}: this process may use {cpus} cores; using {cpus}\n"
+    assert err == (f"microgpt-xp: {note}" if threads.isdigit() and int(threads) > cpus else "")
 
 
 @pytest.mark.parametrize(
