@@ -151,14 +151,12 @@ def raise_at(n: int, error: BaseException) -> Callable[[int], None]:
 
 
 def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
-    """Ctrl-C (a KeyboardInterrupt) in step ``stop + 1`` before its update: step ``stop`` is
-    the last complete."""
+    """Ctrl-C (KeyboardInterrupt) in step ``stop + 1``, before its update."""
     on_call(monkeypatch, train_module._Loop, "step", raise_at(stop + 1, KeyboardInterrupt()))
 
 
 def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
-    """``python -m module argv`` (``python -c module argv`` where ``module`` is code) as a
-    child process, its stdout and stderr piped."""
+    """``python -m module argv`` (``-c`` where ``module`` is code), stdout and stderr piped."""
     how = ["-c" if "\n" in module else "-m", module, *map(str, argv)]
     pipe = subprocess.PIPE
     return subprocess.Popen([sys.executable, *how], stdout=pipe, stderr=pipe, **popen)
@@ -167,8 +165,7 @@ def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
 def signal_when(
     ready: Callable[[], object], child: subprocess.Popen[str], signum: int
 ) -> tuple[str, str]:
-    """Send ``signum`` to ``child`` 0.3 s after ``ready()`` (polled for 60 s at most); its
-    stdout and stderr."""
+    """Send ``signum`` 0.3 s after ``ready()`` (polled, 60 s at most); stdout and stderr."""
     try:
         deadline = time.monotonic() + 60
         while not ready() and time.monotonic() < deadline and child.poll() is None:
@@ -318,8 +315,7 @@ def test_resume_command_replaces_overwrite() -> None:
 def test_a_signal_stops_training_with_the_resume_command(
     tmp_path: Path, names16: Path, text_file: Path, signum: int, module: str, data: str
 ) -> None:
-    """A real SIGINT (Ctrl-C), SIGTERM or SIGHUP to the command as a child process: the run
-    is saved at the step it stopped, and the message says how to continue it."""
+    """A real SIGINT (Ctrl-C), SIGTERM or SIGHUP: saved at that step, with the resume command."""
     ckpt = tmp_path / "run.npz"
     argv = ["train", *data.format(names=names16, text=text_file).split(), "--steps", "1000000"]
     argv += ["--batch-size", "2", "--checkpoint", str(ckpt), "--num-samples", "0"]
@@ -643,8 +639,7 @@ def test_a_closed_stdout_stops_quietly(cli: Cli, monkeypatch: MP, checkpoint: Pa
     ],
 )
 def test_a_pipe_closed_early_is_no_error(tmp_path: Path, names16: Path, argv: list[str]) -> None:
-    """``microgpt-xp sample | head``, ``microgpt-xp export --out - | head``: output far
-    bigger than a pipe's buffer, whose reader goes away after a few bytes."""
+    """``sample | head``, ``export --out - | head``: far more than a pipe holds, read 100 bytes."""
     ckpt = make_checkpoint(tmp_path / "wide.npz", *train_cmd(names16, 1, "--n-embd", 64))
     child = start("microgpt_xp.cli", *argv, "--checkpoint", ckpt)
     assert child.stdout is not None and child.stderr is not None
@@ -821,8 +816,7 @@ def test_user_errors_are_one_line_before_any_output(
 
 
 def fault(monkeypatch: MP, what: str) -> None:
-    """Make ``what`` happen: an extra not installed (None in sys.modules: an ImportError),
-    no dask.distributed, or a sampler out of memory."""
+    """An extra not installed (None in sys.modules), no dask.distributed, or no memory."""
     if what == "memory":
         error = MemoryError("Unable to allocate 95.4 GiB for an array with shape (10000000, 16)")
         on_call(monkeypatch, sample_module, "decode_batch", raise_at(1, error))
@@ -1068,8 +1062,7 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
 def test_dask_local_prints_only_the_commands_lines(
     paths: dict[str, Path], data: str, status: int, verbose: bool
 ) -> None:
-    """Under --scheduler local, distributed's logs (of this process and its workers) and
-    the large-graph warning are silenced unless --verbose/MICROGPT_XP_VERBOSE."""
+    """--scheduler local: distributed's logs and warnings only with MICROGPT_XP_VERBOSE."""
     code = (
         "import sys, warnings\nfrom microgpt_xp.cli import _common, main\n"
         "q = _common.quiet_dask\n"
@@ -1113,8 +1106,7 @@ def big_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_ctrl_c_during_start_up_is_one_line_and_130(
     checkpoint: Path, big_corpus: Path, delay: float
 ) -> None:
-    """SIGINT while the command imports (as the console script does) or starts eval (of
-    a corpus that takes longer than the delay)."""
+    """SIGINT while the command imports or starts eval (of a corpus longer than the delay)."""
     code = "import sys\nprint(flush=True)\nfrom microgpt_xp.cli import main\nsys.exit(main())\n"
     argv = ["eval", "--checkpoint", checkpoint, "--data", big_corpus, "--backend", "numpy"]
     child = start(code, *argv, text=True)
@@ -1143,8 +1135,7 @@ _MARKED = (
 
 
 def _big_dask_eval(checkpoint: Path, corpus: Path, scheduler: str) -> subprocess.Popen[str]:
-    """``eval`` of ``corpus`` on ``scheduler`` in a session of its own; returns once the
-    computation has started (within 120 s)."""
+    """``eval`` on ``scheduler`` in a session of its own, once it computes (within 120 s)."""
     argv = ["eval", "--checkpoint", checkpoint, "--data", corpus, "--backend", "dask"]
     argv += ["--scheduler", scheduler, "--chunk-size", "500"]
     child = start(_MARKED, *argv, text=True, start_new_session=True)
@@ -1167,8 +1158,7 @@ def _kill_session(child: subprocess.Popen[str]) -> None:
 
 @needs_distributed
 def test_ctrl_c_under_dask_local_is_one_line(checkpoint: Path, big_corpus: Path) -> None:
-    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run under
-    --scheduler local: the workers stay quiet, the command prints its one line."""
+    """Ctrl-C to the process group (as a terminal sends it): the workers stay quiet."""
     child = None
     try:
         child = _big_dask_eval(checkpoint, big_corpus, "local")
@@ -1183,8 +1173,7 @@ def test_ctrl_c_under_dask_local_is_one_line(checkpoint: Path, big_corpus: Path)
 
 @needs_distributed
 def test_a_killed_scheduler_is_one_line(tmp_path: Path, checkpoint: Path, big_corpus: Path) -> None:
-    """kill -9 of a `dask scheduler` (127.0.0.1, a worker of its own) mid-eval: the command
-    ends within seconds with one line naming the scheduler, and 1."""
+    """kill -9 of a `dask scheduler` (with a worker) mid-eval: one line within seconds."""
     path = tmp_path / "scheduler.json"
     dask = [sys.executable, "-m", "distributed.cli.dask_{}", "--host", "127.0.0.1"]
     where = ["--no-dashboard", "--scheduler-file", str(path)]
@@ -1371,8 +1360,7 @@ def test_options_reach_train_only_where_given(
 
 
 def test_train_text_end_to_end(cli: Cli, tmp_path: Path, text_file: Path) -> None:
-    """A tiny run on a stream: its header, speed, per-token held-out loss, a passage as its
-    sample, a text checkpoint that eval scores as a stream."""
+    """A run on a stream: header, speed, per-token held-out loss, a passage, eval."""
     ckpt = tmp_path / "text.npz"
     argv = ["train", "--text", text_file, "--steps", 6, "--batch-size", 4, "--block-size", 8]
     argv += ["--n-embd", 8, "--n-head", 2, "--val-fraction", 0.2, "--eval-every", 3]
