@@ -1,5 +1,6 @@
-"""The ``microgpt-xp`` command, run in-process through ``main([...])`` (and once as the
-installed console script): every subcommand's output, its files, and one-line errors."""
+"""The ``microgpt-xp`` command, run in-process through ``main([...])`` (and as a child
+process where signals, pipes or the console script are the point): every subcommand's
+output, its files, and one-line errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import functools
 import importlib.util
 import io
+import itertools
 import json
 import logging
 import os
@@ -18,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,6 @@ from microgpt_xp.train import train
 train_module = importlib.import_module("microgpt_xp.train")
 sample_module = importlib.import_module("microgpt_xp.sample")
 
-Cap = pytest.CaptureFixture[str]
 MP = pytest.MonkeyPatch
 NAMES = [
     "emma", "olivia", "ava", "isabella", "sophia", "mia", "charlotte", "amelia",
@@ -52,22 +53,49 @@ MORE_NAMES = ["sofia", "avery", "mila", "aria", "scarlett", "penelope", "layla",
 LONGEST = max(map(len, NAMES)) + 1  # the block size that reads every name whole
 FIT = max(16, LONGEST)  # the block size train gives NAMES by default
 SAMPLE_LINE = re.compile(r"^sample +(\d+): (.*)$")
-STEP_LINE = re.compile(r"^step +(\d+) / +(\d+) \| loss (\d+\.\d{4})$")
-HAS_DISTRIBUTED = importlib.util.find_spec("distributed") is not None
+STEP_LINE = re.compile(r"^step +(\d+) / +(\d+) \| loss \d+\.\d{4}$")
+VERSE = (
+    "To be, or not to be, that is the question:\n"
+    "Whether 'tis nobler in the mind to suffer\n"
+    "The slings and arrows of outrageous fortune,\n"
+    "Or to take arms against a sea of troubles\n"
+)
+needs_distributed = pytest.mark.skipif(
+    importlib.util.find_spec("distributed") is None, reason="needs dask.distributed"
+)
 
 
-def run(capsys: Cap, *argv: object) -> tuple[int, str, str]:
-    """``main(argv)`` with its exit status, stdout and stderr."""
-    rc = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
+class Cli:
+    """``main(argv)`` in-process: ``cli(*argv)`` is its exit status, stdout and stderr."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys = capsys
+
+    def __call__(self, *argv: object) -> tuple[int, str, str]:
+        rc = main([str(a) for a in argv])
+        return (rc, *self.capsys.readouterr())
+
+    def ok(self, *argv: object) -> str:
+        """The stdout of a command that succeeds with nothing on stderr."""
+        rc, out, err = self(*argv)
+        assert rc == 0 and err == "", err
+        return out
+
+    def json(self, *argv: object) -> Any:
+        return json.loads(self.ok(*argv, "--json"))
+
+    def fails(self, argv: list[Any], status: int, *fragments: str) -> str:
+        """The stderr of a command that exits ``status``, prints nothing on stdout and one
+        error line holding each of ``fragments``."""
+        rc, out, err = self(*argv)
+        assert rc == status and out == "", err
+        assert_one_error_line(err, *fragments)
+        return err
 
 
-def samples_of(out: str) -> list[str]:
-    """The names of the ``sample  i: name`` lines, checking that they are numbered 1, 2, …"""
-    matches = [m for m in map(SAMPLE_LINE.match, out.splitlines()) if m]
-    assert [int(m.group(1)) for m in matches] == list(range(1, len(matches) + 1))
-    return [m.group(2) for m in matches]
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
+    return Cli(capsys)
 
 
 def assert_one_error_line(err: str, *fragments: str) -> None:
@@ -78,50 +106,127 @@ def assert_one_error_line(err: str, *fragments: str) -> None:
         assert fragment in err, err
 
 
+def samples_of(out: str) -> list[str]:
+    """The names of the ``sample  i: name`` lines, checking that they are numbered 1, 2, …"""
+    matches = [m for m in map(SAMPLE_LINE.match, out.splitlines()) if m]
+    assert [int(m.group(1)) for m in matches] == list(range(1, len(matches) + 1))
+    return [m.group(2) for m in matches]
+
+
+def train_cmd(data: object, steps: int, *more: object, batch: int = 4) -> list[object]:
+    return ["train", "--data", data, "--steps", steps, "--batch-size", batch, *more]
+
+
+def library_samples(ckpt: Path, n: int, **kwargs: Any) -> list[str]:
+    saved = load(ckpt)
+    return sample(saved.params, saved.tokenizer, n, **kwargs)
+
+
+def make_checkpoint(path: Path, *argv: object) -> Path:
+    """``path``, written by the command ``argv`` (its output dropped)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(a) for a in [*argv, "--checkpoint", path, "--num-samples", 0]]) == 0
+    return path
+
+
+def on_call(monkeypatch: MP, owner: object, name: str, hook: Callable[[int], object]) -> None:
+    """Run ``hook(n)`` before the n-th call (1, 2, …) of ``owner.name``."""
+    original, calls = getattr(owner, name), itertools.count(1)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        hook(next(calls))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+def raise_at(n: int, error: BaseException) -> Callable[[int], None]:
+    """A hook for :func:`on_call` that raises ``error`` at the n-th call."""
+
+    def hook(call: int) -> None:
+        if call == n:
+            raise error
+
+    return hook
+
+
+def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
+    """Ctrl-C (KeyboardInterrupt) in step ``stop + 1``, before its update."""
+    on_call(monkeypatch, train_module._Loop, "step", raise_at(stop + 1, KeyboardInterrupt()))
+
+
+def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
+    """``python -m module argv`` (``-c`` where ``module`` is code), stdout and stderr piped."""
+    how = ["-c" if "\n" in module else "-m", module, *map(str, argv)]
+    pipe = subprocess.PIPE
+    return subprocess.Popen([sys.executable, *how], stdout=pipe, stderr=pipe, **popen)
+
+
+def signal_when(
+    ready: Callable[[], object], child: subprocess.Popen[str], signum: int
+) -> tuple[str, str]:
+    """Send ``signum`` 0.3 s after ``ready()`` (polled, 60 s at most); stdout and stderr."""
+    try:
+        deadline = time.monotonic() + 60
+        while not ready() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        child.send_signal(signum)
+        return child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
-def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def names16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data") / "names.txt"
     path.write_text("\n".join(NAMES) + "\n\n", encoding="utf-8")  # a blank line is skipped
     return path
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory, data_file: Path) -> Path:
-    """A checkpoint of 8 steps of batch 4 on ``data_file`` (seed 3)."""
-    path = tmp_path_factory.mktemp("ckpt") / "model.npz"
-    with contextlib.redirect_stdout(io.StringIO()):
-        argv = ["train", "--data", data_file, "--steps", 8, "--batch-size", 4, "--seed", 3]
-        assert main([str(a) for a in [*argv, "--checkpoint", path, "--num-samples", 0]]) == 0
+def names24(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("more") / "names.txt"
+    path.write_text("\n".join([*NAMES, *MORE_NAMES]) + "\n", encoding="utf-8")
     return path
 
 
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "verse.txt"
+    path.write_text(VERSE * 4, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, names16: Path) -> Path:
+    """A checkpoint of 8 steps of batch 4 on ``names16`` (seed 3)."""
+    path = tmp_path_factory.mktemp("ckpt") / "model.npz"
+    return make_checkpoint(path, *train_cmd(names16, 8, "--seed", 3))
+
+
 # -- train ------------------------------------------------------------------------------------
-def test_train_prints_summary_and_samples_and_saves_a_checkpoint(
-    capsys: Cap, tmp_path: Path, data_file: Path
-) -> None:
-    ckpt = tmp_path / "sub" / "model.npz"
-    argv = ["train", "--data", data_file, "--steps", 5, "--batch-size", 4, "--seed", 7]
-    rc, out, err = run(capsys, *argv, "--checkpoint", ckpt, "--temperature", 0.8)
-    assert rc == 0 and err == ""  # stderr is not a terminal: no progress bar
-    assert f"train: {len(NAMES)} docs" in out
-    assert "done: 5 steps" in out
+def test_train_prints_samples_and_saves(cli: Cli, tmp_path: Path, names16: Path) -> None:
+    ckpt, plot = tmp_path / "sub" / "model.npz", tmp_path / "loss.png"
+    argv = train_cmd(names16, 5, "--seed", 7, "--checkpoint", ckpt, "--temperature", 0.8)
+    out = cli.ok(*argv, "--plot", plot)  # stderr is not a terminal: no progress bar
+    assert f"train: {len(NAMES)} docs" in out and "done: 5 steps" in out
+    assert f"loss curve: {plot}" in out and plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     names = samples_of(out)
-    assert len(names) == 20
-    assert set("".join(names)) <= set("".join(NAMES))
+    assert len(names) == 20 and set("".join(names)) <= set("".join(NAMES))
     saved = load(ckpt)
     assert saved.step == 5 and saved.adam is not None and saved.adam.t == 5
     assert saved.tokenizer == Tokenizer.from_docs(NAMES)
     # the printed names are those of the saved model at that seed and temperature
-    assert names == sample(saved.params, saved.tokenizer, 20, temperature=0.8, seed=7)
+    assert names == library_samples(ckpt, 20, temperature=0.8, seed=7)
 
 
 @pytest.mark.parametrize("workers", [None, 2])
-def test_train_json_matches_the_library(capsys: Cap, data_file: Path, workers: int | None) -> None:
-    argv = ["train", "--data", data_file, "--steps", 4, "--batch-size", 4, "--lr", 0.02]
-    argv += ["--seed", 5, "--dtype", "float64", "--num-samples", 3, "--json"]
-    rc, out, _ = run(capsys, *argv, *([] if workers is None else ["--workers", workers]))
-    assert rc == 0
-    summary = json.loads(out)
+def test_train_json_matches_the_library(cli: Cli, names16: Path, workers: int | None) -> None:
+    argv = train_cmd(names16, 4, "--lr", 0.02, "--seed", 5, "--dtype", "float64")
+    argv += ["--num-samples", 3, *([] if workers is None else ["--workers", workers])]
+    summary = cli.json(*argv)
     config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, block_size=FIT)
     common = dict(steps=4, batch_size=4, lr=0.02, seed=5, dtype="float64", config=config)
     expected = train(NAMES, workers=workers, **common)  # type: ignore[arg-type]
@@ -131,190 +236,110 @@ def test_train_json_matches_the_library(capsys: Cap, data_file: Path, workers: i
     assert summary["samples"] == sample(expected.params, expected.tokenizer, 3, seed=5)
 
 
-def test_workers_option_reaches_sampling(capsys: Cap, checkpoint: Path) -> None:
-    rc, out, _ = run(capsys, "sample", "--checkpoint", checkpoint, "--workers", 3, "--json")
-    saved = load(checkpoint)
-    assert rc == 0
-    assert json.loads(out)["samples"] == sample(saved.params, saved.tokenizer, 20, seed=0)
-
-
-def fake_terminal(monkeypatch: MP) -> io.StringIO:
-    """Replace ``sys.stderr`` by a buffer that says it is a terminal, so that tqdm draws
-    its bar there (call it in the test body, after capsys has set its own stderr)."""
-
-    class Terminal(io.StringIO):
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["train", "--data", "{data}", "--steps", "3", "--batch-size", "2"],
+         ["train", "3/3", r"loss=\d+\.\d{4}"]),  # the step and the loss
+        (["eval", "--checkpoint", "{ckpt}", "--data", "{data}", "--chunk-size", "5"],
+         ["eval", f"{len(NAMES)}/{len(NAMES)}"]),  # the documents
+    ],
+)  # fmt: skip
+def test_progress_bar_on_a_terminal(
+    monkeypatch: MP, checkpoint: Path, names16: Path, argv: list[str], shown: list[str]
+) -> None:
+    class Terminal(io.StringIO):  # where tqdm draws its bar
         def isatty(self) -> bool:
             return True
 
-    stream = Terminal()
-    monkeypatch.setattr(sys, "stderr", stream)
-    return stream
-
-
-@pytest.mark.parametrize("command", ["train", "eval"])
-def test_progress_bar_on_a_terminal(
-    capsys: Cap, monkeypatch: MP, checkpoint: Path, data_file: Path, command: str
-) -> None:
-    terminal = fake_terminal(monkeypatch)
-    argv = {
-        "train": ["train", "--data", data_file, "--steps", 3, "--batch-size", 2],
-        "eval": ["eval", "--checkpoint", checkpoint, "--data", data_file, "--chunk-size", 5],
-    }[command]
-    assert main([str(a) for a in argv]) == 0
-    shown = terminal.getvalue()
-    if command == "train":  # the step and the loss
-        assert "train" in shown and "3/3" in shown and re.search(r"loss=\d+\.\d{4}", shown)
-    else:  # the documents
-        assert "eval" in shown and f"{len(NAMES)}/{len(NAMES)}" in shown
-
-
-def test_plot_writes_a_png(capsys: Cap, tmp_path: Path, data_file: Path) -> None:
-    plot = tmp_path / "loss.png"
-    rc, out, _ = run(
-        capsys, "train", "--data", data_file, "--steps", 3, "--batch-size", 2, "--plot", plot
-    )
-    assert rc == 0 and f"loss curve: {plot}" in out
-    assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-
-
-def test_plot_without_matplotlib_fails_before_training(
-    capsys: Cap, monkeypatch: MP, tmp_path: Path, data_file: Path
-) -> None:
-    for name in ("matplotlib", "matplotlib.backends", "matplotlib.backends.backend_agg"):
-        monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules: ImportError
-    ckpt = tmp_path / "model.npz"
-    argv = ["train", "--data", data_file, "--steps", 3, "--batch-size", 2, "--checkpoint", ckpt]
-    rc, out, err = run(capsys, *argv, "--plot", tmp_path / "loss.png")
-    assert rc == 1
-    assert_one_error_line(err, "matplotlib")
-    assert "done:" not in out and not ckpt.exists()
-
-
-def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
-    """Make the CLI's training raise KeyboardInterrupt (Ctrl-C) during step ``stop + 1``,
-    before its update: step ``stop`` is the last complete."""
-    original = train_module._Loop.step
-    calls = iter(range(1, 10**6))
-
-    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if next(calls) == stop + 1:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(train_module._Loop, "step", interrupted)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert main([a.format(data=names16, ckpt=checkpoint) for a in argv]) == 0
+    bar = sys.stderr.getvalue()  # type: ignore[attr-defined]
+    assert all(re.search(pattern, bar) for pattern in shown), bar
 
 
 def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
-    capsys: Cap, monkeypatch: MP, tmp_path: Path, data_file: Path
+    cli: Cli, monkeypatch: MP, tmp_path: Path, names16: Path
 ) -> None:
-    common = ["train", "--data", data_file, "--steps", 6, "--batch-size", 4, "--num-samples", 2]
-    rc, out, _ = run(capsys, *common, "--json")
-    assert rc == 0
-    uninterrupted = json.loads(out)
-
+    common = train_cmd(names16, 6, "--num-samples", 2)
+    uninterrupted = cli.json(*common)
     ckpt = tmp_path / "run.npz"
     argv = [*common, "--checkpoint", ckpt, "--checkpoint-every", 3]
     with monkeypatch.context() as m:
         interrupt_training_after(m, 4)
-        rc, _, err = run(capsys, *argv)
+        rc, _, err = cli(*argv)
     assert rc == 130
-    assert_one_error_line(
-        err,
-        "interrupted after step 4; its state was saved: ",
-        f"last checkpoint is {ckpt} (step 4)",
-    )
+    saved = f"last checkpoint is {ckpt} (step 4)"
+    assert_one_error_line(err, "interrupted after step 4; its state was saved: ", saved)
     assert load(ckpt).step == 4  # saved at the interrupt, after the periodic save of step 3
     command = err.split("continue the run with: ", 1)[1].strip()
     assert command == shlex.join(["microgpt-xp", *map(str, argv), "--resume"])
-
-    rc, out, _ = run(capsys, *shlex.split(command)[1:], "--json")  # the command, as printed
-    assert rc == 0
-    resumed = json.loads(out)
+    resumed = cli.json(*shlex.split(command)[1:])  # the command, as printed
     assert resumed["steps"] == 6 and resumed["steps_run"] == 2
     assert resumed["final_loss"] == uninterrupted["final_loss"]
     assert resumed["samples"] == uninterrupted["samples"]
     assert load(ckpt).step == 6
 
-
-def test_ctrl_c_before_any_save_says_to_start_again(
-    capsys: Cap, monkeypatch: MP, tmp_path: Path, data_file: Path
-) -> None:
-    common = ["train", "--data", data_file, "--steps", 6, "--batch-size", 4]
+    # before any save; then --overwrite of an older run (not this run's: not resumed)
     with monkeypatch.context() as m:
         interrupt_training_after(m, 2)
-        rc, out, err = run(capsys, *common)
+        rc, out, err = cli(*common)
     assert rc == 130 and "done:" not in out
     assert_one_error_line(err, "interrupted after step 2; nothing was saved", "--checkpoint PATH")
-
-    # --overwrite of an older run: that file is not this run's, so it is not resumed
-    ckpt = tmp_path / "old.npz"
-    rc, _, _ = run(capsys, *common, "--checkpoint", ckpt, "--num-samples", 0)
-    assert rc == 0
     argv = [*common, "--checkpoint", ckpt, "--overwrite", "--checkpoint-every", 5]
     with monkeypatch.context() as m:
         interrupt_training_after(m, 0)  # before a step is complete: nothing to save
-        rc, _, err = run(capsys, *argv)
+        rc, _, err = cli(*argv)
     assert rc == 130
     assert_one_error_line(err, "no checkpoint of this run was saved yet", "every 5 steps")
-    assert err.split("start again with: ", 1)[1].strip() == shlex.join(
-        ["microgpt-xp", *map(str, argv)]
-    )
+    again = err.split("start again with: ", 1)[1].strip()
+    assert again == shlex.join(["microgpt-xp", *map(str, argv)])
 
 
 def test_resume_command_replaces_overwrite() -> None:
-    assert resume_command(["train", "--steps", "5", "--overwrite"]) == (
-        "microgpt-xp train --steps 5 --resume"
-    )
-    assert resume_command(["train", "--over", "--res", "--data", "my file.txt"]) == (
-        "microgpt-xp train --res --data 'my file.txt'"
-    )
-
-
-def start(module: str, *argv: str) -> subprocess.Popen[str]:
-    """The command (``python -m module argv``) as a child process."""
-    command = [sys.executable, "-m", module, *argv]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    got = resume_command(["train", "--steps", "5", "--overwrite"])
+    assert got == "microgpt-xp train --steps 5 --resume"
+    got = resume_command(["train", "--over", "--res", "--data", "my file.txt"])
+    assert got == "microgpt-xp train --res --data 'my file.txt'"
 
 
 @pytest.mark.parametrize(
-    ("signum", "module"),
+    ("signum", "module", "data"),
     [
-        (signal.SIGINT, "microgpt_xp.cli"),
-        (signal.SIGTERM, "microgpt_xp"),
-        (signal.SIGHUP, "microgpt_xp"),
+        (signal.SIGINT, "microgpt_xp.cli", "--data {names} --checkpoint-every 1"),
+        (signal.SIGTERM, "microgpt_xp", "--data {names} --checkpoint-every 1"),
+        (signal.SIGHUP, "microgpt_xp", "--data {names} --checkpoint-every 1"),
+        (signal.SIGTERM, "microgpt_xp", "--text {text} --block-size 8"),  # saved only at the stop
     ],
 )
 def test_a_signal_stops_training_with_the_resume_command(
-    tmp_path: Path, data_file: Path, signum: int, module: str
+    tmp_path: Path, names16: Path, text_file: Path, signum: int, module: str, data: str
 ) -> None:
-    """A real SIGINT (Ctrl-C), SIGTERM or SIGHUP, sent to the command as a child process."""
+    """A real SIGINT (Ctrl-C), SIGTERM or SIGHUP: saved at that step, with the resume command."""
     ckpt = tmp_path / "run.npz"
-    argv = ["train", "--data", str(data_file), "--steps", "1000000", "--batch-size", "4"]
-    argv += ["--checkpoint", str(ckpt), "--checkpoint-every", "1"]
-    child = start(module, *argv)
-    try:
-        deadline = time.monotonic() + 60
-        while not ckpt.exists() and time.monotonic() < deadline and child.poll() is None:
-            time.sleep(0.05)
-        child.send_signal(signum)
-        out, err = child.communicate(timeout=60)
-    finally:
-        child.kill()
-    assert child.returncode == 128 + signum, err
-    assert_one_error_line(err, "interrupted after step", f"the last checkpoint is {ckpt}")
+    argv = ["train", *data.format(names=names16, text=text_file).split(), "--steps", "1000000"]
+    argv += ["--batch-size", "2", "--checkpoint", str(ckpt), "--num-samples", "0"]
+    child = start(module, *argv, text=True)
+
+    def header() -> bool:  # printed after the first step
+        return bool(select.select([child.stdout], [], [], 0)[0])
+
+    out, err = signal_when(header, child, signum)
+    assert out.startswith("train: ") and child.returncode == 128 + signum, err
+    match = re.search(r"interrupted after step (\d+);", err)
+    assert match, err
+    step = int(match.group(1))
+    assert_one_error_line(err, f"its state was saved: the last checkpoint is {ckpt} (step {step})")
     assert err.rstrip().endswith(shlex.join(["microgpt-xp", *argv, "--resume"]))
-    assert out.startswith("train: ") and load(ckpt).step >= 1
+    saved = load(ckpt)
+    assert saved.step == step >= 1 and len(saved.meta["history"]["losses"]) == step
 
 
 # -- the model's shape and the block size -------------------------------------------------
-def test_shape_options_are_stored_and_sample_eval_export_read_them(
-    capsys: Cap, tmp_path: Path, data_file: Path
-) -> None:
-    ckpt = tmp_path / "big.npz"
+def test_shape_options_reach_sample_eval_export(cli: Cli, tmp_path: Path, names16: Path) -> None:
+    ckpt, weights = tmp_path / "big.npz", tmp_path / "w.json"
     shape = ["--n-layer", 2, "--n-embd", 8, "--n-head", 2, "--block-size", 12]
-    argv = ["train", "--data", data_file, "--steps", 3, "--batch-size", 4, *shape]
-    rc, out, err = run(capsys, *argv, "--checkpoint", ckpt, "--num-samples", 0)
-    assert rc == 0 and err == ""
+    out = cli.ok(*train_cmd(names16, 3, *shape, "--checkpoint", ckpt, "--num-samples", 0))
     config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, 2, 8, 2, 12)
     assert out.splitlines()[0] == (
         f"train: {len(NAMES)} docs | vocab {config.vocab_size} | {config.num_params} params "
@@ -322,141 +347,99 @@ def test_shape_options_are_stored_and_sample_eval_export_read_them(
     )
     saved = load(ckpt)
     assert saved.config == config and saved.tokenizer is not None
-
-    rc, out, _ = run(capsys, "sample", "--checkpoint", ckpt, "--num-samples", 9, "--json")
-    assert rc == 0
-    assert json.loads(out)["samples"] == sample(saved.params, saved.tokenizer, 9)
-    rc, out, _ = run(capsys, "eval", "--checkpoint", ckpt, "--data", data_file, "--json")
-    assert rc == 0
-    assert json.loads(out)["mean_loss"] == score_docs(saved.params, saved.tokenizer, NAMES).mean
-    rc, _, _ = run(capsys, "export", "--checkpoint", ckpt, "--out", tmp_path / "w.json")
-    assert rc == 0
-    state = json.loads((tmp_path / "w.json").read_text())
+    got = cli.json("sample", "--checkpoint", ckpt, "--num-samples", 9)["samples"]
+    assert got == sample(saved.params, saved.tokenizer, 9)
+    scored = cli.json("eval", "--checkpoint", ckpt, "--data", names16)
+    assert scored["mean_loss"] == score_docs(saved.params, saved.tokenizer, NAMES).mean
+    cli.ok("export", "--checkpoint", ckpt, "--out", weights)
+    state = json.loads(weights.read_text())
     assert list(state) == [*state_dict_keys(config), "tokenizer"] and "layer1.mlp_fc2" in state
     assert state["tokenizer"] == {"chars": "".join(saved.tokenizer.chars)}
     assert np.array(state["wpe"]).shape == (12, 8)
 
 
-@pytest.mark.parametrize(
-    ("shape", "status", "fragment"),
-    [
-        (["--n-embd", "10"], 2, "--n-embd 10 is not a multiple of --n-head 4"),
-        (["--n-head", "3"], 2, "--n-embd 16 is not a multiple of --n-head 3"),
-        (["--n-embd", "12", "--n-head", "5"], 2, "--n-embd 12 is not a multiple of --n-head 5"),
-        (["--n-layer", "0"], 2, "--n-layer"),
-        (["--n-embd", "-4"], 2, "--n-embd"),
-        (["--block-size", "0"], 2, "--block-size"),
-        (["--block-size", "two"], 2, "--block-size"),
-        (["--microgpt-exact", "--n-head", "3"], 2, "--n-embd 16 is not a multiple of --n-head 3"),
-    ],
-)  # fmt: skip
-def test_shape_errors_are_one_line_before_any_output(
-    capsys: Cap, data_file: Path, shape: list[str], status: int, fragment: str
-) -> None:
-    batch = [] if "--microgpt-exact" in shape else ["--batch-size", 4]  # not the replay's
-    rc, out, err = run(capsys, "train", "--data", data_file, *batch, *shape)
-    assert rc == status and out == ""
-    assert_one_error_line(err, fragment)
+def test_export_round_trips_via_from_state_dict(cli: Cli, tmp_path: Path, checkpoint: Path) -> None:
+    cli.ok("export", "--checkpoint", checkpoint, "--out", tmp_path / "weights.json")
+    state = json.loads((tmp_path / "weights.json").read_text())
+    saved = load(checkpoint)
+    assert list(state) == [*state_dict_keys(saved.config), "tokenizer"]
+    assert Tokenizer.from_dict(state["tokenizer"]) == saved.tokenizer  # ids back to text
+    restored = Params.from_state_dict(state, dtype="float32")
+    assert restored.config == saved.config
+    for key, value in saved.params.to_state_dict().items():
+        assert np.array_equal(restored.to_state_dict()[key], value), key
 
 
-def test_default_block_size_reads_every_document_whole(capsys: Cap, tmp_path: Path) -> None:
-    long_names = [*NAMES, "maximiliana-josephina-antonia"]  # 29 characters
-    data = tmp_path / "long.txt"
-    data.write_text("\n".join(long_names), encoding="utf-8")
+def test_the_default_block_size_reads_every_name_whole(cli: Cli, tmp_path: Path) -> None:
+    long_names = tmp_path / "long.txt"
+    long_names.write_text("\n".join([*NAMES, "maximiliana-josephina-antonia"]), encoding="utf-8")
     ckpt = tmp_path / "long.npz"
-    argv = ["train", "--data", data, "--steps", 2, "--batch-size", 4, "--checkpoint", ckpt]
-    rc, out, err = run(capsys, *argv)
-    assert rc == 0 and err == ""  # nothing cut, nothing to say
-    assert load(ckpt).config.block_size == 30 and "block_size 30)" in out
+    out = cli.ok(*train_cmd(long_names, 2, "--checkpoint", ckpt))  # nothing cut: no note
+    assert load(ckpt).config.block_size == 30 and "block_size 30)" in out  # 29 characters + 1
 
 
-def test_embedded_corpus_keeps_the_originals_block_size_and_output(
-    capsys: Cap, tmp_path: Path
-) -> None:
+def test_the_embedded_corpus_keeps_the_originals_output(cli: Cli, tmp_path: Path) -> None:
     ckpt = tmp_path / "default.npz"
-    rc, out, err = run(capsys, "train", "--steps", 2, "--num-samples", 0, "--checkpoint", ckpt)
-    assert rc == 0 and err == ""
+    lines = cli.ok("train", "--steps", 2, "--num-samples", 0, "--checkpoint", ckpt).splitlines()
     assert load(ckpt).config == GPTConfig(27)  # the spec's model, block size 16
-    assert out.splitlines() == [
+    assert lines[0] == (
         f"train: {len(default_docs())} docs | vocab 27 | 4192 params | numpy float32 | "
-        "batch 32 | 2 steps",
-        *out.splitlines()[1:2],
-        f"checkpoint: {ckpt} (step 2)",
-    ]
+        "batch 32 | 2 steps"
+    )
     done = r"done: 2 steps in \d+\.\d s \([\d.e+-]+ ms/step, [\d,]+ tokens/s\) \| final loss \d+\.\d{4}"
-    assert re.fullmatch(done, out.splitlines()[1])
+    assert re.fullmatch(done, lines[1]) and lines[2:] == [f"checkpoint: {ckpt} (step 2)"]
+    result = cli.json("eval", "--checkpoint", ckpt)  # eval scores the embedded corpus too
+    assert result["num_docs"] == len(default_docs()) and 0 < result["mean_loss"] < 10
 
 
-def test_a_block_size_that_cuts_documents_says_how_many(
-    capsys: Cap, tmp_path: Path, data_file: Path
-) -> None:
+def test_a_block_size_cutting_names_says_how_many(cli: Cli, tmp_path: Path, names16: Path) -> None:
     cut = sum(len(name) >= 5 for name in NAMES)  # more than 4 characters
     ckpt = tmp_path / "short.npz"
-    argv = ["train", "--data", data_file, "--steps", 2, "--batch-size", 4, "--block-size", 5]
-    rc, out, err = run(capsys, *argv, "--checkpoint", ckpt, "--num-samples", 0)
+    rc, out, err = cli(*train_cmd(names16, 2, "--block-size", 5, "--checkpoint", ckpt))
     assert rc == 0 and out.startswith("train: ")
     assert err == (
         f"microgpt-xp: note: {cut} of {len(NAMES)} documents are longer than --block-size 5 "
         "reads whole (4 characters): training sees only their first 5 characters, never "
         f"their end (--block-size {LONGEST} fits the longest)\n"
     )
-    # eval says it too, for the checkpoint's block size
-    rc, out, err = run(capsys, "eval", "--checkpoint", ckpt, "--data", data_file)
+    rc, out, err = cli("eval", "--checkpoint", ckpt, "--data", names16)  # for its block size
     assert rc == 0 and out.startswith("mean loss")
     assert err.count("\n") == 1 and f"note: {cut} of {len(NAMES)} documents" in err
     assert "first 5 characters" in err
 
 
 # -- existing checkpoints: --overwrite, --resume, extending a run -----------------------------
-def test_an_existing_checkpoint_needs_resume_or_overwrite(
-    capsys: Cap, tmp_path: Path, data_file: Path
-) -> None:
+def test_existing_file_needs_resume_or_overwrite(cli: Cli, tmp_path: Path, names16: Path) -> None:
     ckpt = tmp_path / "run.npz"
-    argv = ["train", "--data", data_file, "--num-samples", 0, "--checkpoint", ckpt]
-    assert run(capsys, *argv, "--steps", 3, "--batch-size", 4)[0] == 0
+    argv = ["train", "--data", names16, "--num-samples", 0, "--checkpoint", ckpt]
+    cli.ok(*argv, "--steps", 3, "--batch-size", 4)
     before = ckpt.read_bytes()
-    for extra, how in (
-        (["--batch-size", 4], ("--resume", "--overwrite")),
-        (["--microgpt-exact"], ("--overwrite",)),
-    ):
-        rc, out, err = run(capsys, *argv, "--steps", 2, *extra)
-        assert rc == 1 and out == ""
-        assert_one_error_line(err, f"checkpoint '{ckpt}' exists", *how)
+    for extra, how in [(["--batch-size", 4], ["--resume"]), (["--microgpt-exact"], [])]:
+        exists = f"checkpoint '{ckpt}' exists"
+        cli.fails([*argv, "--steps", 2, *extra], 1, exists, "--overwrite", *how)
         assert ckpt.read_bytes() == before
-    rc, out, err = run(capsys, *argv, "--steps", 2, "--batch-size", 4, "--overwrite")
-    assert rc == 0 and load(ckpt).step == 2
-    rc, out, err = run(capsys, *argv, "--microgpt-exact", "--steps", 1, "--overwrite")
-    assert rc == 0 and load(ckpt).step == 1
-    rc, out, err = run(capsys, *argv, "--steps", 2, "--overwrite", "--resume")
-    assert rc == 2
-    assert_one_error_line(err, "--resume", "--overwrite")
-    rc, out, err = run(capsys, "train", "--overwrite")
-    assert rc == 2
-    assert_one_error_line(err, "need --checkpoint PATH")
+    assert cli(*argv, "--steps", 2, "--batch-size", 4, "--overwrite")[0] == 0
+    assert load(ckpt).step == 2
+    assert cli(*argv, "--microgpt-exact", "--steps", 1, "--overwrite")[0] == 0
+    assert load(ckpt).step == 1
+    cli.fails([*argv, "--steps", 2, "--overwrite", "--resume"], 2, "--resume", "--overwrite")
 
 
-def test_resume_with_more_steps_extends_a_finished_run(
-    capsys: Cap, tmp_path: Path, data_file: Path
-) -> None:
+def test_resume_with_more_steps_extends_a_run(cli: Cli, tmp_path: Path, names16: Path) -> None:
     ckpt = tmp_path / "run.npz"
-    argv = ["train", "--data", data_file, "--batch-size", 4, "--checkpoint", ckpt]
-    rc, _, _ = run(capsys, *argv, "--steps", 6, "--num-samples", 0)
-    assert rc == 0
-    rc, out, err = run(capsys, *argv, "--steps", 6, "--resume", "--num-samples", 0)
+    argv = ["train", "--data", names16, "--batch-size", 4, "--checkpoint", ckpt]
+    cli.ok(*argv, "--steps", 6, "--num-samples", 0)
+    rc, out, err = cli(*argv, "--steps", 6, "--resume", "--num-samples", 0)
     assert rc == 0 and "done: 0 steps (resumed at step 6)" in out
     assert err == (
         f"microgpt-xp: note: the run in '{ckpt}' has taken all its 6 steps; a larger --steps "
         "extends it\n"
     )
-    rc, out, err = run(capsys, *argv, "--steps", 10, "--resume", "--json")
-    assert rc == 0 and err == ""
-    extended = json.loads(out)
+    extended = cli.json(*argv, "--steps", 10, "--resume")
     assert extended["steps"] == 10 and extended["steps_run"] == 4
-
     # the library's extension: the learning rate decays as in a run of 10 steps from step 6
-    library = tmp_path / "library.npz"
     config = GPTConfig(Tokenizer.from_docs(NAMES).vocab_size, block_size=FIT)
-    common = dict(batch_size=4, config=config, checkpoint=library)
+    common = dict(batch_size=4, config=config, checkpoint=tmp_path / "library.npz")
     train(NAMES, steps=6, **common)  # type: ignore[arg-type]
     expected = train(NAMES, steps=10, resume=True, **common)  # type: ignore[arg-type]
     assert extended["final_loss"] == expected.losses[-1]
@@ -468,241 +451,197 @@ def test_resume_with_more_steps_extends_a_finished_run(
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
-        (["--seed", "4"], "with --seed 4: its run has --seed 0"),
-        (["--batch-size", "3"], "with --batch-size 3: its run has --batch-size 4"),
-        (["--lr", "0.02"], "with --lr 0.02: its run has --lr 0.01"),
-        (["--dtype", "float64"], "with --dtype float64: its run has --dtype float32"),
-        (["--steps", "5"], "with --steps 5: its run has --steps 6"),
-        (["--data", "{other}"], "with --data {other}: its run trained on another corpus"),
-        (["--data", "{alphabet}"], "with --data {alphabet}: its run trained on a corpus of "
-                                   "other characters"),
-        (["--n-layer", "2"], "with --n-layer 2: its run has --n-layer 1"),
-        (["--block-size", "12"], f"with --block-size 12: its run has --block-size {FIT}"),
+        ("--seed 4", "with --seed 4: its run has --seed 0"),
+        ("--batch-size 3", "with --batch-size 3: its run has --batch-size 4"),
+        ("--lr 0.02", "with --lr 0.02: its run has --lr 0.01"),
+        ("--dtype float64", "with --dtype float64: its run has --dtype float32"),
+        ("--steps 5", "with --steps 5: its run has --steps 6"),
+        ("--data {other}", "with --data {other}: its run trained on another corpus"),
+        ("--data {alphabet}", "with --data {alphabet}: its run trained on a corpus of other characters"),
+        ("--n-layer 2", "with --n-layer 2: its run has --n-layer 1"),
+        ("--block-size 12", f"with --block-size 12: its run has --block-size {FIT}"),
     ],
 )  # fmt: skip
 def test_resume_errors_name_the_option_and_both_values(
-    capsys: Cap, tmp_path: Path, data_file: Path, change: list[str], fragment: str
+    cli: Cli, tmp_path: Path, names16: Path, change: str, fragment: str
 ) -> None:
-    other = tmp_path / "other.txt"
-    other.write_text("\n".join(reversed(NAMES)), encoding="utf-8")  # same characters
-    alphabet = tmp_path / "alphabet.txt"
-    alphabet.write_text("\n".join(["xyz", "zyx", "qqq", "abc", "ee"]), encoding="utf-8")
-    files = {"other": other, "alphabet": alphabet}
+    files = {"other": tmp_path / "other.txt", "alphabet": tmp_path / "alphabet.txt"}
+    files["other"].write_text("\n".join(reversed(NAMES)), encoding="utf-8")  # same characters
+    files["alphabet"].write_text("\n".join(["xyz", "zyx", "qqq", "abc", "ee"]), encoding="utf-8")
     ckpt = tmp_path / "run.npz"
-    argv = ["train", "--data", data_file, "--steps", 6, "--batch-size", 4]
-    argv += ["--checkpoint", ckpt, "--num-samples", 0, "--checkpoint-every", 3]
+    argv = train_cmd(names16, 6, "--checkpoint", ckpt, "--num-samples", 0, "--checkpoint-every", 3)
     with pytest.MonkeyPatch.context() as m:
         interrupt_training_after(m, 3)
-        assert run(capsys, *argv)[0] == 130  # an unfinished run, saved at step 3
+        assert cli(*argv)[0] == 130  # an unfinished run, saved at step 3
     options = [str(a) for a in argv]
-    for i in range(0, len(change), 2):
-        flag, value = change[i], change[i + 1].format(**files)
-        if flag in options:
-            options[options.index(flag) + 1] = value
-        else:
-            options += [flag, value]
-    rc, out, err = run(capsys, *options, "--resume")
-    assert rc == 1 and out == ""
-    assert_one_error_line(err, f"cannot resume '{ckpt}'", fragment.format(**files))
+    flag, value = change.format(**files).split()
+    if flag in options:
+        options[options.index(flag) + 1] = value
+    else:
+        options += [flag, value]
+    cli.fails([*options, "--resume"], 1, f"cannot resume '{ckpt}'", fragment.format(**files))
     assert load(ckpt).step == 3
 
 
-# -- sample, eval, export ----------------------------------------------------------------------
-def test_sample_prints_names_and_streams_json_as_print_json_prints_it(
-    capsys: Cap, checkpoint: Path
+@pytest.mark.parametrize(
+    ("option", "before", "after", "fragments"),
+    [
+        ("--beta2", 0.95, 0.9, ["with --beta2 0.9: its run has --beta2 0.95"]),
+        ("--val-fraction", 0.25, 0.5, ["with --data {data} --val-fraction 0.5", "another",
+                                       "corpus or split"]),
+    ],
+)  # fmt: skip
+def test_resuming_with_other_betas_or_split_names_the_option(
+    cli: Cli,
+    tmp_path: Path,
+    names24: Path,
+    option: str,
+    before: float,
+    after: float,
+    fragments: list[str],
 ) -> None:
-    saved = load(checkpoint)
-    rc, out, err = run(
-        capsys, "sample", "--checkpoint", checkpoint, "--num-samples", 7, "--seed", 2
-    )
-    assert rc == 0 and err == ""
-    names = samples_of(out)
-    assert names == sample(saved.params, saved.tokenizer, 7, temperature=0.5, seed=2)
-    for n, batch, seed, temperature in ((7, 3, 2, 0.5), (1, 10, 0, 0.9), (6, 2, 0, 0.9)):
-        argv = ["sample", "--checkpoint", checkpoint, "--num-samples", n, "--json"]
-        rc, out, _ = run(
-            capsys, *argv, "--batch-size", batch, "--temperature", temperature, "--seed", seed
-        )
-        assert rc == 0
-        expected = {
-            "checkpoint": str(checkpoint),
-            "step": 8,
-            "temperature": temperature,
-            "top_k": None,
-            "prompt": None,
-            "seed": seed,
-            "microgpt_exact": False,
-            "samples": sample(saved.params, saved.tokenizer, n, temperature=temperature, seed=seed),
-        }
-        assert out == json.dumps(expected, indent=2) + "\n"
-        assert seed != 2 or json.loads(out)["samples"] == names
+    ckpt = tmp_path / "run.npz"
+    argv = train_cmd(names24, 2, "--num-samples", 0, "--checkpoint", ckpt)
+    cli.ok(*argv, option, before)
+    assert option != "--beta2" or load(ckpt).adam.config.beta2 == 0.95  # type: ignore[union-attr]
+    fragments = [f"cannot resume '{ckpt}'", *(f.format(data=names24) for f in fragments)]
+    cli.fails([*argv, "--resume", "--steps", 4, option, after], 1, *fragments)
+    cli.ok(*argv, "--resume", "--steps", 3, option, before)  # the same value goes on
+
+
+# -- sample, eval, export ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "n", "kwargs"),
+    [
+        ("--num-samples 7 --batch-size 3 --seed 2", 7, {"seed": 2}),
+        ("--num-samples 1 --batch-size 10 --temperature 0.9", 1, {"temperature": 0.9}),
+        ("--num-samples 6 --batch-size 2 --temperature 0.9", 6, {"temperature": 0.9}),
+        ("--workers 3", 20, {}),
+        ("--prompt em --top-k 3", 20, {"prompt": "em", "top_k": 3}),
+    ],
+)
+def test_sample_prints_the_librarys_names_and_streams_them_as_json(
+    cli: Cli, checkpoint: Path, options: str, n: int, kwargs: dict[str, Any]
+) -> None:
+    names = library_samples(checkpoint, n, **kwargs)
+    assert all(name.startswith(kwargs.get("prompt", "")) for name in names)
+    argv = ["sample", "--checkpoint", checkpoint, *options.split()]
+    assert samples_of(cli.ok(*argv)) == names
+    head = {"checkpoint": str(checkpoint), "step": 8, "temperature": 0.5, "top_k": None}
+    expected = {**head, "prompt": None, "seed": 0, "microgpt_exact": False} | kwargs
+    assert cli.ok(*argv, "--json") == json.dumps({**expected, "samples": names}, indent=2) + "\n"
 
 
 @pytest.mark.parametrize("chunk_size", [None, 3, 1024])
-def test_eval_prints_the_mean_per_document_loss(
-    capsys: Cap, checkpoint: Path, data_file: Path, chunk_size: int | None
-) -> None:
+def test_eval_mean_loss(cli: Cli, checkpoint: Path, names16: Path, chunk_size: int | None) -> None:
     saved = load(checkpoint)
     assert saved.tokenizer is not None
     tokens, lengths = encode_docs(saved.tokenizer, NAMES, saved.config.block_size)
     expected = float(np.mean(np.asarray(score(saved.params, tokens, lengths), dtype=np.float64)))
-    argv = ["eval", "--checkpoint", checkpoint, "--data", data_file]
+    argv = ["eval", "--checkpoint", checkpoint, "--data", names16]
     argv += [] if chunk_size is None else ["--chunk-size", chunk_size]
-    rc, out, err = run(capsys, *argv)
-    assert rc == 0 and err == ""
+    out = cli.ok(*argv)
     scores = score_docs(saved.params, saved.tokenizer, NAMES)
     if chunk_size is None:
-        assert out == (
-            f"mean loss {expected:.4f} over {len(NAMES)} documents "
-            f"({scores.token_mean:.4f} per token)\n"
-        )
-    rc, out, err = run(capsys, *argv, "--json")
-    assert rc == 0 and err == ""
-    result = json.loads(out)
+        per_token = f"({scores.token_mean:.4f} per token)"
+        assert out == f"mean loss {expected:.4f} over {len(NAMES)} documents {per_token}\n"
+    result = cli.json(*argv)
     np.testing.assert_allclose(result["mean_loss"], expected, rtol=1e-6)  # float32, other shapes
-    assert result["num_docs"] == len(NAMES)
-    assert result["step"] == 8 and result["data"] == str(data_file)
     np.testing.assert_allclose(result["token_loss"], scores.token_mean, rtol=1e-6)
-    assert result["mode"] == "docs"
+    assert result["num_docs"] == len(NAMES) and result["mode"] == "docs"
+    assert result["step"] == 8 and result["data"] == str(names16)
     if chunk_size is not None:  # the mean of score_docs, exactly
         scores = score_docs(saved.params, saved.tokenizer, NAMES, chunk_size=chunk_size)
         assert result["mean_loss"] == scores.mean and scores.num_docs == len(NAMES)
         assert result["token_loss"] == scores.token_mean
 
 
-def test_eval_defaults_to_the_embedded_corpus(capsys: Cap, tmp_path: Path) -> None:
-    ckpt = tmp_path / "default.npz"
-    rc, _, _ = run(capsys, "train", "--steps", 1, "--num-samples", 0, "--checkpoint", ckpt)
-    assert rc == 0
-    rc, out, _ = run(capsys, "eval", "--checkpoint", ckpt, "--json")
-    assert rc == 0
-    result = json.loads(out)
-    assert result["num_docs"] == len(default_docs())
-    assert 0 < result["mean_loss"] < 10
+def test_export_onnx_runs_in_onnxruntime(cli: Cli, tmp_path: Path, checkpoint: Path) -> None:
+    for module in ("ndonnx", "onnx", "onnxruntime"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed (the [onnx] extra)")
+    import onnxruntime as ort
 
+    from microgpt_xp import forward
 
-def test_export_round_trips_through_params_from_state_dict(
-    capsys: Cap, tmp_path: Path, checkpoint: Path
-) -> None:
-    out_file = tmp_path / "weights.json"
-    rc, _, _ = run(capsys, "export", "--checkpoint", checkpoint, "--out", out_file)
-    assert rc == 0
-    state = json.loads(out_file.read_text())
+    model = tmp_path / "model.onnx"
+    out = cli.ok("export", "--checkpoint", checkpoint, "--format", "onnx", "--out", model)
+    assert str(model) in out
     saved = load(checkpoint)
-    assert list(state) == [*state_dict_keys(saved.config), "tokenizer"]
-    assert Tokenizer.from_dict(state["tokenizer"]) == saved.tokenizer  # ids back to text
-    restored = Params.from_state_dict(state, dtype="float32")
-    assert restored.config == saved.config
-    for key, value in saved.params.to_state_dict().items():
-        assert np.array_equal(restored.to_state_dict()[key], value), key
+    tokens = np.array([[saved.tokenizer.bos, 0, 1, 2]], dtype=np.int64)
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, {"tokens": tokens, "lengths": np.array([4], dtype=np.int64)})
+    want = np.asarray(forward(saved.params, tokens))
+    assert np.max(np.abs(logits - want)) <= 2e-5 * np.max(np.abs(want))
 
 
-# -- sample: streaming ---------------------------------------------------------------------------
-class RecordingStdout(io.StringIO):
-    """A stdout that logs each write in ``events`` (shared with the sampler's spy)."""
-
-    def __init__(self, events: list[str]) -> None:
-        super().__init__()
-        self.events = events
-
-    def write(self, text: str) -> int:
-        self.events.append("write")
-        return super().write(text)
-
-
+# -- sample: streaming, files, pipes -------------------------------------------------------------
 def test_sample_streams_each_batch_as_it_is_made(monkeypatch: MP, checkpoint: Path) -> None:
     events: list[str] = []
-    original = sample_module.decode_batch
 
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        events.append("batch")
-        return original(*args, **kwargs)
+    class RecordingStdout(io.StringIO):
+        def write(self, text: str) -> int:
+            events.append("write")
+            return super().write(text)
 
-    monkeypatch.setattr(sample_module, "decode_batch", spy)
-    stdout = RecordingStdout(events)
-    monkeypatch.setattr(sys, "stdout", stdout)
+    on_call(monkeypatch, sample_module, "decode_batch", lambda n: events.append("batch"))
+    monkeypatch.setattr(sys, "stdout", RecordingStdout())
     argv = ["sample", "--checkpoint", str(checkpoint), "--num-samples", "7", "--seed", "2"]
     assert main([*argv, "--batch-size", "3"]) == 0
     # three batches (3 + 3 + 1), each printed before the next one is made
-    assert [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]] == [
-        "batch", "write", "batch", "write", "batch", "write",
-    ]  # fmt: skip
-    saved = load(checkpoint)
-    assert samples_of(stdout.getvalue()) == sample(saved.params, saved.tokenizer, 7, seed=2)
+    runs = [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]]
+    assert runs == ["batch", "write"] * 3
+    printed = sys.stdout.getvalue()  # type: ignore[attr-defined]
+    assert samples_of(printed) == library_samples(checkpoint, 7, seed=2)
 
 
-def test_sample_out_writes_a_names_file_atomically(
-    capsys: Cap, monkeypatch: MP, tmp_path: Path, checkpoint: Path
-) -> None:
-    saved = load(checkpoint)
-    names = sample(saved.params, saved.tokenizer, 11, seed=4)
+def test_sample_out_is_atomic(cli: Cli, monkeypatch: MP, tmp_path: Path, checkpoint: Path) -> None:
+    names = library_samples(checkpoint, 11, seed=4)
     out_file = tmp_path / "names.txt"
     argv = ["sample", "--checkpoint", checkpoint, "--num-samples", 11, "--seed", 4]
-    rc, out, err = run(capsys, *argv, "--batch-size", 4, "--out", out_file)
-    assert rc == 0 and err == ""
+    out = cli.ok(*argv, "--batch-size", 4, "--out", out_file)
     assert out == f"wrote 11 names to {out_file}\n"
     assert out_file.read_text(encoding="utf-8") == "".join(f"{n}\n" for n in names)
-    rc, out, _ = run(capsys, *argv, "--out", out_file, "--json")
-    assert json.loads(out)["num_samples"] == 11 and json.loads(out)["out"] == str(out_file)
-
+    result = cli.json(*argv, "--out", out_file)
+    assert result["num_samples"] == 11 and result["out"] == str(out_file)
     # Ctrl-C after the first batch: the file keeps its old content, no temporary is left
-    original = sample_module.decode_batch
-    calls = []
-
-    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(sample_module, "decode_batch", interrupted)
+    on_call(monkeypatch, sample_module, "decode_batch", raise_at(2, KeyboardInterrupt()))
     out_file.write_text("old\n", encoding="utf-8")
-    rc, out, err = run(capsys, *argv, "--batch-size", 4, "--out", out_file)
-    assert rc == 130 and out == ""
-    assert_one_error_line(err, "interrupted")
+    cli.fails([*argv, "--batch-size", 4, "--out", out_file], 130, "interrupted")
     assert out_file.read_text(encoding="utf-8") == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["names.txt"]
 
 
-def test_out_of_memory_is_one_line(capsys: Cap, monkeypatch: MP, checkpoint: Path) -> None:
-    def no_memory(*args, **kwargs):  # type: ignore[no-untyped-def]
-        raise MemoryError("Unable to allocate 95.4 GiB for an array with shape (10000000, 16)")
+def test_sigterm_during_sample_out_leaves_no_partial_file(tmp_path: Path, checkpoint: Path) -> None:
+    out = tmp_path / "names.out"
+    argv = ["--checkpoint", checkpoint, "--num-samples", 10**8, "--batch-size", 2000, "--out", out]
+    child = start("microgpt_xp", "sample", *argv, text=True)
+    _, err = signal_when(lambda: list(tmp_path.glob(".names.out.*.tmp")), child, signal.SIGTERM)
+    assert child.returncode == 143, err
+    assert not out.exists() and not list(tmp_path.glob(".names.out.*"))
 
-    monkeypatch.setattr(sample_module, "decode_batch", no_memory)
-    rc, out, err = run(capsys, "sample", "--checkpoint", checkpoint, "--num-samples", 10**7)
-    assert rc == 1 and out == ""
-    assert_one_error_line(err, "out of memory (Unable to allocate 95.4 GiB", "--batch-size")
 
-
-def test_a_closed_stdout_stops_quietly(capsys: Cap, monkeypatch: MP, checkpoint: Path) -> None:
+def test_a_closed_stdout_stops_quietly(cli: Cli, monkeypatch: MP, checkpoint: Path) -> None:
     class ClosedPipe(io.StringIO):
         def write(self, text: str) -> int:
             raise BrokenPipeError(32, "Broken pipe")
 
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
     assert main(["sample", "--checkpoint", str(checkpoint), "--num-samples", "50"]) == 0
-    assert capsys.readouterr().err == ""
+    assert cli.capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("command", ["sample", "export"])
-def test_a_pipe_closed_by_its_reader_prints_no_broken_pipe(
-    tmp_path: Path, data_file: Path, command: str
-) -> None:
-    """``microgpt-xp sample | head``, ``microgpt-xp export --out - | head``: output far
-    bigger than a pipe's buffer, whose reader goes away after a few bytes."""
-    ckpt = tmp_path / "wide.npz"
-    with contextlib.redirect_stdout(io.StringIO()):
-        argv = ["train", "--data", data_file, "--steps", 1, "--batch-size", 4, "--n-embd", 64]
-        assert main([str(a) for a in [*argv, "--checkpoint", ckpt, "--num-samples", 0]]) == 0
-    argv = {
-        "sample": ["sample", "--num-samples", "100000", "--batch-size", "1000"],
-        "export": ["export", "--out", "-"],  # about 1.5 MB of JSON
-    }[command]
-    child = subprocess.Popen(
-        [sys.executable, "-m", "microgpt_xp.cli", *argv, "--checkpoint", str(ckpt)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sample", "--num-samples", "100000", "--batch-size", "1000"],
+        ["export", "--out", "-"],  # about 1.5 MB of JSON
+    ],
+)
+def test_a_pipe_closed_early_is_no_error(tmp_path: Path, names16: Path, argv: list[str]) -> None:
+    """``sample | head``, ``export --out - | head``: far more than a pipe holds, read 100 bytes."""
+    ckpt = make_checkpoint(tmp_path / "wide.npz", *train_cmd(names16, 1, "--n-embd", 64))
+    child = start("microgpt_xp.cli", *argv, "--checkpoint", ckpt)
     assert child.stdout is not None and child.stderr is not None
     head = child.stdout.read(100)
     child.stdout.close()  # what `head` does once it has its lines
@@ -711,62 +650,53 @@ def test_a_pipe_closed_by_its_reader_prints_no_broken_pipe(
     assert head and err == ""
 
 
+def test_a_closed_stdout_at_start_is_an_error(checkpoint: Path) -> None:
+    """``microgpt-xp sample >&-``: the names would be lost, so the command fails."""
+    command = [sys.executable, "-m", "microgpt_xp.cli", "sample", "--checkpoint", str(checkpoint)]
+    closed = subprocess.run(
+        command, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1), timeout=120
+    )
+    assert closed.returncode == 1
+    assert_one_error_line(closed.stderr, "stdout is closed")
+
+
 # -- microgpt-exact ----------------------------------------------------------------------------
-def test_exact_train_prints_the_originals_output_and_sample_replays_it(
-    capsys: Cap, tmp_path: Path, data_file: Path
-) -> None:
+def test_exact_prints_the_originals_output(cli: Cli, tmp_path: Path, names16: Path) -> None:
     ckpt = tmp_path / "exact.npz"
-    argv = ["train", "--microgpt-exact", "--data", data_file, "--newlines", "--checkpoint", ckpt]
-    rc, out, err = run(capsys, *argv)
-    assert rc == 0 and err == ""
+    out = cli.ok("train", "--microgpt-exact", "--data", names16, "--newlines", "--checkpoint", ckpt)
     lines = out.splitlines()
-    vocab = len(set("".join(NAMES))) + 1
-    c, t = 16, 16
-    assert lines[:3] == [
-        f"num docs: {len(NAMES)}",
-        f"vocab size: {vocab}",
-        f"num params: {2 * vocab * c + t * c + 12 * c * c}",
-    ]
+    vocab, c, t = len(set("".join(NAMES))) + 1, 16, 16
+    params = 2 * vocab * c + t * c + 12 * c * c
+    assert lines[:3] == [f"num docs: {len(NAMES)}", f"vocab size: {vocab}", f"num params: {params}"]
     steps = [STEP_LINE.match(line) for line in lines[3:1003]]
-    assert all(steps)
-    assert [(int(m.group(1)), int(m.group(2))) for m in steps if m] == [
-        (s, 1000) for s in range(1, 1001)
-    ]
+    assert [m and m.groups() for m in steps] == [(str(s), "1000") for s in range(1, 1001)]
     assert lines[1003:1005] == ["", INFERENCE_HEADER]
     trained_samples = lines[1005:]
-    assert len(trained_samples) == 20 and samples_of(out) == [
-        s.split(": ", 1)[1] for s in trained_samples
-    ]
-
-    rc, out, err = run(capsys, "sample", "--microgpt-exact", "--checkpoint", ckpt)
-    assert rc == 0 and err == ""
+    assert len(trained_samples) == 20
+    assert samples_of(out) == [s.split(": ", 1)[1] for s in trained_samples]
+    out = cli.ok("sample", "--microgpt-exact", "--checkpoint", ckpt)
     assert out.splitlines() == trained_samples
 
 
 @pytest.mark.parametrize("shape", [{}, {"block_size": 6, "n_embd": 8, "n_head": 2}])
-def test_exact_train_matches_the_reference_script_and_notes_cut_documents(
-    capsys: Cap, data_file: Path, shape: dict[str, int]
-) -> None:
+def test_exact_matches_the_reference_script(cli: Cli, names16: Path, shape: dict[str, int]) -> None:
     expected = reference.run_microgpt(
         NAMES, num_steps=3, num_samples=2, print_fn=lambda s: None, **shape
     )
     options = [x for key, value in shape.items() for x in (f"--{key.replace('_', '-')}", value)]
-    argv = ["train", "--microgpt-exact", "--data", data_file, "--steps", 3, "--num-samples", 2]
-    rc, out, err = run(capsys, *argv, *options)
+    argv = ["train", "--microgpt-exact", "--data", names16, "--steps", 3, "--num-samples", 2]
+    rc, out, err = cli(*argv, *options)
     assert rc == 0
     # step lines end in '\r' as in the original; the reference drops that and the blank line
     assert out.count("\r") == 3 and not re.search(r"loss \d+\.\d{4}\n", out)
     assert [line for line in re.split(r"[\r\n]", out) if line] == expected
     cut = sum(len(name) >= shape.get("block_size", 16) for name in NAMES)
-    assert err.count("\n") == (cut > 0) and (
-        not cut or f"note: {cut} of {len(NAMES)} documents" in err
-    )
+    assert err.count("\n") == (cut > 0)
+    assert not cut or f"note: {cut} of {len(NAMES)} documents" in err
 
 
-def test_exact_train_without_data_notes_the_original_corpus(capsys: Cap) -> None:
-    rc, out, err = run(
-        capsys, "train", "--microgpt-exact", "--steps", 2, "--num-samples", 2, "--json"
-    )
+def test_exact_train_without_data_notes_the_original_corpus(cli: Cli) -> None:
+    rc, out, err = cli("train", "--microgpt-exact", "--steps", 2, "--num-samples", 2, "--json")
     assert rc == 0
     assert err.count("\n") == 1 and err.startswith("microgpt-xp: note: ") and "names.txt" in err
     summary = json.loads(out)
@@ -776,161 +706,166 @@ def test_exact_train_without_data_notes_the_original_corpus(capsys: Cap) -> None
 
 # -- errors -------------------------------------------------------------------------------------
 @pytest.fixture
-def bad_files(tmp_path: Path, checkpoint: Path) -> dict[str, Path]:
-    corrupt = tmp_path / "corrupt.npz"
-    corrupt.write_bytes(b"this is not a checkpoint")
-    truncated = tmp_path / "truncated.npz"
-    truncated.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
-    foreign = tmp_path / "foreign.npz"
-    np.savez(foreign, a=np.zeros(3))
-    unknown_char = tmp_path / "unknown.txt"
-    unknown_char.write_text("emma\nzoë\n", encoding="utf-8")
-    not_utf8 = tmp_path / "latin1.txt"
-    not_utf8.write_bytes("zoë\n".encode("latin-1"))
-    return {
-        "corrupt": corrupt,
-        "truncated": truncated,
-        "foreign": foreign,
-        "unknown_char": unknown_char,
-        "not_utf8": not_utf8,
-        "missing": tmp_path / "missing.txt",
-        "nodir": tmp_path / "no" / "such" / "dir" / "out.json",
-    }
+def paths(tmp_path: Path, checkpoint: Path, names16: Path) -> dict[str, Path]:
+    """Good and bad files, by the names the tables below give them in braces."""
+    made = {"ckpt": checkpoint, "data": names16, "tmp": tmp_path}
+    made |= {"missing": tmp_path / "missing.txt", "nodir": tmp_path / "no/such/dir/out.json"}
+    for name, content in [
+        ("corrupt.npz", b"this is not a checkpoint"),
+        ("truncated.npz", checkpoint.read_bytes()[: checkpoint.stat().st_size // 2]),
+        ("unknown_char.txt", "emma\nzoë\n".encode()),
+        ("not_utf8.txt", "zoë\n".encode("latin-1")),
+    ]:
+        made[name.split(".")[0]] = tmp_path / name
+        made[name.split(".")[0]].write_bytes(content)
+    np.savez(tmp_path / "foreign.npz", a=np.zeros(3))
+    return made | {"foreign": tmp_path / "foreign.npz"}
 
 
-needs_distributed = pytest.mark.skipif(not HAS_DISTRIBUTED, reason="needs dask.distributed")
+USAGE_ERRORS = [  # exit status 2: the command line itself is wrong
+    ("train --backend nope", "invalid choice: 'nope'"), ("train --dtype float16", "invalid choice: 'float16'"),
+    ("train --steps 0", "--steps"), ("train --steps ten", "--steps"), ("train --lr -0.1", "--lr"),
+    ("train --batch-size 0", "--batch-size"), ("train --microgpt-exact --batch-size 4", "--batch-size"),
+    ("train --temperature 0", "--temperature"), ("train --temperature nan", "--temperature"),
+    ("train --resume", "--checkpoint"), ("train --checkpoint-every 3", "--checkpoint"),
+    ("train --overwrite", "need --checkpoint PATH"), ("train --newlines", "--microgpt-exact"),
+    ("train --workers 0", "--workers"), ("train --workers 100000", "--workers: workers must be at most"),
+    (f"train --n-embd {10**20}", f"--n-embd {10**20}: a model of"),
+    (f"train --n-layer {10**11}", "--n-layer 100000000000: a model of"),
+    (f"train --block-size {10**13}", "--block-size 10000000000000: a model of"),
+    (f"replay --n-embd {10**20}", "GiB (weights, gradients"),
+    ("train --data {data} --batch-size 4 --n-embd 10", "--n-embd 10 is not a multiple of --n-head 4"),
+    ("train --data {data} --batch-size 4 --n-head 3", "--n-embd 16 is not a multiple of --n-head 3"),
+    ("train --data {data} --batch-size 4 --n-embd 12 --n-head 5", "--n-embd 12 is not a multiple of --n-head 5"),
+    ("train --data {data} --microgpt-exact --n-head 3", "--n-embd 16 is not a multiple of --n-head 3"),
+    ("train --data {data} --batch-size 4 --n-layer 0", "--n-layer"),
+    ("train --data {data} --batch-size 4 --n-embd -4", "--n-embd"),
+    ("train --data {data} --batch-size 4 --block-size 0", "--block-size"),
+    ("train --data {data} --batch-size 4 --block-size two", "--block-size"),
+    ("train --eval-every 5", "--eval-every scores held-out text"),
+    ("train --eval-tokens 64", "--eval-tokens scores held-out text"),
+    ("train --eval-tokens 0", "argument --eval-tokens: must be at least 1"),
+    ("train --decay bogus", "argument --decay: invalid choice: 'bogus'"),
+    ("train --text {data} --data {data}", "argument --data: not allowed with argument --text"),
+    ("train --grad-clip -1", "argument --grad-clip: must be a finite number >= 0"),
+    ("train --weight-decay inf", "argument --weight-decay: must be a finite"),
+    ("train --min-lr x", "argument --min-lr: expected a number >= 0"),
+    ("train --warmup -1", "argument --warmup: must be at least 0"),
+    ("train --init-std 0", "argument --init-std: must be a finite number > 0"),
+    ("train --beta1 1", "argument --beta1: must be a finite number >= 0 and < 1"),
+    ("train --beta2 -0.5", "argument --beta2"),
+    ("train --length 64", "--length is the length of a passage: it needs --text"),
+    ("train --text {data} --checkpoint {data} --overwrite", "is --text"),
+    ("train --threads 0", "--threads"), ("sample --checkpoint {ckpt} --threads many", "--threads"),
+    ("train --microgpt-exact --workers 2", "--workers"),
+    ("sample --checkpoint {ckpt} --workers 2 --microgpt-exact", "--workers"),
+    ("eval --checkpoint {ckpt} --workers 2", "unrecognized arguments"),
+    ("train --scheduler tcp://127.0.0.1:8786", "--backend dask"),
+    ("train --jit", "backend 'numpy' has no compiler"), ("sample --checkpoint {ckpt} --jit", "--no-jit"),
+    ("eval --checkpoint {ckpt} --backend torch --jit", "'torch' has no"),
+    ("sample", "--checkpoint"), ("frobnicate", "invalid choice"),
+    ("sample --checkpoint {ckpt} --temperature -1", "--temperature"),
+    ("sample --checkpoint {ckpt} --num-samples 0", "--num-samples"),
+    ("sample --checkpoint {ckpt} --backend nope", "invalid choice"),
+    ("eval --checkpoint {ckpt} --chunk-size 0", "--chunk-size"),
+    ("export --checkpoint {ckpt} --out {tmp}/w.json --graph decode", "--graph applies only with --format onnx"),
+    ("export --checkpoint {ckpt} --out {ckpt}", "would replace the model"),
+    ("sample --checkpoint {ckpt} --out {ckpt}", "would replace the model"),
+    ("train --data {data} --checkpoint {data} --overwrite", "would replace its corpus"),
+    ("replay --data {data} --checkpoint {data} --overwrite", "would replace its corpus"),
+    ("train --microgpt-exact --data {data} --checkpoint {data} --overwrite", "would replace its corpus"),
+]  # fmt: skip
+RUN_ERRORS = [  # exit status 1: the command line is fine, what it names is not
+    ("train --data {missing}", "cannot read data file"), ("train --data {not_utf8}", "not UTF-8"),
+    ("train --data {data} --batch-size 100",
+     f"has {len(NAMES)} documents, fewer than the batch size 100: use --batch-size {len(NAMES)} (or less)"),
+    ("train --chunk-size 2", "--chunk-size is the rows of a Dask task: it needs --backend dask"),
+    ("train --data {data} --batch-size 4 --min-lr 0.1", "--min-lr must lie in [0, lr], got 0.1"),
+    ("train --data {data} --batch-size 4 --warmup 10 --steps 5", "--warmup must be less than num_steps=5"),
+    ("train --text {data} --block-size 1000", "--text: the text has"),
+    ("train --text {missing}", "cannot read data file"), ("train --text {not_utf8}", "not UTF-8"),
+    ("train --text {tmp}", "it is not a regular file"),
+    ("train --text {data} --val-data {missing}", "cannot read data file"),
+    ("train --seed -1", "--seed must be a non-negative int, got -1"),
+    ("train --val-fraction 1.5", "--val-fraction"), ("train --val-data {missing}", "cannot read data file"),
+    ("train --device gpu7", "gpu7"), ("train --plot {tmp}/loss.nope", "image format"),
+    ("train --plot {tmp}/no/dir/loss.png", "does not exist"),
+    ("train --data {data} --steps 3 --batch-size 2 --resume --checkpoint {corrupt}", "corrupt"),
+    ("sample --checkpoint {missing}", "does not exist"), ("sample --checkpoint {corrupt}", "corrupt"),
+    ("sample --checkpoint {truncated}", "checkpoint"),
+    ("sample --checkpoint {foreign}", "not a microgpt-xp checkpoint"),
+    ("sample --checkpoint {ckpt} --prompt é", "'é'"),
+    ("sample --microgpt-exact --checkpoint {ckpt}", "microgpt-exact"),
+    ("sample --checkpoint {ckpt} --out {nodir}", "does not exist"),
+    ("eval --checkpoint {corrupt}", "corrupt"), ("eval --checkpoint {ckpt} --data {unknown_char}", "'ë'"),
+    ("eval --checkpoint {ckpt} --data {missing}", "cannot read data file"),
+    ("export --checkpoint {ckpt} --out {nodir}", "does not exist"),
+    ("export --checkpoint {truncated} --out {tmp}/w.json", "checkpoint"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("argv", "status", "fragment"),
-    [
-        (["train", "--data", "{missing}"], 1, "cannot read data file"),
-        (["train", "--data", "{not_utf8}"], 1, "not UTF-8"),
-        (["train", "--backend", "nope"], 2, "invalid choice: 'nope'"),
-        (["train", "--dtype", "float16"], 2, "invalid choice: 'float16'"),
-        (["train", "--steps", "0"], 2, "--steps"),
-        (["train", "--steps", "ten"], 2, "--steps"),
-        (["train", "--batch-size", "0"], 2, "--batch-size"),
-        (["train", "--lr", "-0.1"], 2, "--lr"),
-        (["train", "--temperature", "0"], 2, "--temperature"),
-        (["train", "--temperature", "nan"], 2, "--temperature"),
-        (["train", "--data", "{data}", "--batch-size", "100"], 1,
-         f"has {len(NAMES)} documents, fewer than the batch size 100: use --batch-size "
-         f"{len(NAMES)} (or less)"),
-        (["train", "--resume"], 2, "--checkpoint"),
-        (["train", "--checkpoint-every", "3"], 2, "--checkpoint"),
-        (["train", "--newlines"], 2, "--microgpt-exact"),
-        (["train", "--chunk-size", "2"], 1, "--chunk-size is the rows of a Dask task: it needs --backend dask"),
-        (["train", "--workers", "0"], 2, "--workers"),
-        (["train", "--workers", "100000"], 2, "--workers: workers must be at most"),
-        (["train", "--n-embd", str(10**20)], 2, f"--n-embd {10**20}: a model of"),
-        (["train", "--n-layer", str(10**11)], 2, "--n-layer 100000000000: a model of"),
-        (["train", "--block-size", str(10**13)], 2, "--block-size 10000000000000: a model of"),
-        (["replay", "--n-embd", str(10**20)], 2, "GiB (weights, gradients"),
-        (["train", "--eval-every", "5"], 2, "--eval-every scores held-out text"),
-        (["train", "--eval-tokens", "64"], 2, "--eval-tokens scores held-out text"),
-        (["train", "--eval-tokens", "0"], 2, "argument --eval-tokens: must be at least 1"),
-        (["train", "--decay", "bogus"], 2, "argument --decay: invalid choice: 'bogus'"),
-        (["train", "--text", "{data}", "--data", "{data}"], 2,
-         "argument --data: not allowed with argument --text"),
-        (["train", "--grad-clip", "-1"], 2, "argument --grad-clip: must be a finite number >= 0"),
-        (["train", "--weight-decay", "inf"], 2, "argument --weight-decay: must be a finite"),
-        (["train", "--min-lr", "x"], 2, "argument --min-lr: expected a number >= 0"),
-        (["train", "--warmup", "-1"], 2, "argument --warmup: must be at least 0"),
-        (["train", "--init-std", "0"], 2, "argument --init-std: must be a finite number > 0"),
-        (["train", "--beta1", "1"], 2, "argument --beta1: must be a finite number >= 0 and < 1"),
-        (["train", "--beta2", "-0.5"], 2, "argument --beta2"),
-        (["train", "--length", "64"], 2, "--length is the length of a passage: it needs --text"),
-        (["train", "--data", "{data}", "--batch-size", "4", "--min-lr", "0.1"], 1,
-         "--min-lr must lie in [0, lr], got 0.1"),
-        (["train", "--data", "{data}", "--batch-size", "4", "--warmup", "10", "--steps", "5"], 1,
-         "--warmup must be less than num_steps=5"),
-        (["train", "--text", "{data}", "--block-size", "1000"], 1,
-         "--text: the text has"),
-        (["train", "--text", "{missing}"], 1, "cannot read data file"),
-        (["train", "--text", "{tmp}"], 1, "it is not a regular file"),
-        (["train", "--text", "{not_utf8}"], 1, "not UTF-8"),
-        (["train", "--text", "{data}", "--val-data", "{missing}"], 1, "cannot read data file"),
-        (["train", "--text", "{data}", "--checkpoint", "{data}", "--overwrite"], 2,
-         "is --text"),
-        (["train", "--threads", "0"], 2, "--threads"),
-        (["sample", "--checkpoint", "{ckpt}", "--threads", "many"], 2, "--threads"),
-        (["export", "--checkpoint", "{ckpt}", "--out", "{tmp}/w.json", "--graph", "decode"], 2,
-         "--graph applies only with --format onnx"),
-        (["sample", "--checkpoint", "{ckpt}", "--out", "{nodir}"], 1, "does not exist"),
-        (["train", "--microgpt-exact", "--workers", "2"], 2, "--workers"),
-        (["sample", "--checkpoint", "{ckpt}", "--workers", "2", "--microgpt-exact"], 2,
-         "--workers"),
-        (["eval", "--checkpoint", "{ckpt}", "--workers", "2"], 2, "unrecognized arguments"),
-        (["train", "--microgpt-exact", "--batch-size", "4"], 2, "--batch-size"),
-        (["train", "--scheduler", "tcp://127.0.0.1:8786"], 2, "--backend dask"),
-        (["train", "--device", "gpu7"], 1, "gpu7"),
-        (["train", "--plot", "{tmp}/loss.nope"], 1, "image format"),
-        (["train", "--plot", "{tmp}/no/dir/loss.png"], 1, "does not exist"),
-        (["train", "--data", "{data}", "--steps", "3", "--batch-size", "2", "--resume",
-          "--checkpoint", "{corrupt}"], 1, "corrupt"),
-        (["sample"], 2, "--checkpoint"),
-        (["sample", "--checkpoint", "{missing}"], 1, "does not exist"),
-        (["sample", "--checkpoint", "{corrupt}"], 1, "corrupt"),
-        (["sample", "--checkpoint", "{truncated}"], 1, "checkpoint"),
-        (["sample", "--checkpoint", "{foreign}"], 1, "not a microgpt-xp checkpoint"),
-        (["sample", "--checkpoint", "{ckpt}", "--temperature", "-1"], 2, "--temperature"),
-        (["sample", "--checkpoint", "{ckpt}", "--num-samples", "0"], 2, "--num-samples"),
-        (["sample", "--checkpoint", "{ckpt}", "--backend", "nope"], 2, "invalid choice"),
-        (["sample", "--microgpt-exact", "--checkpoint", "{ckpt}"], 1, "microgpt-exact"),
-        (["eval", "--checkpoint", "{corrupt}"], 1, "corrupt"),
-        (["eval", "--checkpoint", "{ckpt}", "--data", "{unknown_char}"], 1, "'ë'"),
-        (["eval", "--checkpoint", "{ckpt}", "--data", "{missing}"], 1, "cannot read data file"),
-        (["eval", "--checkpoint", "{ckpt}", "--chunk-size", "0"], 2, "--chunk-size"),
-        (["export", "--checkpoint", "{ckpt}", "--out", "{nodir}"], 1, "does not exist"),
-        (["export", "--checkpoint", "{ckpt}", "--out", "{ckpt}"], 2, "would replace the model"),
-        (["sample", "--checkpoint", "{ckpt}", "--out", "{ckpt}"], 2, "would replace the model"),
-        (["train", "--data", "{data}", "--checkpoint", "{data}", "--overwrite"], 2,
-         "would replace its corpus"),
-        (["replay", "--data", "{data}", "--checkpoint", "{data}", "--overwrite"], 2,
-         "would replace its corpus"),
-        (["train", "--microgpt-exact", "--data", "{data}", "--checkpoint", "{data}",
-          "--overwrite"], 2, "would replace its corpus"),
-        (["train", "--seed", "-1"], 1, "--seed must be a non-negative int, got -1"),
-        (["train", "--val-fraction", "1.5"], 1, "--val-fraction"),
-        (["train", "--val-data", "{missing}"], 1, "cannot read data file"),
-        (["export", "--checkpoint", "{truncated}", "--out", "{tmp}/w.json"], 1, "checkpoint"),
-        (["frobnicate"], 2, "invalid choice"),
-        (["train", "--jit"], 2, "backend 'numpy' has no compiler"),
-        (["sample", "--checkpoint", "{ckpt}", "--jit"], 2, "--no-jit"),
-        (["eval", "--checkpoint", "{ckpt}", "--backend", "torch", "--jit"], 2, "'torch' has no"),
-        pytest.param(
-            ["train", "--backend", "dask", "--scheduler", "no-port"], 1, "address",
-            marks=needs_distributed,
-        ),
-        pytest.param(
-            ["eval", "--checkpoint", "{ckpt}", "--backend", "dask", "--scheduler", "bogus://x:1"],
-            1, "address", marks=needs_distributed,
-        ),
-    ],
-)  # fmt: skip
-def test_user_errors_print_one_line(
-    capsys: Cap,
-    tmp_path: Path,
-    bad_files: dict[str, Path],
-    checkpoint: Path,
-    data_file: Path,
-    argv: list[str],
-    status: int,
-    fragment: str,
+    [(argv, 2, fragment) for argv, fragment in USAGE_ERRORS]
+    + [(argv, 1, fragment) for argv, fragment in RUN_ERRORS],
+)
+def test_user_errors_are_one_line_before_any_output(
+    cli: Cli, paths: dict[str, Path], argv: str, status: int, fragment: str
 ) -> None:
-    paths = {**bad_files, "ckpt": checkpoint, "data": data_file, "tmp": tmp_path}
-    rc, _, err = run(capsys, *(a.format(**paths) for a in argv))
-    assert rc == status
-    assert_one_error_line(err, fragment)
+    cli.fails(argv.format(**paths).split(), status, fragment)
+
+
+def fault(monkeypatch: MP, what: str) -> None:
+    """An extra not installed (None in sys.modules), no dask.distributed, or no memory."""
+    if what == "memory":
+        error = MemoryError("Unable to allocate 95.4 GiB for an array with shape (10000000, 16)")
+        on_call(monkeypatch, sample_module, "decode_batch", raise_at(1, error))
+    elif what == "distributed":
+        find_spec = importlib.util.find_spec
+
+        def hide(name: str, *args: Any) -> Any:
+            return None if name == "distributed" else find_spec(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", hide)
+    else:
+        plot = ["matplotlib", "matplotlib.backends", "matplotlib.backends.backend_agg"]
+        for name in {"torch": ["torch", "array_api_compat.torch"], "matplotlib": plot}[what]:
+            monkeypatch.setitem(sys.modules, name, None)
 
 
 @pytest.mark.parametrize(
-    "argv", [["train"], ["sample", "--checkpoint", "{ckpt}"], ["eval", "--checkpoint", "{ckpt}"]]
+    ("what", "argv", "fragments"),
+    [
+        ("matplotlib", "train --data {data} --steps 3 --batch-size 2 --checkpoint {tmp}/x.npz "
+                       "--plot {tmp}/loss.png",
+         ["matplotlib", "pip install 'microgpt-xp[plot]'", "from a checkout: pip install '.[plot]'"]),
+        # the backends table's install line: the CPU build of torch
+        ("torch", "train --backend torch", [cli_xp.entry("torch").install,
+                                            "download.pytorch.org/whl/cpu"]),
+        ("distributed", "train --backend dask --scheduler local",
+         ["--scheduler needs dask.distributed", cli_xp.entry("dask").install, "from a checkout"]),
+        ("memory", "sample --checkpoint {ckpt} --num-samples 10000000",
+         ["out of memory (Unable to allocate 95.4 GiB", "--batch-size"]),
+    ],
+)  # fmt: skip
+def test_a_missing_extra_or_memory_is_one_line_saying_what_to_do(
+    cli: Cli, monkeypatch: MP, paths: dict[str, Path], what: str, argv: str, fragments: list[str]
+) -> None:
+    fault(monkeypatch, what)
+    cli_xp._table_namespace.cache_clear()
+    try:
+        cli.fails(argv.format(**paths).split(), 1, *fragments)
+    finally:
+        cli_xp._table_namespace.cache_clear()
+    assert not (paths["tmp"] / "x.npz").exists()  # failed before training
+
+
+@pytest.mark.parametrize(
+    "command", ["train", "sample --checkpoint {ckpt}", "eval --checkpoint {ckpt}"]
 )
 @pytest.mark.parametrize("device", [None, "cuda:3", "bogus"])
 def test_a_device_the_backend_refuses_is_one_error_line(
-    capsys: Cap, monkeypatch: MP, checkpoint: Path, argv: list[str], device: str | None
+    cli: Cli, monkeypatch: MP, checkpoint: Path, command: str, device: str | None
 ) -> None:
     # what torch.device("bogus") and cupy.cuda.Device() on a machine without a GPU raise (a
     # RuntimeError, not a ValueError), without importing either
@@ -942,35 +877,57 @@ def test_a_device_the_backend_refuses_is_one_error_line(
         )
 
     monkeypatch.setattr(cli_xp, "resolve_device", refuse)
-    backend = "numpy" if device == "bogus" else "cupy"
     where = [] if device is None else ["--device", device]
-    rc, out, err = run(
-        capsys, *[a.format(ckpt=checkpoint) for a in argv], "--backend", backend, *where
-    )
-    assert rc == 1 and out == ""
+    argv = [*command.format(ckpt=checkpoint).split(), *where]
     if device == "bogus":
-        assert_one_error_line(err, "unknown device 'bogus' for backend 'numpy'")
+        cli.fails([*argv, "--backend", "numpy"], 1, "unknown device 'bogus' for backend 'numpy'")
     else:
         which = "a GPU" if device is None else f"the GPU '{device}'"
-        assert_one_error_line(err, "backend 'cupy' needs an NVIDIA GPU with CUDA", which, "numpy")
+        needs = "backend 'cupy' needs an NVIDIA GPU with CUDA"
+        err = cli.fails([*argv, "--backend", "cupy"], 1, needs, which, "numpy")
         assert "unknown device" not in err
 
 
+@pytest.mark.needs_torch
+def test_a_cuda_device_on_a_torch_without_cuda_is_one_line(cli: Cli, names16: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA")
+    rc, _, err = cli("train", "--data", names16, "--backend", "torch", "--device", "cuda")
+    assert rc == 1 and err.count("\n") == 1 and "no usable CUDA" in err
+
+
+def test_a_diverged_run_is_one_line_and_exit_1(cli: Cli, tmp_path: Path, names24: Path) -> None:
+    rc, out, err = cli(*train_cmd(names24, 50, "--lr", 1e30, "--checkpoint", tmp_path / "x.npz"))
+    assert rc == 1 and "done:" not in out
+    assert err.count("\n") == 1 and "training stopped" in err and "RuntimeWarning" not in err
+    assert "no checkpoint of this run was written" in err
+
+
+def test_dead_worker_says_resume(cli: Cli, monkeypatch: MP, tmp_path: Path, names24: Path) -> None:
+    from microgpt_xp.runners import processes
+
+    died = processes.WorkerDied("a microgpt_xp worker process died during the step")
+    on_call(monkeypatch, processes.WorkerPool, "map", raise_at(3, died))  # in the third step
+    ckpt = tmp_path / "run.npz"
+    argv = train_cmd(names24, 6, "--workers", 2, "--checkpoint", ckpt, "--checkpoint-every", 1)
+    rc, _, err = cli(*argv)
+    assert rc == 1 and err.count("\n") == 1
+    assert "worker process died" in err and "after step 2" in err
+    assert err.rstrip().endswith(shlex.join(["microgpt-xp", *map(str, argv), "--resume"]))
+    assert load(ckpt).step == 2
+
+
 @pytest.mark.parametrize("threads", ["auto", "1", "1000000", "18446744073709551616"])
-def test_threads_are_auto_or_a_count_capped_at_the_cores(
-    capsys: Cap, checkpoint: Path, threads: str
-) -> None:
+def test_threads_are_auto_or_capped_at_the_cores(cli: Cli, checkpoint: Path, threads: str) -> None:
     from microgpt_xp.resources import usable_cpus
 
     argv = ["sample", "--checkpoint", checkpoint, "--num-samples", 3, "--json"]
-    rc, out, err = run(capsys, *argv, "--threads", threads)
+    rc, out, err = cli(*argv, "--threads", threads)
     assert rc == 0 and len(json.loads(out)["samples"]) == 3
     cpus = usable_cpus()
-    capped = threads.isdigit() and int(threads) > cpus
-    note = (
-        f"microgpt-xp: note: --threads {threads}: this process may use {cpus} cores; using {cpus}\n"
-    )
-    assert err == (note if capped else "")
+    note = f"note: --threads {threads}: this process may use {cpus} cores; using {cpus}\n"
+    assert err == (f"microgpt-xp: {note}" if threads.isdigit() and int(threads) > cpus else "")
 
 
 @pytest.mark.parametrize(
@@ -984,53 +941,12 @@ def test_threads_are_auto_or_a_count_capped_at_the_cores(
         (None, "a plain ValueError", "a plain ValueError"),
     ],
 )  # fmt: skip
-def test_library_errors_name_their_option_from_one_table(
-    param: str | None, message: str, line: str
-) -> None:
+def test_library_errors_name_their_cli_option(param: str | None, message: str, line: str) -> None:
     from microgpt_xp._errors import ArgumentValueError
     from microgpt_xp.cli._common import in_option_words
 
-    assert (
-        in_option_words(
-            ValueError(message) if param is None else ArgumentValueError(param, message)
-        )
-        == line
-    )
-
-
-def test_a_missing_backend_says_what_to_install(capsys: Cap, monkeypatch: MP) -> None:
-    for name in ("torch", "array_api_compat.torch"):
-        monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules: ImportError
-    cli_xp._table_namespace.cache_clear()
-    try:
-        rc, out, err = run(capsys, "train", "--backend", "torch")
-    finally:
-        cli_xp._table_namespace.cache_clear()
-    assert rc == 1 and out == ""
-    # the backends table's install line: the CPU build of torch
-    assert_one_error_line(err, cli_xp.entry("torch").install)
-    assert "download.pytorch.org/whl/cpu" in err
-
-
-def test_install_hints_work_from_a_checkout(capsys: Cap, monkeypatch: MP, tmp_path: Path) -> None:
-    for name in ("matplotlib", "matplotlib.backends", "matplotlib.backends.backend_agg"):
-        monkeypatch.setitem(sys.modules, name, None)
-    rc, _, err = run(capsys, "train", "--plot", tmp_path / "loss.png")
-    assert rc == 1
-    assert_one_error_line(
-        err, "pip install 'microgpt-xp[plot]'", "from a checkout: pip install '.[plot]'"
-    )
-
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "distributed" else real_find_spec(name, *a),
-    )
-    rc, _, err = run(capsys, "train", "--backend", "dask", "--scheduler", "local")
-    assert rc == 1
-    assert_one_error_line(err, "--scheduler needs dask.distributed", cli_xp.entry("dask").install)
-    assert "from a checkout" in err
+    error = ValueError(message) if param is None else ArgumentValueError(param, message)
+    assert in_option_words(error) == line
 
 
 # -- dask.distributed ----------------------------------------------------------------------------
@@ -1043,65 +959,59 @@ def scheduler_address() -> Iterator[str]:
         yield cluster.scheduler_address
 
 
-@needs_distributed
-def test_scheduler_runs_eval_and_train_on_the_cluster(
-    capsys: Cap, scheduler_address: str, checkpoint: Path, data_file: Path
-) -> None:
-    import dask
-
-    before = dask.config.get("scheduler", None)
-    rc, out, _ = run(capsys, "eval", "--checkpoint", checkpoint, "--data", data_file, "--json")
-    local = json.loads(out)["mean_loss"]
-    argv = ["eval", "--checkpoint", checkpoint, "--data", data_file, "--backend", "dask"]
-    rc, out, _ = run(capsys, *argv, "--chunk-size", 5, "--scheduler", scheduler_address, "--json")
-    assert rc == 0
-    np.testing.assert_allclose(json.loads(out)["mean_loss"], local, rtol=1e-6)
-
-    argv = ["train", "--data", data_file, "--steps", 1, "--batch-size", 4, "--num-samples", 0]
-    rc, out, _ = run(capsys, *argv, "--json")
-    numpy_loss = json.loads(out)["final_loss"]
-    rc, out, _ = run(capsys, *argv, "--backend", "dask", "--scheduler", scheduler_address, "--json")
-    assert rc == 0
-    np.testing.assert_allclose(json.loads(out)["final_loss"], numpy_loss, rtol=1e-6)
-    assert dask.config.get("scheduler", None) == before
-
-
 @pytest.fixture
-def quick_connect(monkeypatch: MP) -> Iterator[None]:
-    """connect() waits 1 s for a scheduler (or for a lost one to come back), not its
-    default 10 s; Dask's default scheduler must be the same after the command."""
+def same_dask_scheduler() -> Iterator[None]:
+    """Dask's default scheduler is the same after the command."""
     import dask
 
     before = dask.config.get("scheduler", None)
-    monkeypatch.setattr(cluster, "connect", functools.partial(cluster.connect, timeout=1.0))
     yield
     assert dask.config.get("scheduler", None) == before
 
 
+@pytest.fixture
+def quick_connect(monkeypatch: MP, same_dask_scheduler: None) -> None:
+    """connect() waits 1 s for a scheduler (or for a lost one to come back), not 10 s."""
+    monkeypatch.setattr(cluster, "connect", functools.partial(cluster.connect, timeout=1.0))
+
+
+NO_ANSWER = "cannot reach the Dask scheduler at 'tcp://127.0.0.1:1' within 1 s"  # nothing there
+
+
 @needs_distributed
-@pytest.mark.parametrize("command", ["eval", "train"])
-def test_scheduler_that_does_not_answer_is_one_error_line(
-    capsys: Cap, quick_connect: None, checkpoint: Path, data_file: Path, command: str
+def test_scheduler_runs_eval_and_train_on_the_cluster(
+    cli: Cli, same_dask_scheduler: None, scheduler_address: str, checkpoint: Path, names16: Path
 ) -> None:
-    # nothing listens on port 1
-    argv = {
-        "eval": ["eval", "--checkpoint", checkpoint, "--data", data_file],
-        "train": ["train", "--data", data_file, "--steps", 1, "--batch-size", 4],
-    }[command]
-    rc, out, err = run(capsys, *argv, "--backend", "dask", "--scheduler", "tcp://127.0.0.1:1")
-    assert rc == 1 and out == ""
-    assert_one_error_line(err, "cannot reach the Dask scheduler at 'tcp://127.0.0.1:1' within 1 s")
+    on_it = ["--backend", "dask", "--scheduler", scheduler_address]
+    argv = ["eval", "--checkpoint", checkpoint, "--data", names16]
+    local = cli.json(*argv)["mean_loss"]
+    result = cli.json(*argv, *on_it, "--chunk-size", 5)
+    np.testing.assert_allclose(result["mean_loss"], local, rtol=1e-6)
+    argv = train_cmd(names16, 1, "--num-samples", 0)
+    numpy_loss = cli.json(*argv)["final_loss"]
+    np.testing.assert_allclose(cli.json(*argv, *on_it)["final_loss"], numpy_loss, rtol=1e-6)
+
+
+@needs_distributed
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        ("eval --checkpoint {ckpt} --data {data} --scheduler tcp://127.0.0.1:1", NO_ANSWER),
+        ("train --data {data} --steps 1 --batch-size 4 --scheduler tcp://127.0.0.1:1", NO_ANSWER),
+        ("train --scheduler no-port", "address"),
+        ("eval --checkpoint {ckpt} --scheduler bogus://x:1", "address"),
+    ],
+)
+def test_a_scheduler_that_does_not_answer_is_one_line(
+    cli: Cli, quick_connect: None, paths: dict[str, Path], argv: str, fragment: str
+) -> None:
+    cli.fails([*argv.format(**paths).split(), "--backend", "dask"], 1, fragment)
 
 
 @needs_distributed
 @pytest.mark.parametrize("command", ["eval", "train"])
 def test_a_scheduler_lost_mid_run_is_one_error_line(
-    capsys: Cap,
-    monkeypatch: MP,
-    quick_connect: None,
-    checkpoint: Path,
-    data_file: Path,
-    command: str,
+    cli: Cli, monkeypatch: MP, quick_connect: None, checkpoint: Path, names16: Path, command: str
 ) -> None:
     import distributed
 
@@ -1122,16 +1032,10 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
             return original(*args, on_step=step_then_lose, **kwargs)
 
         monkeypatch.setattr(train_module, "train", train_then_lose)
-        argv = ["train", "--data", data_file, "--steps", 20, "--batch-size", 4]
+        argv = train_cmd(names16, 20)
     else:  # the scheduler goes away as the scoring is submitted
-        compute = DaskTasks.map
-
-        def lose_then_compute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            lost.close()
-            return compute(self, *args, **kwargs)
-
-        monkeypatch.setattr(DaskTasks, "map", lose_then_compute)
-        argv = ["eval", "--checkpoint", checkpoint, "--data", data_file]
+        on_call(monkeypatch, DaskTasks, "map", lambda n: lost.close())
+        argv = ["eval", "--checkpoint", checkpoint, "--data", names16]
     # distributed logs its failed reconnection to its own stderr handler: no second line
     logged: list[logging.LogRecord] = []
     handler = logging.Handler(logging.ERROR)
@@ -1139,8 +1043,7 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
     client_log = logging.getLogger("distributed.client")
     client_log.addHandler(handler)
     try:
-        argv += ["--backend", "dask", "--scheduler", lost.scheduler_address]
-        rc, out, err = run(capsys, *argv)
+        rc, out, err = cli(*argv, "--backend", "dask", "--scheduler", lost.scheduler_address)
     finally:
         client_log.removeHandler(handler)
         lost.close()
@@ -1151,280 +1054,15 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
     assert [r.getMessage() for r in logged] == []
 
 
-# -- help and version -----------------------------------------------------------------------------
-def test_version_and_help(capsys: Cap) -> None:
-    assert run(capsys, "--version") == (0, f"microgpt-xp {__version__}\n", "")
-    rc, out, _ = run(capsys, "--help")
-    assert rc == 0
-    for command in ("train", "sample", "eval", "export"):
-        assert command in out
-    assert "bench" not in out
-
-
-@pytest.mark.parametrize(
-    ("command", "defaults"),
-    [
-        ("train", ["--steps STEPS", "(default: 1000)", "(default: 32)", "(default: 0.01)",
-                   "(default: float32)", "(default: 0.5)", "(default: 20; with --text: 1 passage)",
-                   "(default: numpy)", "--decay {linear,cosine}", "--grad-clip NORM",
-                   "--n-layer N transformer blocks (default: 1)",
-                   "(default: the spec's 16, or the longest document + 1 where that is more)"]),
-        ("sample", ["(default: 20;", "(default: 0.5)", "(default: 0)", "(default: numpy)",
-                    f"--batch-size N samples generated at once: memory grows with it, the "
-                    f"names do not depend on it (default: {sample_module.DEFAULT_BATCH_SIZE})"]),
-        ("eval", ["--chunk-size N", "whose activations fit the memory budget", "(default: 500)",
-                  "(default: numpy)"]),
-        ("export", ["--out FILE"]),
-        *[(command, ["--workers N N processes (not threads) share each batch",
-                     "--threads N BLAS threads of this process"]) for command in ("train", "sample")],
-    ],
-)  # fmt: skip
-def test_subcommand_help_shows_defaults(capsys: Cap, command: str, defaults: list[str]) -> None:
-    rc, out, _ = run(capsys, command, "--help")
-    assert rc == 0
-    flat = " ".join(out.split())
-    assert flat.startswith(f"usage: microgpt-xp {command}")
-    for text in defaults:
-        assert text in flat
-
-
-@pytest.mark.parametrize("command", [[], ["train"], ["sample"], ["eval"], ["export"]])
-def test_help_says_each_default_once_in_plain_text(capsys: Cap, command: list[str]) -> None:
-    rc, out, _ = run(capsys, *command, "--help")
-    assert rc == 0
-    assert "``" not in out and ":func:" not in out and ":mod:" not in out  # no rst markup
-    for meaningless in ("(default: None)", "(default: False)", "(default: True)"):
-        assert meaningless not in out
-    # each option's help (from its line to the next option) names its default at most once
-    flat = " ".join(out.split())
-    for option_help in re.split(r" (?=-{1,2}[a-z][\w-]*[ ,])", flat):
-        assert option_help.count("(default") <= 1, option_help
-
-
-@pytest.mark.parametrize("how", ["console script", "python -m"])
-def test_the_installed_console_script_and_python_dash_m_run_the_same_program(how: str) -> None:
-    if how == "python -m":
-        command = [sys.executable, "-m", "microgpt_xp.cli"]
-    else:
-        found = shutil.which("microgpt-xp", path=str(Path(sys.executable).parent))
-        if (found := found or shutil.which("microgpt-xp")) is None:
-            pytest.skip("the microgpt-xp console script is not installed")
-        command = [found]
-
-    def call(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*command, *argv], capture_output=True, text=True, timeout=60)
-
-    version, usage, bad = call("--version"), call("--help"), call("train", "--steps", "0")
-    assert version.returncode == 0 and version.stdout == f"microgpt-xp {__version__}\n"
-    assert usage.returncode == 0 and "usage: microgpt-xp" in usage.stdout
-    assert bad.returncode == 2 and bad.stdout == ""
-    assert_one_error_line(bad.stderr, "--steps")
-
-
-def test_help_imports_no_heavy_module() -> None:
-    code = (
-        "import sys\n"
-        "from microgpt_xp.cli import main\n"
-        "assert main(['train', '--help']) == 0\n"
-        "heavy = ['tqdm', 'dask', 'distributed', 'torch', 'jax', 'matplotlib', 'mimesis']\n"
-        "print(' '.join(m for m in heavy if m in sys.modules))\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == ""
-
-
-# -- the command as a practitioner runs it: held-out loss, logs off a terminal, faults ------
-@pytest.fixture
-def data(tmp_path: Path) -> Path:
-    path = tmp_path / "names.txt"
-    path.write_text("\n".join([*NAMES, *MORE_NAMES]) + "\n", encoding="utf-8")
-    return path
-
-
-def test_held_out_loss_in_the_text_the_json_and_the_checkpoint(
-    capsys: Cap, tmp_path: Path, data: Path
-) -> None:
-    ckpt = tmp_path / "run.npz"
-    argv = ["train", "--data", data, "--steps", 6, "--batch-size", 4, "--val-fraction", 0.25]
-    rc, out, err = run(capsys, *argv, "--eval-every", 3, "--checkpoint", ckpt, "--json")
-    assert rc == 0 and err == ""
-    summary = json.loads(out)
-    assert summary["num_docs"] == 18 and summary["num_val_docs"] == 6
-    assert [step for step, _ in summary["val_losses"]] == [3, 6]
-    assert len(summary["losses"]) == 6 and summary["final_loss"] == summary["losses"][-1]
-    assert summary["final_val_loss"] == summary["val_losses"][-1][1]
-    history = load(ckpt).meta["history"]
-    assert history["losses"] == summary["losses"] and history["val_losses"] == summary["val_losses"]
-    # per token beside per document; the speed of the steps
-    assert [step for step, _ in summary["val_token_losses"]] == [3, 6]
-    assert summary["final_val_token_loss"] == summary["val_token_losses"][-1][1]
-    assert history["val_token_losses"] == summary["val_token_losses"]
-    assert summary["mode"] == "docs" and summary["num_chars"] is None
-    assert summary["ms_per_step"] > 0 and summary["tokens_per_s"] > 0
-    assert 6 * 4 * 2 <= summary["tokens"] <= 6 * 4 * FIT  # predicted tokens of the 6 batches
-    # resuming keeps the split: the same command with more steps extends the run
-    rc, out, _ = run(
-        capsys, *argv, "--eval-every", 3, "--checkpoint", ckpt, "--resume", "--steps", 9
-    )
-    assert rc == 0 and "held-out loss" in out.splitlines()[1]
-    assert "(+6 held out)" in out.splitlines()[0]
-
-
-def test_progress_lines_off_a_terminal(capsys: Cap, monkeypatch: MP, data: Path) -> None:
-    monkeypatch.setattr(_progress, "LINE_SECONDS", 0.0)
-    argv = ["train", "--data", data, "--steps", 200, "--batch-size", 4, "--num-samples", 0]
-    rc, out, err = run(capsys, *argv, "--val-data", data, "--eval-every", 100)
-    assert rc == 0 and out.startswith("train: ")
-    lines = err.splitlines()
-    assert lines and all(line.startswith("train: step ") for line in lines)
-    assert "train: step 2/200 | loss " in lines[0]  # every 200 // 100 steps
-    assert lines[-1].startswith("train: step 200/200 | loss ") and "| val " in lines[-1]
-    assert all(
-        re.search(r" \| ms/step [0-9.e+-]+ \| tok/s [0-9.e+-]+k? \|", line) for line in lines
-    )
-
-
-def test_sample_with_a_prompt_and_top_k(capsys: Cap, checkpoint: Path) -> None:
-    argv = ["sample", "--checkpoint", checkpoint, "--prompt", "em", "--top-k", 3, "--json"]
-    rc, out, err = run(capsys, *argv)
-    assert rc == 0 and err == ""
-    saved = load(checkpoint)
-    names = json.loads(out)["samples"]
-    assert names == sample(saved.params, saved.tokenizer, 20, prompt="em", top_k=3)
-    assert all(name.startswith("em") for name in names)
-    rc, _, err = run(capsys, "sample", "--checkpoint", checkpoint, "--prompt", "é")
-    assert rc == 1 and err.count("\n") == 1 and "'é'" in err
-
-
-def test_a_diverged_run_is_one_line_and_exit_1(capsys: Cap, tmp_path: Path, data: Path) -> None:
-    argv = ["train", "--data", data, "--steps", 50, "--batch-size", 4, "--lr", 1e30]
-    rc, out, err = run(capsys, *argv, "--checkpoint", tmp_path / "x.npz")
-    assert rc == 1 and "done:" not in out
-    assert err.count("\n") == 1 and "training stopped" in err and "RuntimeWarning" not in err
-    assert "no checkpoint of this run was written" in err
-
-
-def test_a_dead_worker_is_one_line_with_the_resume_command(
-    capsys: Cap, monkeypatch: MP, tmp_path: Path, data: Path
-) -> None:
-    from microgpt_xp.runners import processes
-
-    calls = {"n": 0}
-    original = processes.WorkerPool.map
-
-    def dies_at_the_third_step(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise processes.WorkerDied("a microgpt_xp worker process died during the step")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(processes.WorkerPool, "map", dies_at_the_third_step)
-    ckpt = tmp_path / "run.npz"
-    argv = ["train", "--data", data, "--steps", 6, "--batch-size", 4, "--workers", 2]
-    argv += ["--checkpoint", ckpt, "--checkpoint-every", 1]
-    rc, _, err = run(capsys, *argv)
-    assert rc == 1 and err.count("\n") == 1
-    assert "worker process died" in err and "after step 2" in err
-    assert err.rstrip().endswith(shlex.join(["microgpt-xp", *map(str, argv), "--resume"]))
-    assert load(ckpt).step == 2
-
-
-def test_sigterm_during_sample_out_leaves_no_partial_file(tmp_path: Path, checkpoint: Path) -> None:
-    out = tmp_path / "names.out"
-    argv = ["--checkpoint", str(checkpoint), "--num-samples", "100000000", "--batch-size", "2000"]
-    child = start("microgpt_xp", "sample", *argv, "--out", str(out))
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not list(tmp_path.glob(".names.out.*.tmp")):
-            time.sleep(0.05)
-        time.sleep(0.3)  # a few batches written to the temporary file
-        child.send_signal(signal.SIGTERM)
-        _, err = child.communicate(timeout=60)
-    finally:
-        child.kill()
-    assert child.returncode == 143, err
-    assert not out.exists() and not list(tmp_path.glob(".names.out.*"))
-
-
-@pytest.mark.needs_torch
-def test_a_cuda_device_on_a_torch_without_cuda_is_one_line(capsys: Cap, data: Path) -> None:
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("this torch has CUDA")
-    rc, _, err = run(capsys, "train", "--data", data, "--backend", "torch", "--device", "cuda")
-    assert rc == 1 and err.count("\n") == 1 and "no usable CUDA" in err
-
-
-def test_export_onnx_writes_a_graph_onnxruntime_runs(
-    capsys: Cap, tmp_path: Path, data: Path
-) -> None:
-    for module in ("ndonnx", "onnx", "onnxruntime"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed (the [onnx] extra)")
-    import numpy as np
-    import onnxruntime as ort
-
-    from microgpt_xp import forward
-
-    ckpt = tmp_path / "run.npz"
-    assert (
-        run(capsys, "train", "--data", data, "--steps", 3, "--batch-size", 4, "--checkpoint", ckpt)[
-            0
-        ]
-        == 0
-    )
-    model = tmp_path / "model.onnx"
-    rc, out, _ = run(capsys, "export", "--checkpoint", ckpt, "--format", "onnx", "--out", model)
-    assert rc == 0 and str(model) in out
-    saved = load(ckpt)
-    tokens = np.array([[saved.tokenizer.bos, 0, 1, 2]], dtype=np.int64)
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    (logits,) = session.run(None, {"tokens": tokens, "lengths": np.array([4], dtype=np.int64)})
-    want = np.asarray(forward(saved.params, tokens))
-    assert np.max(np.abs(logits - want)) <= 2e-5 * np.max(np.abs(want))
-
-
-def test_resuming_with_another_split_names_val_fraction(
-    capsys: Cap, tmp_path: Path, data: Path
-) -> None:
-    ckpt = tmp_path / "run.npz"
-    argv = ["train", "--data", data, "--steps", 2, "--batch-size", 4, "--checkpoint", ckpt]
-    assert run(capsys, *argv, "--val-fraction", 0.25, "--num-samples", 0)[0] == 0
-    rc, out, err = run(capsys, *argv, "--val-fraction", 0.5, "--resume", "--steps", 4)
-    assert rc == 1 and out == ""
-    assert_one_error_line(
-        err, f"with --data {data} --val-fraction 0.5", "another", "corpus or split"
-    )
-
-
-def test_a_closed_stdout_at_start_is_an_error(tmp_path: Path, checkpoint: Path) -> None:
-    """``microgpt-xp sample >&-``: the names would be lost, so the command fails."""
-    command = [sys.executable, "-m", "microgpt_xp.cli", "sample", "--checkpoint", str(checkpoint)]
-    closed = subprocess.run(
-        command, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1), timeout=120
-    )
-    assert closed.returncode == 1
-    assert_one_error_line(closed.stderr, "stdout is closed")
-
-
 @needs_distributed
 @pytest.mark.parametrize(
-    ("data", "status", "verbose"), [("ok", 0, False), ("unknown_char", 1, False), ("ok", 0, True)]
+    ("data", "status", "verbose"),
+    [("data", 0, False), ("unknown_char", 1, False), ("data", 0, True)],
 )
 def test_dask_local_prints_only_the_commands_lines(
-    bad_files: dict[str, Path],
-    data_file: Path,
-    checkpoint: Path,
-    data: str,
-    status: int,
-    verbose: bool,
+    paths: dict[str, Path], data: str, status: int, verbose: bool
 ) -> None:
-    """Under --scheduler local, distributed's logs (of this process and its workers) and
-    the large-graph warning are silenced unless --verbose/MICROGPT_XP_VERBOSE."""
-    path = data_file if data == "ok" else bad_files[data]
+    """--scheduler local: distributed's logs and warnings only with MICROGPT_XP_VERBOSE."""
     code = (
         "import sys, warnings\nfrom microgpt_xp.cli import _common, main\n"
         "q = _common.quiet_dask\n"
@@ -1440,17 +1078,16 @@ def test_dask_local_prints_only_the_commands_lines(
         "_common.quiet_dask = loud\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
-    argv = ["eval", "--checkpoint", checkpoint, "--data", path, "--backend", "dask"]
+    argv = ["eval", "--checkpoint", paths["ckpt"], "--data", paths[data], "--backend", "dask"]
     env = {**os.environ, "MICROGPT_XP_VERBOSE": "1" if verbose else "0"}
+    command = [sys.executable, "-c", code, *map(str, argv), "--scheduler", "local"]
     result = subprocess.run(
-        [sys.executable, "-c", code, *map(str, argv), "--scheduler", "local", "--chunk-size", "4"],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+        [*command, "--chunk-size", "4"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert result.returncode == status, result.stderr
     if verbose:
         assert "LOUD" in result.stderr and "large graph" in result.stderr
-        return
-    if status:
+    elif status:
         assert_one_error_line(result.stderr, "not in the tokenizer")
     else:
         assert all(line.startswith("microgpt-xp: ") for line in result.stderr.splitlines())
@@ -1469,16 +1106,10 @@ def big_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_ctrl_c_during_start_up_is_one_line_and_130(
     checkpoint: Path, big_corpus: Path, delay: float
 ) -> None:
-    """SIGINT while the command imports (as the console script does) or starts eval (of
-    a corpus that takes longer than the delay)."""
+    """SIGINT while the command imports or starts eval (of a corpus longer than the delay)."""
     code = "import sys\nprint(flush=True)\nfrom microgpt_xp.cli import main\nsys.exit(main())\n"
     argv = ["eval", "--checkpoint", checkpoint, "--data", big_corpus, "--backend", "numpy"]
-    child = subprocess.Popen(
-        [sys.executable, "-c", code, *map(str, argv)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = start(code, *argv, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline() == "\n"  # Python started
         time.sleep(delay)
@@ -1504,14 +1135,10 @@ _MARKED = (
 
 
 def _big_dask_eval(checkpoint: Path, corpus: Path, scheduler: str) -> subprocess.Popen[str]:
-    """``eval`` of ``corpus`` on ``scheduler`` in a session of its own; returns once the
-    computation has started (within 120 s)."""
+    """``eval`` on ``scheduler`` in a session of its own, once it computes (within 120 s)."""
     argv = ["eval", "--checkpoint", checkpoint, "--data", corpus, "--backend", "dask"]
-    child = subprocess.Popen(
-        [sys.executable, "-c", _MARKED, *map(str, argv), "--scheduler", scheduler,
-         "--chunk-size", "500"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+    argv += ["--scheduler", scheduler, "--chunk-size", "500"]
+    child = start(_MARKED, *argv, text=True, start_new_session=True)
     try:
         assert child.stdout is not None
         ready, _, _ = select.select([child.stdout], [], [], 120)
@@ -1531,8 +1158,7 @@ def _kill_session(child: subprocess.Popen[str]) -> None:
 
 @needs_distributed
 def test_ctrl_c_under_dask_local_is_one_line(checkpoint: Path, big_corpus: Path) -> None:
-    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run under
-    --scheduler local: the workers stay quiet, the command prints its one line."""
+    """Ctrl-C to the process group (as a terminal sends it): the workers stay quiet."""
     child = None
     try:
         child = _big_dask_eval(checkpoint, big_corpus, "local")
@@ -1546,24 +1172,21 @@ def test_ctrl_c_under_dask_local_is_one_line(checkpoint: Path, big_corpus: Path)
 
 
 @needs_distributed
-def test_a_scheduler_killed_mid_run_is_one_error_line(
-    tmp_path: Path, checkpoint: Path, big_corpus: Path
-) -> None:
-    """kill -9 of a `dask scheduler` (127.0.0.1, a worker of its own) mid-eval: the command
-    ends within seconds with one line naming the scheduler, and 1."""
+def test_a_killed_scheduler_is_one_line(tmp_path: Path, checkpoint: Path, big_corpus: Path) -> None:
+    """kill -9 of a `dask scheduler` (with a worker) mid-eval: one line within seconds."""
     path = tmp_path / "scheduler.json"
-
-    def spawn(argv: list[str], role: str) -> subprocess.Popen[str]:
-        argv = [a.format(role) for a in argv]
-        null = subprocess.DEVNULL
-        return subprocess.Popen(argv, stdout=null, stderr=null, text=True, start_new_session=True)
-
+    dask = [sys.executable, "-m", "distributed.cli.dask_{}", "--host", "127.0.0.1"]
+    where = ["--no-dashboard", "--scheduler-file", str(path)]
+    null = subprocess.DEVNULL
     started: list[subprocess.Popen[str]] = []
+
+    def spawn(role: str, *argv: str) -> subprocess.Popen[str]:
+        command = [a.format(role) for a in [*dask, *argv, *where]]
+        started.append(subprocess.Popen(command, stdout=null, stderr=null, start_new_session=True))
+        return started[-1]
+
     try:
-        dask = [sys.executable, "-m", "distributed.cli.dask_{}", "--host", "127.0.0.1"]
-        where = ["--no-dashboard", "--scheduler-file", str(path)]
-        scheduler = spawn([*dask, "--port", "0", *where], "scheduler")
-        started.append(scheduler)
+        scheduler = spawn("scheduler", "--port", "0")
         for _ in range(300):  # 30 s at most
             with contextlib.suppress(OSError, ValueError):
                 address = json.loads(path.read_text())["address"]
@@ -1571,7 +1194,7 @@ def test_a_scheduler_killed_mid_run_is_one_error_line(
             time.sleep(0.1)
         else:
             pytest.fail("the scheduler wrote no scheduler file in 30 s")
-        started.append(spawn([*dask, "--no-nanny", "--nthreads", "1", *where], "worker"))
+        spawn("worker", "--no-nanny", "--nthreads", "1")
         assert address.startswith("tcp://127.0.0.1:")
         started.append(_big_dask_eval(checkpoint, big_corpus, address))
         scheduler.kill()
@@ -1585,27 +1208,127 @@ def test_a_scheduler_killed_mid_run_is_one_error_line(
     assert_one_error_line(err, f"lost the Dask scheduler at {address}", "connection closed")
 
 
-# -- a stream of text, the optimizer's options, speed and saving at an interrupt (issue 33) ----
-VERSE = (
-    "To be, or not to be, that is the question:\n"
-    "Whether 'tis nobler in the mind to suffer\n"
-    "The slings and arrows of outrageous fortune,\n"
-    "Or to take arms against a sea of troubles\n"
-)
+# -- help and version -----------------------------------------------------------------------------
+HELP = {
+    "": ["train", "sample", "eval", "export"],
+    "train": ["--steps STEPS", "(default: 1000)", "(default: 32)", "(default: 0.01)",
+              "(default: float32)", "(default: 0.5)", "(default: 20; with --text: 1 passage)",
+              "(default: numpy)", "--decay {linear,cosine}", "--grad-clip NORM",
+              "--n-layer N transformer blocks (default: 1)",
+              "(default: the spec's 16, or the longest document + 1 where that is more)"],
+    "sample": ["(default: 20;", "(default: 0.5)", "(default: 0)", "(default: numpy)",
+               f"--batch-size N samples generated at once: memory grows with it, the names do "
+               f"not depend on it (default: {sample_module.DEFAULT_BATCH_SIZE})"],
+    "eval": ["--chunk-size N", "whose activations fit the memory budget", "(default: 500)",
+             "(default: numpy)"],
+    "export": ["--out FILE"],
+}  # fmt: skip
+for command in ("train", "sample"):
+    HELP[command] += ["--workers N N processes (not threads) share each batch"]
+    HELP[command] += ["--threads N BLAS threads of this process"]
+
+
+@pytest.mark.parametrize("command", HELP)
+def test_help_shows_each_default_once_in_plain_text(cli: Cli, command: str) -> None:
+    out = cli.ok(*command.split(), "--help")
+    flat = " ".join(out.split())
+    assert flat.startswith(f"usage: microgpt-xp {command}")
+    for text in HELP[command]:
+        assert text in flat
+    assert command or "bench" not in out
+    assert "``" not in out and ":func:" not in out and ":mod:" not in out  # no rst markup
+    for meaningless in ("(default: None)", "(default: False)", "(default: True)"):
+        assert meaningless not in out
+    # each option's help (from its line to the next option) names its default at most once
+    for option_help in re.split(r" (?=-{1,2}[a-z][\w-]*[ ,])", flat):
+        assert option_help.count("(default") <= 1, option_help
+
+
+@pytest.mark.parametrize("how", ["console script", "python -m", "in-process"])
+def test_console_script_and_python_m_agree(capsys: pytest.CaptureFixture[str], how: str) -> None:
+    def call(*argv: str) -> tuple[int, str, str]:
+        if how == "in-process":
+            return (main(list(argv)), *capsys.readouterr())
+        done = subprocess.run([*command, *argv], capture_output=True, text=True, timeout=60)
+        return done.returncode, done.stdout, done.stderr
+
+    command = [sys.executable, "-m", "microgpt_xp.cli"]
+    if how == "console script":
+        found = shutil.which("microgpt-xp", path=str(Path(sys.executable).parent))
+        if (found := found or shutil.which("microgpt-xp")) is None:
+            pytest.skip("the microgpt-xp console script is not installed")
+        command = [found]
+    assert call("--version") == (0, f"microgpt-xp {__version__}\n", "")
+    rc, out, _ = call("--help")
+    assert rc == 0 and "usage: microgpt-xp" in out
+    rc, out, err = call("train", "--steps", "0")
+    assert rc == 2 and out == ""
+    assert_one_error_line(err, "--steps")
+
+
+def test_help_imports_no_heavy_module() -> None:
+    code = (
+        "import sys\n"
+        "from microgpt_xp.cli import main\n"
+        "assert main(['train', '--help']) == 0\n"
+        "heavy = ['tqdm', 'dask', 'distributed', 'torch', 'jax', 'matplotlib', 'mimesis']\n"
+        "print(' '.join(m for m in heavy if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == ""
+
+
+# -- held-out loss, progress lines off a terminal -----------------------------------------------
+def test_held_out_loss_in_text_json_and_checkpoint(cli: Cli, tmp_path: Path, names24: Path) -> None:
+    ckpt = tmp_path / "run.npz"
+    argv = train_cmd(names24, 6, "--val-fraction", 0.25, "--eval-every", 3, "--checkpoint", ckpt)
+    summary = cli.json(*argv)
+    assert summary["num_docs"] == 18 and summary["num_val_docs"] == 6
+    assert len(summary["losses"]) == 6 and summary["final_loss"] == summary["losses"][-1]
+    history = load(ckpt).meta["history"]
+    assert history["losses"] == summary["losses"]
+    # per document and per token; the speed of the steps
+    for key, final in [
+        ("val_losses", "final_val_loss"),
+        ("val_token_losses", "final_val_token_loss"),
+    ]:
+        assert [step for step, _ in summary[key]] == [3, 6] and history[key] == summary[key]
+        assert summary[final] == summary[key][-1][1]
+    assert summary["mode"] == "docs" and summary["num_chars"] is None
+    assert summary["ms_per_step"] > 0 and summary["tokens_per_s"] > 0
+    assert 6 * 4 * 2 <= summary["tokens"] <= 6 * 4 * FIT  # predicted tokens of the 6 batches
+    # resuming keeps the split: the same command with more steps extends the run
+    rc, out, _ = cli(*argv, "--resume", "--steps", 9)
+    assert rc == 0 and "held-out loss" in out.splitlines()[1]
+    assert "(+6 held out)" in out.splitlines()[0]
+
+
+def test_progress_lines_off_a_terminal(cli: Cli, monkeypatch: MP, names24: Path) -> None:
+    monkeypatch.setattr(_progress, "LINE_SECONDS", 0.0)
+    argv = train_cmd(names24, 200, "--num-samples", 0, "--val-data", names24, "--eval-every", 100)
+    rc, out, err = cli(*argv)
+    assert rc == 0 and out.startswith("train: ")
+    lines = err.splitlines()
+    assert lines and all(line.startswith("train: step ") for line in lines)
+    assert "train: step 2/200 | loss " in lines[0]  # every 200 // 100 steps
+    assert lines[-1].startswith("train: step 200/200 | loss ") and "| val " in lines[-1]
+    speed = r" \| ms/step [0-9.e+-]+ \| tok/s [0-9.e+-]+k? \|"
+    assert all(re.search(speed, line) for line in lines)
+
+
+# -- a stream of text and the optimizer's options -----------------------------------------------
 SCHEDULE = {"warmup": 3, "decay": "cosine", "min_lr": 0.001, "weight_decay": 0.1}
 SCHEDULE |= {"grad_clip": 1.0, "init_std": 0.02}
 SCHEDULE_ARGV = [a for k, v in SCHEDULE.items() for a in ("--" + k.replace("_", "-"), v)]
 
 
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("text") / "verse.txt"
-    path.write_text(VERSE * 4, encoding="utf-8")
-    return path
-
-
-def record_train(monkeypatch: MP) -> dict[str, Any]:
-    """Make the CLI's train() record its keywords and stop (a ValueError: exit status 1)."""
+def test_options_reach_train_only_where_given(
+    cli: Cli, monkeypatch: MP, tmp_path: Path, names16: Path, text_file: Path
+) -> None:
+    """train() records its keywords and stops (a ValueError: exit status 1)."""
     seen: dict[str, Any] = {}
 
     def recording(*args: Any, **kwargs: Any) -> None:
@@ -1613,68 +1336,36 @@ def record_train(monkeypatch: MP) -> dict[str, Any]:
         raise ValueError("recorded")
 
     monkeypatch.setattr(train_module, "train", recording)
-    return seen
-
-
-def test_optimizer_options_reach_train_only_where_given(
-    capsys: Cap, monkeypatch: MP, data_file: Path
-) -> None:
-    seen = record_train(monkeypatch)
-    argv = ["train", "--data", data_file, "--batch-size", 4, *SCHEDULE_ARGV]
-    rc, _, err = run(
-        capsys, *argv, "--beta1", 0.9, "--beta2", 0.95, "--val-fraction", 0.25, "--eval-tokens", 64
-    )
-    assert rc == 1 and "recorded" in err
+    argv = ["train", "--data", names16, "--batch-size", 4, *SCHEDULE_ARGV, "--beta1", 0.9]
+    cli.fails([*argv, "--beta2", 0.95, "--val-fraction", 0.25, "--eval-tokens", 64], 1, "recorded")
     assert {k: seen[k] for k in SCHEDULE} == SCHEDULE and seen["eval_tokens"] == 64
     assert seen["optimizer"] == AdamConfig(beta1=0.9, beta2=0.95)  # the rest the spec's
     assert callable(seen["on_step"]) and "callback" not in seen
     assert seen["docs"] and seen["val_docs"] and "text" not in seen
     seen.clear()
-    rc, _, _ = run(capsys, "train", "--data", data_file, "--batch-size", 4)
-    assert rc == 1 and seen["optimizer"] is None  # nothing given: the library's defaults
+    assert cli("train", "--data", names16, "--batch-size", 4)[0] == 1
+    assert seen["optimizer"] is None  # nothing given: the library's defaults
     assert not set(seen) & {*SCHEDULE, "eval_tokens"}
-
-
-def test_text_options_reach_train(
-    capsys: Cap, monkeypatch: MP, tmp_path: Path, text_file: Path
-) -> None:
-    seen = record_train(monkeypatch)
-    rc, _, _ = run(capsys, "train", "--text", text_file, "--val-fraction", 0.1)
-    assert rc == 1 and "docs" not in seen and "val_docs" not in seen
+    # a stream of text, its held-out part the last fraction or a file
+    seen.clear()
+    assert cli("train", "--text", text_file, "--val-fraction", 0.1)[0] == 1
+    assert "docs" not in seen and "val_docs" not in seen
     assert seen["text"] == VERSE * 4 and seen["val_text"] is None and seen["val_fraction"] == 0.1
     held = tmp_path / "held.txt"
     held.write_text("Or to take arms", encoding="utf-8")
     seen.clear()
-    rc, _, _ = run(capsys, "train", "--text", text_file, "--val-data", held)
-    assert rc == 1 and seen["val_text"] == "Or to take arms" and seen["val_fraction"] is None
+    assert cli("train", "--text", text_file, "--val-data", held)[0] == 1
+    assert seen["val_text"] == "Or to take arms" and seen["val_fraction"] is None
     assert seen["tokenizer"] == Tokenizer.from_docs([VERSE])
 
 
-def test_resuming_with_other_betas_names_the_option(
-    capsys: Cap, tmp_path: Path, data_file: Path
-) -> None:
-    ckpt = tmp_path / "betas.npz"
-    argv = ["train", "--data", data_file, "--steps", 2, "--batch-size", 4, "--num-samples", 0]
-    rc, _, _ = run(capsys, *argv, "--checkpoint", ckpt, "--beta2", 0.95)
-    assert rc == 0 and load(ckpt).adam.config.beta2 == 0.95  # type: ignore[union-attr]
-    rc, _, err = run(capsys, *argv, "--checkpoint", ckpt, "--resume", "--beta2", 0.9)
-    assert rc == 1
-    assert_one_error_line(err, f"cannot resume '{ckpt}' with --beta2 0.9: its run has --beta2 0.95")
-    rc, _, _ = run(capsys, *argv, "--checkpoint", ckpt, "--resume", "--steps", 3, "--beta2", 0.95)
-    assert rc == 0
-
-
-TEXT_RUN = ["--steps", 6, "--batch-size", 4, "--block-size", 8, "--n-embd", 8, "--n-head", 2]
-TEXT_RUN += ["--val-fraction", 0.2, "--eval-every", 3, "--eval-tokens", 32, *SCHEDULE_ARGV]
-
-
-def test_train_text_end_to_end(capsys: Cap, tmp_path: Path, text_file: Path) -> None:
-    """A tiny run on a stream: its header, speed, per-token held-out loss, a passage as its
-    sample, a text checkpoint that eval scores as a stream."""
+def test_train_text_end_to_end(cli: Cli, tmp_path: Path, text_file: Path) -> None:
+    """A run on a stream: header, speed, per-token held-out loss, a passage, eval."""
     ckpt = tmp_path / "text.npz"
-    argv = ["train", "--text", text_file, *TEXT_RUN, "--length", 40]
-    rc, out, err = run(capsys, *argv, "--checkpoint", ckpt)
-    assert rc == 0 and err == ""
+    argv = ["train", "--text", text_file, "--steps", 6, "--batch-size", 4, "--block-size", 8]
+    argv += ["--n-embd", 8, "--n-head", 2, "--val-fraction", 0.2, "--eval-every", 3]
+    argv += ["--eval-tokens", 32, *SCHEDULE_ARGV, "--length", 40]
+    out = cli.ok(*argv, "--checkpoint", ckpt)
     lines = out.splitlines()
     assert lines[0].startswith(f"train: {len(VERSE) * 4} characters (the last 0.2 held out) |")
     assert re.match(r"done: 6 steps in .* s \(.* ms/step, .* tokens/s\) \| final loss ", lines[1])
@@ -1685,8 +1376,7 @@ def test_train_text_end_to_end(capsys: Cap, tmp_path: Path, text_file: Path) -> 
     assert passage == sample(saved.params, saved.tokenizer, 1, length=40, seed=0)[0]
     assert len(passage) == 40
 
-    rc, out, _ = run(capsys, *argv, "--json")
-    summary = json.loads(out)
+    summary = cli.json(*argv)
     assert summary["mode"] == "text" and summary["num_chars"] == len(VERSE) * 4
     assert summary["num_docs"] is None and summary["samples"] == [passage]
     assert [step for step, _ in summary["val_token_losses"]] == [3, 6]
@@ -1694,35 +1384,8 @@ def test_train_text_end_to_end(capsys: Cap, tmp_path: Path, text_file: Path) -> 
     assert summary["tokens"] == 6 * 4 * 8 and summary["tokens_per_s"] > 0
     assert summary["final_loss"] == saved.meta["history"]["losses"][-1]
 
-    rc, out, _ = run(capsys, "eval", "--checkpoint", ckpt, "--data", text_file, "--json")
-    scored = json.loads(out)
-    assert rc == 0 and scored["mode"] == "text" and scored["num_chars"] == len(VERSE) * 4
+    scored = cli.json("eval", "--checkpoint", ckpt, "--data", text_file)
+    assert scored["mode"] == "text" and scored["num_chars"] == len(VERSE) * 4
     assert 0 < scored["mean_loss"] == scored["token_loss"] < 10
-    rc, out, _ = run(capsys, "eval", "--checkpoint", ckpt, "--data", text_file)
+    out = cli.ok("eval", "--checkpoint", ckpt, "--data", text_file)
     assert out.startswith(f"loss {scored['mean_loss']:.4f} per token over ")
-
-
-def test_sigterm_saves_the_run_at_the_interrupt(tmp_path: Path, text_file: Path) -> None:
-    """SIGTERM to a run without --checkpoint-every: its state at that step is saved, and
-    the message says so with the command that continues it."""
-    ckpt = tmp_path / "run.npz"
-    argv = ["train", "--text", str(text_file), "--steps", "1000000", "--batch-size", "2"]
-    argv += ["--block-size", "8", "--checkpoint", str(ckpt), "--num-samples", "0"]
-    child = start("microgpt_xp", *argv)
-    try:
-        assert child.stdout is not None
-        ready, _, _ = select.select([child.stdout], [], [], 60)
-        header = child.stdout.readline() if ready else ""  # printed after the first step
-        time.sleep(0.3)
-        child.send_signal(signal.SIGTERM)
-        _, err = child.communicate(timeout=60)
-    finally:
-        child.kill()
-    assert header.startswith("train: ") and child.returncode == 143, err
-    match = re.search(r"interrupted after step (\d+);", err)
-    assert match, err
-    step = int(match.group(1))
-    assert_one_error_line(err, f"its state was saved: the last checkpoint is {ckpt} (step {step})")
-    assert err.rstrip().endswith(shlex.join(["microgpt-xp", *argv, "--resume"]))
-    saved = load(ckpt)
-    assert saved.step == step and len(saved.meta["history"]["losses"]) == step
