@@ -39,11 +39,6 @@ def xp(request: pytest.FixtureRequest) -> Any:
     return _namespace(request.param)
 
 
-def assert_close(actual: Any, desired: Any, xp: Any, what: str) -> None:
-    """``actual`` a float64 array of ``xp`` (default device) equal to ``desired`` to :data:`RTOL`."""
-    xp_assert_close(actual, desired, rtol=RTOL, like=xp.asarray(0.0, dtype=xp.float64), what=what)
-
-
 def _batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     lengths = np.array([9, 5, 2, 7])
@@ -64,56 +59,57 @@ def test_weights_go_there_by_every_public_door(xp: Any, reference: mx.Params) ->
     for params in (moved, made, loaded):
         assert params.xp is xp and params.backend == xp.__name__
         for name, a in params.arrays().items():
-            assert_close(a, getattr(reference, name), xp, name)
+            xp_assert_close(a, getattr(reference, name), rtol=RTOL, like=params.wte, what=name)
         assert P.native_module(params.wte) is None  # the generic code, no override
 
 
 def test_the_model_equals_numpy(xp: Any, reference: mx.Params) -> None:
     params = reference.to(xp)
+    close = functools.partial(xp_assert_close, rtol=RTOL, like=params.wte)
     tokens, lengths = _batch()
     tok, lens = xp.asarray(tokens), xp.asarray(lengths)
     want = mx.forward(reference, tokens[:, :8], lengths - 1)
-    assert_close(mx.forward(params, tok[:, :8], lens - 1), want, xp, "forward")
-    assert_close(mx.score(params, tok, lens), mx.score(reference, tokens, lengths), xp, "score")
+    close(mx.forward(params, tok[:, :8], lens - 1), want, what="forward")
+    close(mx.score(params, tok, lens), mx.score(reference, tokens, lengths), what="score")
     for reduction in ("mean", "token_mean"):
         loss, grads = mx.loss_and_grads(params, tok, lens, reduction=reduction)
         want_loss, want_grads = mx.loss_and_grads(reference, tokens, lengths, reduction=reduction)
-        assert_close(loss, want_loss, xp, "loss")
+        close(loss, want_loss, what="loss")
         for name, g in grads.arrays().items():
-            assert_close(g, getattr(want_grads, name), xp, f"d{name}")
+            close(g, getattr(want_grads, name), what=f"d{name}")
 
 
 def test_decoding_equals_numpy(xp: Any, reference: mx.Params) -> None:
     params = reference.to(xp)
+    close = functools.partial(xp_assert_close, rtol=RTOL, like=params.wte)
     tokens, _ = _batch(1)
     cache, want_cache = mx.KVCache(), mx.KVCache()
     for pos in range(CONFIG.block_size):
         logits, cache = mx.decode_step(params, xp.asarray(tokens[:, pos]), cache)
         want, want_cache = mx.decode_step(reference, tokens[:, pos], want_cache)
-        assert_close(logits, want, xp, f"logits at {pos}")
+        close(logits, want, what=f"logits at {pos}")
     with pytest.raises(ValueError, match="the cache is full"):
         mx.decode_step(params, xp.asarray(tokens[:, 0]), cache)
 
 
 def test_training_steps_equal_numpy(xp: Any, reference: mx.Params) -> None:
     params, state = reference.to(xp), mx.adam_init(reference.to(xp))
+    close = functools.partial(xp_assert_close, rtol=RTOL, like=params.wte)
     want_params, want_state = reference, mx.adam_init(reference)
     for step in range(3):
         tokens, lengths = _batch(step)
         params, state, loss = mx.train_step(params, state, xp.asarray(tokens), xp.asarray(lengths))
         want_params, want_state, want_loss = mx.train_step(want_params, want_state, tokens, lengths)
-        assert_close(loss, want_loss, xp, "loss")
+        close(loss, want_loss, what="loss")
     for name, a in params.arrays().items():
-        assert_close(a, getattr(want_params, name), xp, name)
-    assert_close(state.m, want_state.m, xp, "m")
-    assert_close(state.v, want_state.v, xp, "v")
+        close(a, getattr(want_params, name), what=name)
+    close(state.m, want_state.m, what="m")
+    close(state.v, want_state.v, what="v")
     assert int(state.step) == 3
     _, grads = mx.loss_and_grads(params, xp.asarray(tokens), xp.asarray(lengths))
     updated, _ = mx.adam_update(params, grads, state)
     want_grads = mx.loss_and_grads(want_params, tokens, lengths)[1]
-    assert_close(
-        updated.wte, mx.adam_update(want_params, want_grads, want_state)[0].wte, xp, "adam"
-    )
+    close(updated.wte, mx.adam_update(want_params, want_grads, want_state)[0].wte, what="adam")
 
 
 def test_values_are_checked_where_they_can_be_read(xp: Any, reference: mx.Params) -> None:
