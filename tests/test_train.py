@@ -1,5 +1,5 @@
-"""Tests of microgpt_xp.train: determinism, callbacks, resuming, non-finite losses, argument
-errors, and (slow) that a short run on names.txt learns."""
+"""microgpt_xp.train: determinism, callbacks, resuming, non-finite losses, argument errors,
+and (slow) that a short run on names.txt learns."""
 
 from __future__ import annotations
 
@@ -11,16 +11,9 @@ import numpy as np
 import pytest
 from xp_testing import assert_params_equal
 
-from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, score
+from microgpt_xp import GPTConfig, Params, Tokenizer, init_params, loss_and_grads, read_docs, score
 from microgpt_xp.checkpoint import load
-from microgpt_xp.data import (
-    DataError,
-    Tokenizer,
-    batch_indices,
-    encode_docs,
-    read_docs,
-    take_batch,
-)
+from microgpt_xp.data import DataError, batch_indices, encode_docs, take_batch
 from microgpt_xp.train import ResumeError, TrainingError, TrainResult, train
 
 # Every document has the same length, so every batch has the same shape: backends that
@@ -115,7 +108,8 @@ def _interrupt_at(step_to_fail: int) -> Any:
     return callback
 
 
-def _resume_matches(backend: Any, tmp_path: Path, k: int) -> None:
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_resume_gives_the_uninterrupted_run(backend: Any, tmp_path: Path, k: int) -> None:
     full = _run(backend)
     path = tmp_path / "run.ckpt"
     # checkpoint every step; the interrupt comes in step k + 1, before its save
@@ -134,15 +128,6 @@ def _resume_matches(backend: Any, tmp_path: Path, k: int) -> None:
     final = load(path)
     assert final.step == STEPS
     assert_params_equal(final.params, full.params.to("numpy"))
-
-
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_resume_gives_the_uninterrupted_run(tmp_path: Path, k: int) -> None:
-    _resume_matches(None, tmp_path, k)
-
-
-def test_resume_on_backend(backend: Any, tmp_path: Path) -> None:
-    _resume_matches(backend, tmp_path, 2)
 
 
 def test_resume_without_a_checkpoint_file_starts_fresh(tmp_path: Path) -> None:
@@ -307,6 +292,12 @@ _BAD = [
     ({"eval_tokens": 50}, ValueError, r"eval_tokens= needs held-out data"),
     ({"checkpoint_every": 2}, ValueError, r"checkpoint_every= needs a checkpoint"),
     ({"overwrite": True}, ValueError, r"overwrite= needs a checkpoint"),
+    ({"batch_size": len(DOCS) + 1}, DataError, "8 documents, fewer than the batch size 9"),
+    (
+        {"docs": [*DOCS, "abce"], "steps": 1, "batch_size": 1, "tokenizer": TOKENIZER},
+        ValueError,
+        "'e'",
+    ),
 ]
 
 
@@ -322,16 +313,6 @@ def test_bad_arguments(args: dict[str, Any], error: type, match: str) -> None:
         _run(**args)
     if "every" in match or "overwrite" in match:
         assert info.value.param == match.split("=")[0]  # type: ignore[attr-defined]
-
-
-def test_corpus_smaller_than_batch() -> None:
-    with pytest.raises(DataError, match=f"{len(DOCS)} documents, fewer than the batch size 9"):
-        _run(batch_size=len(DOCS) + 1)
-
-
-def test_unknown_character_for_tokenizer() -> None:
-    with pytest.raises(ValueError, match="'e'"):
-        train([*DOCS, "abce"], steps=1, batch_size=1, tokenizer=TOKENIZER, config=CONFIG)
 
 
 # -- it learns -----------------------------------------------------------------------------------
