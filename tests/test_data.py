@@ -1,5 +1,5 @@
-"""Tests of microgpt_xp.data: reading corpora (spec §1), the tokenizer (spec §3), padded
-batches (spec §6) and the epoch-wise batch order."""
+"""microgpt_xp.data: reading corpora (spec §1), the tokenizer (spec §3), padded batches (§6)
+and the epoch-wise batch order."""
 
 from __future__ import annotations
 
@@ -35,33 +35,24 @@ def _write(tmp_path: Path, content: bytes, name: str = "docs.txt") -> Path:
 
 
 # -- read_docs ----------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("content", "docs"),
-    [
-        (b"  emma\n\nolivia  \n\t\n   \nava\tx \nzoe\n  \n", ["emma", "olivia", "ava\tx", "zoe"]),
-        (b"emma\nolivia\nava", ["emma", "olivia", "ava"]),
-        (b"emma\nolivia\nava\n", ["emma", "olivia", "ava"]),
-        (b"emma\r\nolivia\r\nava\r\n", ["emma", "olivia", "ava"]),
-        (b"emma\r\nolivia\r\nava", ["emma", "olivia", "ava"]),
-        (b"emma\rava", ["emma", "ava"]),
-        ("zo\u00eb\nanna\nzo\u00eb\n".encode(), ["zo\u00eb", "anna", "zo\u00eb"]),
-        (b"x\n  y y \n\n\nz\r\n \n", ["x", "y y", "z"]),
-        # only \n, \r\n and \r end a line, as in the spec's open(): not U+2028, NEL, FF
-        ("a\u2028b\nc\x85d\x0ce\n".encode(), ["a\u2028b", "c\x85d\x0ce"]),
-    ],
-    ids=[
-        "strip",
-        "no-final-newline",
-        "final-newline",
-        "crlf",
-        "crlf-no-final",
-        "cr",
-        "unicode",
-        "spec",
-        "unicode-separators",
-    ],
-)
-def test_read_docs_reads_lines_as_the_spec(tmp_path: Path, content: bytes, docs: list[str]) -> None:
+#: name: (file content, documents)
+READS = {
+    "strip": (b"  emma\n\nolivia  \n\t\n   \nava\tx \nzoe\n  \n", ["emma", "olivia", "ava\tx", "zoe"]),
+    "no-final-newline": (b"emma\nolivia\nava", ["emma", "olivia", "ava"]),
+    "final-newline": (b"emma\nolivia\nava\n", ["emma", "olivia", "ava"]),
+    "crlf": (b"emma\r\nolivia\r\nava\r\n", ["emma", "olivia", "ava"]),
+    "crlf-no-final": (b"emma\r\nolivia\r\nava", ["emma", "olivia", "ava"]),
+    "cr": (b"emma\rava", ["emma", "ava"]),
+    "unicode": ("zo\u00eb\nanna\nzo\u00eb\n".encode(), ["zo\u00eb", "anna", "zo\u00eb"]),
+    "spec": (b"x\n  y y \n\n\nz\r\n \n", ["x", "y y", "z"]),
+    # only \n, \r\n and \r end a line, as in the spec's open(): not U+2028, NEL, FF
+    "unicode-separators": ("a\u2028b\nc\x85d\x0ce\n".encode(), ["a\u2028b", "c\x85d\x0ce"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(READS))
+def test_read_docs_reads_lines_as_the_spec(tmp_path: Path, case: str) -> None:
+    content, docs = READS[case]
     path = _write(tmp_path, content)
     assert read_docs(path) == read_docs(str(path)) == docs
     # spec §1: line by line, strip, keep non-empty lines, in file order
@@ -70,15 +61,10 @@ def test_read_docs_reads_lines_as_the_spec(tmp_path: Path, content: bytes, docs:
 
 @pytest.mark.parametrize(
     ("content", "match"),
-    [
-        (b"", "no documents"),
-        (b"\n", "no documents"),
-        (b"  \n\t\n\r\n   ", "no documents"),
-        (None, "cannot read"),
-        (b"emma\nol\xffivia\n", "UTF-8 text .*offset 7"),
-    ],
+    [(b"", "no documents"), (b"\n", "no documents"), (b"  \n\t\n\r\n   ", "no documents"),
+     (None, "cannot read"), (b"emma\nol\xffivia\n", "UTF-8 text .*offset 7")],
     ids=["empty", "newline", "blank", "missing", "undecodable"],
-)
+)  # fmt: skip
 def test_read_docs_errors_name_the_file(tmp_path: Path, content: bytes | None, match: str) -> None:
     path = tmp_path / "docs.txt" if content is None else _write(tmp_path, content)
     with pytest.raises(DataError, match=match) as info:
@@ -118,13 +104,10 @@ def test_read_docs_drops_a_byte_order_mark(tmp_path: Path) -> None:
 
 def test_read_docs_names_txt(names_txt: Path) -> None:
     docs = read_docs(names_txt)
-    assert len(docs) == 32033
-    assert docs[0] == names_txt.read_text().split("\n", 1)[0].strip()
+    assert len(docs) == 32033 and docs[0] == names_txt.read_text().split("\n", 1)[0].strip()
     assert {len(d) for d in docs} <= set(range(2, 16))
     tok = Tokenizer.from_docs(docs)
-    assert tok.chars == list(string.ascii_lowercase)
-    assert tok.vocab_size == 27
-    assert tok.bos == 26
+    assert (tok.chars, tok.vocab_size, tok.bos) == (list(string.ascii_lowercase), 27, 26)
 
 
 # -- default_docs -------------------------------------------------------------------------
@@ -142,8 +125,7 @@ def test_default_docs_need_no_shared_file(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(Path, "read_bytes", guarded(Path.read_bytes))
     monkeypatch.chdir(Path("/"))
     docs = default_docs()
-    assert len(docs) > 100
-    assert all(d and set(d) <= set(string.ascii_lowercase) for d in docs)
+    assert len(docs) > 100 and all(d and set(d) <= set(string.ascii_lowercase) for d in docs)
     assert default_docs() == docs
     monkeypatch.setitem(sys.modules, "mimesis", None)  # how Python marks a module absent
     with pytest.raises(DataError, match=r"needs the 'mimesis' package: pip install mimesis"):
@@ -240,17 +222,14 @@ def test_encode_docs_pads_right_with_bos() -> None:
     tok = Tokenizer.from_docs(["ab", "c"])
     bos = tok.bos
     tokens, lengths = encode_docs(tok, ["ab", "c", "abcab"], block_size=16)
-    assert tokens.dtype == np.int64 and lengths.dtype == np.int64
-    assert tokens.shape == (3, 7)
+    assert tokens.dtype == lengths.dtype == np.int64 and tokens.shape == (3, 7)
     np.testing.assert_array_equal(lengths, [4, 3, 7])
-    np.testing.assert_array_equal(
-        tokens,
-        [
-            [bos, 0, 1, bos, bos, bos, bos],
-            [bos, 2, bos, bos, bos, bos, bos],
-            [bos, 0, 1, 2, 0, 1, bos],
-        ],
-    )
+    want = [
+        [bos, 0, 1, bos, bos, bos, bos],
+        [bos, 2, bos, bos, bos, bos, bos],
+        [bos, 0, 1, 2, 0, 1, bos],
+    ]
+    np.testing.assert_array_equal(tokens, want)
     t, lens = take_batch(tokens, lengths, np.array([1, 0]))  # trimmed to the longest
     np.testing.assert_array_equal(lens, [3, 4])
     np.testing.assert_array_equal(t, tokens[[1, 0], :4])
@@ -311,8 +290,7 @@ def test_batch_indices_depend_only_on_their_arguments() -> None:
     assert any(not np.array_equal(x, y) for x, y in zip(a, c, strict=True))
     for s in range(20):
         idx = batch_indices(13, 5, s, seed=0)
-        assert idx.shape == (5,)
-        assert np.issubdtype(idx.dtype, np.integer)
+        assert idx.shape == (5,) and np.issubdtype(idx.dtype, np.integer)
         assert idx.min() >= 0 and idx.max() < 13
 
 
