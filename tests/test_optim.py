@@ -1,9 +1,6 @@
-"""``microgpt_xp.optim.Adam`` against the scalar ``reference.adam_step`` (spec §8): the
-updates, the moments, the linear learning-rate decay, zero-gradient parameters that keep
-moving, and the errors for bad hyperparameters and for too many steps; nanoGPT's options
-(warm-up, cosine decay, ``min_lr``) against its ``get_lr``, weight decay and gradient
-clipping against ``torch.optim.AdamW`` and ``clip_grad_norm_``, and the spec's update kept
-bit for bit when they are off."""
+"""``microgpt_xp.optim.Adam`` against the scalar ``reference.adam_step`` (spec §8): updates,
+moments, the schedule, zero-gradient weights that keep moving, errors; nanoGPT's options
+against its ``get_lr`` and ``torch.optim.AdamW``; the spec's update bit for bit when off."""
 
 from __future__ import annotations
 
@@ -63,8 +60,7 @@ def test_adam_matches_reference(backend: Any, num_steps: int) -> None:
         reference.adam_step(
             sd, {k: v.tolist() for k, v in g.items()}, ref_m, ref_v, step, num_steps=num_steps
         )
-        assert adam.t == step + 1
-        assert params.backend == backend.name
+        assert adam.t == step + 1 and params.backend == backend.name
         for name, got, ref in (("p", params, sd), ("m", adam.m, ref_m), ("v", adam.v, ref_v)):
             for key, a in state_dict_arrays(got).items():
                 what = f"step {step} {name}[{key}]"
@@ -97,22 +93,15 @@ def test_learning_rate_schedule(backend: Any) -> None:
         params = adam.step(params, ones)
         for name, a in params.arrays().items():
             moved = getattr(before, name) - a
-            xp_assert_close(
-                moved,
-                np.full(tuple(moved.shape), lr * (1 - t / num_steps)),
-                rtol=1e-7,
-                like=like,
-                what=f"step {t} {name}",
-                elementwise=True,
-            )
+            xp_assert_close(moved, np.full(tuple(moved.shape), lr * (1 - t / num_steps)),
+                            rtol=1e-7, like=like, what=f"step {t} {name}", elementwise=True)  # fmt: skip
     assert adam.lr_at(0) == lr
     assert adam.lr_at(num_steps - 1) == pytest.approx(lr / num_steps, rel=1e-15)
 
 
 def test_spec_schedule_end_points() -> None:
     adam = Adam(init_params(GPTConfig(vocab_size=27)))
-    assert adam.lr_at(0) == 0.01
-    assert adam.lr_at(999) == pytest.approx(1e-5, rel=1e-12)
+    assert adam.lr_at(0) == 0.01 and adam.lr_at(999) == pytest.approx(1e-5, rel=1e-12)
     hp = adam.config
     assert (hp.beta1, hp.beta2, hp.eps, hp.num_steps) == (0.85, 0.99, 1e-8, 1000)
     assert hp == AdamConfig()  # the spec's record
@@ -132,14 +121,8 @@ def test_zero_gradient_weights_keep_moving(backend: Any) -> None:
     assert np.all(s1["wte"][:4] != s0["wte"][:4])
     # at step 1, m̂/√v̂ = sign(g): every weight with a gradient moves by about lr
     moved = params.lm_head - p1.lm_head
-    xp_assert_close(
-        moved,
-        np.full(tuple(moved.shape), 0.01),
-        rtol=1e-7,
-        like=params.wte,
-        what="lm_head",
-        elementwise=True,
-    )
+    xp_assert_close(moved, np.full(tuple(moved.shape), 0.01), rtol=1e-7, like=params.wte,
+                    what="lm_head", elementwise=True)  # fmt: skip
     p2 = adam.step(p1, zero)
     s2 = p2.to_state_dict()
     for key in s1:
@@ -172,34 +155,23 @@ def test_step_errors(backend: Any) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [
-        ({"lr": 0.0}, "lr must be positive"),
-        ({"lr": -0.01}, "lr must be positive"),
-        ({"lr": float("nan")}, "lr must be finite"),
-        ({"lr": float("inf")}, "lr must be finite"),
-        ({"beta1": 1.0}, r"beta1 must lie in \[0, 1\)"),
-        ({"beta1": -0.1}, r"beta1 must lie in \[0, 1\)"),
-        ({"beta2": 1.5}, r"beta2 must lie in \[0, 1\)"),
-        ({"beta2": float("nan")}, "beta2 must be finite"),
-        ({"eps": 0.0}, "eps must be positive"),
-        ({"eps": -1e-8}, "eps must be positive"),
-        ({"num_steps": 0}, "num_steps must be a positive int"),
-        ({"num_steps": 10.0}, "num_steps must be a positive int"),
-        ({"num_steps": True}, "num_steps must be a positive int"),
-        ({"warmup": -1}, "warmup must be a non-negative int"),
-        ({"warmup": 1000}, "warmup must be less than num_steps=1000"),
-        ({"warmup": 2.0}, "warmup must be a non-negative int"),
-        ({"decay": "step"}, "decay must be one of linear, cosine"),
-        ({"decay": 1}, "decay must be a str"),
-        ({"min_lr": -1e-4}, r"min_lr must lie in \[0, lr\]"),
-        ({"min_lr": 0.02}, r"min_lr must lie in \[0, lr\]"),
-        ({"weight_decay": -0.1}, "weight_decay must be at least 0"),
-        ({"weight_decay": "0.1"}, "weight_decay must be a real number"),
-        ({"grad_clip": -1.0}, "grad_clip must be at least 0"),
-        ({"grad_clip": float("inf")}, "grad_clip must be finite"),
-        ({"init_std": 0.0}, "init_std must be positive"),
-    ],
-)
+    [({"lr": 0.0}, "lr must be positive"), ({"lr": -0.01}, "lr must be positive"),
+     ({"lr": float("nan")}, "lr must be finite"), ({"lr": float("inf")}, "lr must be finite"),
+     ({"beta1": 1.0}, r"beta1 must lie in \[0, 1\)"), ({"beta1": -0.1}, r"beta1 must lie in \[0, 1\)"),
+     ({"beta2": 1.5}, r"beta2 must lie in \[0, 1\)"), ({"beta2": float("nan")}, "beta2 must be finite"),
+     ({"eps": 0.0}, "eps must be positive"), ({"eps": -1e-8}, "eps must be positive"),
+     *[({"num_steps": v}, "num_steps must be a positive int") for v in (0, 10.0, True)],
+     ({"warmup": -1}, "warmup must be a non-negative int"),
+     ({"warmup": 1000}, "warmup must be less than num_steps=1000"),
+     ({"warmup": 2.0}, "warmup must be a non-negative int"),
+     ({"decay": "step"}, "decay must be one of linear, cosine"), ({"decay": 1}, "decay must be a str"),
+     ({"min_lr": -1e-4}, r"min_lr must lie in \[0, lr\]"), ({"min_lr": 0.02}, r"min_lr must lie in \[0, lr\]"),
+     ({"weight_decay": -0.1}, "weight_decay must be at least 0"),
+     ({"weight_decay": "0.1"}, "weight_decay must be a real number"),
+     ({"grad_clip": -1.0}, "grad_clip must be at least 0"),
+     ({"grad_clip": float("inf")}, "grad_clip must be finite"),
+     ({"init_std": 0.0}, "init_std must be positive")],
+)  # fmt: skip
 def test_bad_hyperparameters(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match) as info:
         Adam(init_params(CONFIG), **kwargs)
