@@ -155,7 +155,7 @@ def test_array_api_strict_tokens_on_another_device() -> None:
 
 
 # -- decode_step ---------------------------------------------------------------------------------
-def test_decode_step_past_block_size(backend: Any) -> None:
+def test_decode_step_errors(backend: Any) -> None:
     params = params_on(backend)
     cache = KVCache()
     ids = ints(backend, [1, 2])
@@ -164,10 +164,6 @@ def test_decode_step_past_block_size(backend: Any) -> None:
     assert cache.pos == CONFIG.block_size
     with pytest.raises(ValueError, match=r"cache is full: position 5 is past block_size 5"):
         decode_step(params, ids, cache)
-
-
-def test_decode_step_bad_arguments(backend: Any) -> None:
-    params = params_on(backend)
     with pytest.raises(ValueError, match="token_ids must be 1-d"):
         decode_step(params, ints(backend, [[1, 2]]), KVCache())
     with pytest.raises(TypeError, match="cache must be a KVCache"):
