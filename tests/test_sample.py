@@ -114,6 +114,9 @@ def test_arguments_are_checked_at_the_call(fn: Any) -> None:
         fn(_params(), TOKENIZER, 3, batch_size=0)
     with pytest.raises(ValueError, match="tokenizer has 7 ids but the model 6"):
         fn(_params(), Tokenizer("abcdef"), 3)
+    with pytest.raises(ValueError, match="in this process") as info:  # a stream is drawn here
+        fn(_params(), TOKENIZER, 2, length=5, workers=2)
+    assert info.value.param == "length"
 
 
 # -- the protocol -------------------------------------------------------------------------------
@@ -339,6 +342,8 @@ def test_streams_are_reproducible_by_seed_and_prefixes_of_longer_ones() -> None:
     assert all(len(s) == 50 and set(s) <= set(TOKENIZER.chars) for s in one)
     ids = sample_tokens(params, BOS, 3, length=50, seed=5, temperature=0.8, top_k=3)
     assert ids.shape == (3, 50) and [TOKENIZER.decode(r) for r in ids] == one
+    got = sample(params, TOKENIZER, 2, length=40, temperature=1e-3, seed=0)
+    assert got[0] == got[1]  # greedy through slides: no uniform matters
 
 
 def test_iter_samples_streams_pieces_as_they_are_drawn() -> None:
@@ -350,18 +355,6 @@ def test_iter_samples_streams_pieces_as_they_are_drawn() -> None:
     assert "e" + "".join(rest) == "".join(
         sample(params, TOKENIZER, 2, length=20, seed=1, prompt="e")
     )
-
-
-def test_a_low_temperature_stream_is_greedy_through_slides() -> None:
-    params = _params(seed=2)
-    got = sample(params, TOKENIZER, 2, length=40, temperature=1e-3, seed=0)
-    assert got[0] == got[1]  # no uniform matters
-
-
-def test_a_stream_is_drawn_in_this_process() -> None:
-    with pytest.raises(ValueError, match="in this process") as info:
-        iter_samples(_params(), TOKENIZER, 2, length=5, workers=2)
-    assert info.value.param == "length"  # type: ignore[attr-defined]
 
 
 # -- the command line ---------------------------------------------------------------------------
@@ -391,14 +384,6 @@ def test_cli_length_streams_a_passage(capsys: Any, monkeypatch: Any, checkpoints
     assert got["samples"] == sample(checkpoints["params"], TOKENIZER, 2, length=9, seed=3)
 
 
-def test_cli_length_on_a_document_checkpoint_is_a_usage_error(
-    capsys: Any, checkpoints: Any
-) -> None:
-    rc = main(["sample", "--checkpoint", str(checkpoints["docs"]), "--length", "10"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "--length" in err and "documents" in err and err.count("\n") == 1
-
-
 def test_a_stream_on_every_backend(backend: Any) -> None:
     params, kw = _params(backend), dict(length=3 * CONFIG.block_size, seed=2, prompt="a")
     if backend.name == "dask":  # a stream is drawn in this process, not as Dask tasks
@@ -409,7 +394,7 @@ def test_a_stream_on_every_backend(backend: Any) -> None:
     assert sample(params, TOKENIZER, 2, **kw) == want  # type: ignore[arg-type]
 
 
-def test_cli_length_out_writes_the_passages(capsys: Any, tmp_path: Any, checkpoints: Any) -> None:
+def test_cli_length_out_and_usage_errors(capsys: Any, tmp_path: Any, checkpoints: Any) -> None:
     out = tmp_path / "passages.txt"
     argv = ["sample", "--checkpoint", str(checkpoints["text"]), "--length", "12", "--seed", "1"]
     assert main([*argv, "--num-samples", "3", "--out", str(out)]) == 0
@@ -418,3 +403,7 @@ def test_cli_length_out_writes_the_passages(capsys: Any, tmp_path: Any, checkpoi
     assert capsys.readouterr().out == f"wrote 3 passages of 12 characters to {out}\n"
     assert main([*argv, "--workers", "2"]) == 2
     assert "--workers" in capsys.readouterr().err
+    # --length on a document checkpoint is a usage error
+    rc = main(["sample", "--checkpoint", str(checkpoints["docs"]), "--length", "10"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--length" in err and "documents" in err and err.count("\n") == 1

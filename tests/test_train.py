@@ -130,22 +130,16 @@ def test_resume_gives_the_uninterrupted_run(backend: Any, tmp_path: Path, k: int
     assert_params_equal(final.params, full.params.to("numpy"))
 
 
-def test_resume_without_a_checkpoint_file_starts_fresh(tmp_path: Path) -> None:
+def test_resume_without_a_file_starts_fresh_and_a_finished_run_is_done(tmp_path: Path) -> None:
     path = tmp_path / "new.ckpt"
     result = _run(checkpoint=path, resume=True)
-    assert result.start_step == 0
-    assert result.losses == _run().losses
+    assert result.start_step == 0 and result.losses == _run().losses
     saved = load(path)
     assert saved.step == STEPS and saved.tokenizer == TOKENIZER
     assert_params_equal(saved.params, result.params)
-
-
-def test_resume_a_finished_run(tmp_path: Path) -> None:
-    path = tmp_path / "done.ckpt"
-    first = _run(checkpoint=path)
     again = _run(checkpoint=path, resume=True)
     assert again.losses == [] and again.start_step == again.step == STEPS
-    assert_params_equal(again.params, first.params)
+    assert_params_equal(again.params, result.params)
 
 
 def test_checkpoint_every(tmp_path: Path) -> None:
@@ -246,10 +240,14 @@ DIVERGING = dict(lr=1e20, dtype="float32", steps=30)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_non_finite_loss_raises() -> None:
+def test_non_finite_loss_raises(tmp_path: Path) -> None:
     with pytest.raises(TrainingError, match="the loss is nan at step 3") as info:
         _run(**DIVERGING)
     assert "checkpoint" not in str(info.value)
+    path = tmp_path / "run.ckpt"  # non-finite weights are never saved
+    with pytest.raises(TrainingError, match="not finite after step 2"):
+        _run(**DIVERGING, checkpoint=path, checkpoint_every=2)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -268,14 +266,6 @@ def test_a_diverging_run_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(TrainingError, match="not finite after step 2"):
         _run(**DIVERGING, checkpoint=path, checkpoint_every=1, resume=True)
     assert load(path).step == 1
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_non_finite_weights_are_never_saved(tmp_path: Path) -> None:
-    path = tmp_path / "run.ckpt"
-    with pytest.raises(TrainingError, match="not finite after step 2"):
-        _run(**DIVERGING, checkpoint=path, checkpoint_every=2)
-    assert list(tmp_path.iterdir()) == []
 
 
 # -- argument errors -----------------------------------------------------------------------------
