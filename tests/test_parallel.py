@@ -1,6 +1,5 @@
-"""Worker processes (``runner=Processes(N)``, or ``workers=N``): the same results as one
-process, clear errors, and no process left behind, whatever happens to a worker or to the
-parent."""
+"""Worker processes (``runner=Processes(N)``, ``workers=N``): one process's results, clear
+errors, and no process left behind, whatever happens to a worker or to the parent."""
 
 from __future__ import annotations
 
@@ -45,17 +44,11 @@ def _sleep(params: Any, rows: np.ndarray, seconds: float) -> int:
     return len(rows)
 
 
+RUN: dict[str, Any] = dict(steps=4, batch_size=24, config=CONFIG, dtype="float64", seed=3)
+
+
 def _run_train(workers: int | None, reduction: str = "mean") -> mx.TrainResult:
-    return mx.train(
-        DOCS,
-        steps=4,
-        batch_size=24,
-        config=CONFIG,
-        dtype="float64",
-        seed=3,
-        reduction=reduction,  # type: ignore[arg-type]
-        workers=workers,
-    )
+    return mx.train(DOCS, reduction=reduction, workers=workers, **RUN)
 
 
 def test_shard_bounds_cover_the_rows() -> None:
@@ -73,15 +66,14 @@ def test_bad_workers_are_refused(workers: Any) -> None:
 
 def test_processes_and_the_backend_are_two_choices() -> None:
     """Processes spread the rows; the weights stay where the backend puts them (here
-    array-api-strict, rebuilt in each worker), with one process's results."""
+    array-api-strict, rebuilt in each worker)."""
     strict = pytest.importorskip("array_api_strict")
-    args: dict[str, Any] = dict(steps=2, batch_size=24, config=CONFIG, dtype="float64", seed=3)
+    args = {**RUN, "steps": 2}
     one = mx.train(DOCS, backend="array_api_strict", **args)
     with Processes(2) as runner:
         two = mx.train(DOCS, backend="array_api_strict", runner=runner, **args)
-        assert mx.sample(two.params, TOKENIZER, 6, runner=runner) == mx.sample(
-            two.params, TOKENIZER, 6
-        )
+        want = mx.sample(two.params, TOKENIZER, 6)
+        assert mx.sample(two.params, TOKENIZER, 6, runner=runner) == want
     assert two.params.xp is strict
     np.testing.assert_allclose(two.losses, one.losses, rtol=1e-12)
     with pytest.raises(ValueError, match=r"workers cannot be given with it"):
@@ -98,13 +90,8 @@ def test_processes_train_like_one_process(reduction: str) -> None:
         xp_assert_close(getattr(two.params, name), getattr(one.params, name), rtol=1e-12)
     again = _run_train(2, reduction)
     assert again.losses == two.losses  # the same shards combine in the same order
-
-
-def test_processes_sample_like_one_process() -> None:
-    params = _run_train(None).params
-    assert mx.sample(params, TOKENIZER, 30, workers=3, seed=5) == mx.sample(
-        params, TOKENIZER, 30, seed=5
-    )
+    want = mx.sample(one.params, TOKENIZER, 30, seed=5)
+    assert mx.sample(one.params, TOKENIZER, 30, workers=3, seed=5) == want
 
 
 def test_shards_run_in_other_processes() -> None:
@@ -119,13 +106,9 @@ def test_shards_run_in_other_processes() -> None:
     assert set(ran[3:]) <= set(pids)
     for pid in pids:  # close() waited for them
         assert not _alive(pid)
-
-
-def test_an_error_in_a_worker_is_raised_here() -> None:
-    params = mx.init_params(CONFIG)
-    rows = np.array([0, 1, 2, -1])
+    # an error in a worker is raised here
     with WorkerPool(2) as pool, pytest.raises(ValueError, match="negative row in a shard of 2"):
-        pool.map(_fail_on_negative, params, [rows])
+        pool.map(_fail_on_negative, params, [np.array([0, 1, 2, -1])])
 
 
 def test_a_killed_worker_is_one_runtime_error_then_replaced() -> None:
@@ -268,14 +251,8 @@ def test_this_process_blas_takes_one_core_while_workers_run() -> None:
 
     before = blas()
     during: list[list[int]] = []
-    mx.train(
-        DOCS,
-        steps=2,
-        batch_size=24,
-        config=CONFIG,
-        workers=2,
-        callback=lambda s, _: during.append(blas()),
-    )
+    args = dict(steps=2, batch_size=24, config=CONFIG, workers=2)
+    mx.train(DOCS, **args, callback=lambda s, _: during.append(blas()))
     assert during == [[1] * len(before)] * 2
     assert blas() == before  # given back when the call ends
 
@@ -322,12 +299,8 @@ def test_a_worker_killed_at_any_moment_ends_the_run(tmp_path: Path) -> None:
     """Issue 31: a run ends with WorkerDied, whatever moment of a step its worker dies."""
     script = tmp_path / "kills.py"
     script.write_text(_KILLS)
-    out = subprocess.run(
-        [sys.executable, script, str(tmp_path / "k.npz"), "16"],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    cmd = [sys.executable, script, str(tmp_path / "k.npz"), "16"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert out.stdout.strip() == "ok 16", out.stdout + out.stderr
 
 
@@ -343,8 +316,7 @@ def test_a_script_without_a_main_guard_is_one_clear_error(tmp_path: Path) -> Non
 
 
 def test_training_on_processes_leaves_this_process_threads_as_they_were() -> None:
-    """``train(workers=2, threads=1)``: the workers' pool is closed inside the thread limit,
-    so the BLAS threads after the call are those before it."""
+    """``train(workers=2, threads=1)`` closes its pool inside the thread limit."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
 
     def counts() -> list[int]:
