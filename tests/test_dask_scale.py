@@ -166,34 +166,22 @@ def test_graph_holds_the_weights_once_and_one_task_per_chunk(params64: Params) -
         assert copies == 1 and tasks == chunks + 1
 
 
-def test_a_bad_document_names_its_chunk(params64: Params) -> None:
-    docs = [*DOCS[:20], "hello!", *DOCS[20:40]]
-    with pytest.raises(DataError, match=r"documents 16\.\.23: .*'!'"):
-        _on_tasks(params64, docs, 8)
-
-
 @pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
-    [
-        ({"chunk_size": 0}, ValueError, "chunk_size"),
-        ({"chunk_size": 2.0}, ValueError, "chunk_size"),
-        ({"weights": "copy"}, ValueError, "weights"),
-    ],
-)
-def test_dask_tasks_reject_bad_arguments(
-    params64: Params, kwargs: dict[str, Any], error: type[Exception], match: str
-) -> None:
+    ("call", "error", "match"),
+    [(lambda p: _on_tasks(p, DOCS[:10], 0), ValueError, "chunk_size"),
+     (lambda p: _on_tasks(p, DOCS[:10], 2.0), ValueError, "chunk_size"),
+     (lambda p: _on_tasks(p, DOCS[:10], 4, weights="copy"), ValueError, "weights"),
+     (lambda p: _on_tasks(p, [], 4), DataError, "no documents"),
+     (lambda p: _on_tasks(p, "abc", 4), TypeError, "source"),
+     (lambda p: score_docs(p, Tokenizer("ab"), DOCS[:3], runner=DaskTasks(4)), ValueError,
+      "tokenizer has"),
+     # a bad document names its chunk
+     (lambda p: _on_tasks(p, [*DOCS[:20], "hello!", *DOCS[20:40]], 8), DataError,
+      r"documents 16\.\.23: .*'!'")],
+)  # fmt: skip
+def test_bad_arguments_and_sources(params64: Params, call: Any, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
-        _on_tasks(params64, DOCS[:10], **{"chunk_size": 4, **kwargs})
-
-
-def test_scoring_rejects_bad_sources(params64: Params) -> None:
-    with pytest.raises(DataError, match="no documents"):
-        _on_tasks(params64, [], 4)
-    with pytest.raises(TypeError, match="source"):
-        _on_tasks(params64, "abc", 4)
-    with pytest.raises(ValueError, match="tokenizer has"):
-        score_docs(params64, Tokenizer("ab"), DOCS[:3], runner=DaskTasks(4))
+        call(params64)
 
 
 @pytest.mark.parametrize("where", ["dask", "array_api_strict"])

@@ -65,14 +65,9 @@ def test_deterministic_and_independent_of_batch_size(backend: Any, dtype: str) -
     params = _params(backend, dtype)
     names = sample(params, TOKENIZER, N, temperature=1.0, seed=3)
     assert len(names) == N
-    assert sample(params, TOKENIZER, N, temperature=1.0, seed=3) == names
-    assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=2) == names
-    if backend.name == "dask":
-        assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, chunks=1) == names
-        assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, chunks=3) == names
-        assert (
-            sample(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=2, chunks=1) == names
-        )
+    on_dask = [{"chunks": 1}, {"chunks": 3}, {"batch_size": 2, "chunks": 1}]
+    for kw in [{}, {"batch_size": 2}, *(on_dask if backend.name == "dask" else [])]:
+        assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, **kw) == names, kw
     # streamed batch by batch: the same names
     batches = list(iter_samples(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=3))
     assert [len(b) for b in batches] == [3, N - 3]
