@@ -79,26 +79,6 @@ def test_adam_does_not_modify_its_inputs(backend: Any) -> None:
         np.testing.assert_array_equal(grads.to_state_dict()[key], before_g[key])
 
 
-def test_learning_rate_schedule(backend: Any) -> None:
-    """``lr_t = lr (1 - t/num_steps)``; with a constant gradient each step moves every
-    weight by ``lr_t`` (m̂/√v̂ = 1 up to rounding and eps)."""
-    num_steps, lr = 8, 0.05
-    params = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float64")
-    ones = params.map(lambda a: a * 0.0 + 1.0)
-    adam = Adam(params, lr=lr, num_steps=num_steps)
-    like = params.wte
-    for t in range(num_steps):
-        assert adam.lr_at(t) == lr * (1 - t / num_steps)
-        before = params
-        params = adam.step(params, ones)
-        for name, a in params.arrays().items():
-            moved = getattr(before, name) - a
-            xp_assert_close(moved, np.full(tuple(moved.shape), lr * (1 - t / num_steps)),
-                            rtol=1e-7, like=like, what=f"step {t} {name}", elementwise=True)  # fmt: skip
-    assert adam.lr_at(0) == lr
-    assert adam.lr_at(num_steps - 1) == pytest.approx(lr / num_steps, rel=1e-15)
-
-
 def test_spec_schedule_end_points() -> None:
     adam = Adam(init_params(GPTConfig(vocab_size=27)))
     assert adam.lr_at(0) == 0.01 and adam.lr_at(999) == pytest.approx(1e-5, rel=1e-12)
@@ -215,20 +195,28 @@ SCHEDULES = [
 
 @pytest.mark.parametrize("sched", SCHEDULES)
 def test_schedule(backend: Any, sched: dict[str, Any]) -> None:
-    """``lr_at`` is nanoGPT's ``get_lr``; the update on the namespace moves every weight by
-    it (a constant gradient: m̂/√v̂ = 1 up to rounding and eps; with clipping too)."""
+    """``lr_at`` is nanoGPT's ``get_lr``; ``adam_update`` and ``Adam.step`` on the namespace
+    move every weight by it (a constant gradient: m̂/√v̂ = 1 up to rounding and eps)."""
     hp = AdamConfig(lr=0.01, num_steps=8, grad_clip=20.0, **sched)
     want = [get_lr(t, 0.01, sched["warmup"], 8, sched["min_lr"], sched["decay"] == "cosine")
             for t in range(8)]  # fmt: skip
-    assert [hp.lr_at(t) for t in range(8)] == want
     params = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float64")
-    ones, state = params.map(lambda a: a * 0.0 + 1.0), adam_init(params)
+    adam = Adam(params, lr=0.01, num_steps=8, grad_clip=20.0, **sched)
+    assert [hp.lr_at(t) for t in range(8)] == [adam.lr_at(t) for t in range(8)] == want
+    ones, state, by_class, like = (
+        params.map(lambda a: a * 0.0 + 1.0),
+        adam_init(params),
+        params,
+        params.wte,
+    )
     for t in range(8):
-        new, state = adam_update(params, ones, state, hp)
-        moved = params.wte - new.wte
-        xp_assert_close(moved, np.full(tuple(moved.shape), want[t]), rtol=1e-7, like=params.wte,
-                        what=f"step {t}", elementwise=True)  # fmt: skip
-        params = new
+        (new, state), stepped = adam_update(params, ones, state, hp), adam.step(by_class, ones)
+        for before, after in ((params, new), (by_class, stepped)):
+            for name, a in after.arrays().items():
+                moved = getattr(before, name) - a
+                xp_assert_close(moved, np.full(tuple(moved.shape), want[t]), rtol=1e-7, like=like,
+                                what=f"step {t} {name}", elementwise=True)  # fmt: skip
+        params, by_class = new, stepped
 
 
 def spec_update(params: Params, grads: Params, state: AdamState, hp: AdamConfig) -> Any:
