@@ -142,16 +142,15 @@ def test_mixed_namespaces_and_non_arrays_are_one_line_type_errors(
         mx.Adam(params).step(params, reference)
 
 
-def test_an_unknown_name_or_object_is_refused() -> None:
+def test_names_and_namespaces_of_the_table() -> None:
+    """An unknown name or object is refused; a namespace of the table is that backend."""
     with pytest.raises(
         ValueError, match=r"unknown backend .numpyy.*or pass an Array API namespace"
     ):
         mx.init_params(CONFIG, backend="numpyy")
     with pytest.raises(TypeError, match="backend must be a backend name or an Array API namespace"):
         mx.init_params(CONFIG, backend=object())
-
-
-def test_a_namespace_of_the_table_is_that_backend() -> None:
+    # a namespace of the table is that backend
     compat = pytest.importorskip("array_api_compat.numpy")
     assert mx.init_params(CONFIG, backend=compat).backend == "numpy"
     assert mx.init_params(CONFIG, backend=np).backend == "numpy"

@@ -255,6 +255,10 @@ def test_this_process_blas_takes_one_core_while_workers_run() -> None:
     mx.train(DOCS, **args, callback=lambda s, _: during.append(blas()))
     assert during == [[1] * len(before)] * 2
     assert blas() == before  # given back when the call ends
+    # train(workers=2, threads=1) closes its pool inside the thread limit
+    counts = sorted({i["num_threads"] for i in threadpool_info()})
+    mx.train(DOCS, steps=1, batch_size=4, workers=2, threads=1, config=CONFIG)
+    assert sorted({i["num_threads"] for i in threadpool_info()}) == counts
 
 
 _KILLS = textwrap.dedent(
@@ -313,15 +317,3 @@ def test_a_script_without_a_main_guard_is_one_clear_error(tmp_path: Path) -> Non
     assert out.returncode == 1
     assert out.stderr.count("Traceback") == 1, out.stderr  # the parent's, no child's
     assert 'if __name__ == "__main__":' in out.stderr.splitlines()[-1]
-
-
-def test_training_on_processes_leaves_this_process_threads_as_they_were() -> None:
-    """``train(workers=2, threads=1)`` closes its pool inside the thread limit."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-
-    def counts() -> list[int]:
-        return sorted({i["num_threads"] for i in threadpoolctl.threadpool_info()})
-
-    before = counts()
-    mx.train(DOCS, steps=1, batch_size=4, workers=2, threads=1, config=CONFIG)
-    assert counts() == before

@@ -66,26 +66,20 @@ def test_backend_matches_numpy(backend: Any) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
 
 
-def test_seed_changes_the_run() -> None:
-    assert _run(seed=1).losses != _run(seed=2).losses
-
-
-def test_first_loss_is_before_the_update() -> None:
-    """losses[0] is the batch loss of the initial weights on step 0's documents."""
-    result = _run()
-    params = init_params(CONFIG, seed=1, dtype="float64")
-    tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
-    tok, lens = take_batch(tokens, lengths, batch_indices(len(DOCS), BATCH, 0, seed=1))
-    loss, _ = loss_and_grads(params, tok, lens)
-    assert result.losses[0] == float(loss)
-
-
-def test_callback_gets_step_and_loss() -> None:
+def test_callback_and_first_loss() -> None:
+    """The callback gets (step, loss); losses[0] is the batch loss of the initial weights
+    on step 0's documents; another seed gives another run."""
     calls: list[tuple[int, float]] = []
     result = _run(callback=lambda step, loss: calls.append((step, loss)))
     assert [s for s, _ in calls] == list(range(1, STEPS + 1))
     assert all(isinstance(s, int) and isinstance(x, float) for s, x in calls)
     assert [x for _, x in calls] == result.losses
+    assert _run(seed=2).losses != result.losses
+    params = init_params(CONFIG, seed=1, dtype="float64")
+    tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
+    tok, lens = take_batch(tokens, lengths, batch_indices(len(DOCS), BATCH, 0, seed=1))
+    loss, _ = loss_and_grads(params, tok, lens)
+    assert result.losses[0] == float(loss)
 
 
 def test_default_corpus_and_tokenizer() -> None:
