@@ -286,10 +286,15 @@ def client() -> Iterator[Any]:
         yield c
 
 
-def test_connect_starts_worker_processes(client: Any) -> None:
+def test_connect_starts_worker_processes_and_waits_for_them(client: Any) -> None:
     pids = client.run(os.getpid)
     assert len(pids) == 2 and os.getpid() not in pids.values()
     assert all(w["nthreads"] == 1 for w in client.scheduler_info(n_workers=-1)["workers"].values())
+    # connect waits for workers
+    with pytest.raises(ClusterError, match=r"has 2 worker\(s\) after 1 s; 3 needed"):
+        connect(client.scheduler.address, min_workers=3, timeout=1)
+    with connect(client.scheduler.address, min_workers=2, timeout=10) as other:
+        assert len(other.scheduler_info(n_workers=-1)["workers"]) == 2
 
 
 @pytest.mark.parametrize("weights", ["graph", "scatter"])
@@ -345,13 +350,6 @@ def test_a_client_that_failed_to_connect_is_closed_at_once() -> None:
     assert all(o.status in ("closed", "newly-created") for o in failed), [o.status for o in failed]
     with connect(None, n_workers=1, threads_per_worker=1, processes=False) as fresh:
         assert fresh.submit(sum, [1, 2]).result() == 3
-
-
-def test_connect_waits_for_workers(client: Any) -> None:
-    with pytest.raises(ClusterError, match=r"has 2 worker\(s\) after 1 s; 3 needed"):
-        connect(client.scheduler.address, min_workers=3, timeout=1)
-    with connect(client.scheduler.address, min_workers=2, timeout=10) as other:
-        assert len(other.scheduler_info(n_workers=-1)["workers"]) == 2
 
 
 class SlowCorpus(ShuffledRepeat):

@@ -83,9 +83,8 @@ def assert_params_equal(actual: Params, desired: Params) -> None:
 
 
 def state_dict_arrays(params: Params) -> dict[str, Any]:
-    """``params`` in the original's state-dict keys (``"wte"``, …, ``"layer0.attn_wq"``, …)
-    as arrays of its own namespace and device: the layer fields sliced, not copied to
-    the host, so that they can be compared with :func:`xp_assert_close`."""
+    """``params`` in the original's state-dict keys (``"wte"``, ``"layer0.attn_wq"``, …) as
+    arrays of its own namespace and device (layers sliced, not copied to the host)."""
     out = {}
     for key in reference.state_dict_keys(params.config.n_layer):
         layer, _, name = key.rpartition(".")
