@@ -69,8 +69,7 @@ def test_read_docs_errors_name_the_file(tmp_path: Path, content: bytes | None, m
     path = tmp_path / "docs.txt" if content is None else _write(tmp_path, content)
     with pytest.raises(DataError, match=match) as info:
         read_docs(path)
-    assert str(path) in str(info.value)
-    assert issubclass(DataError, ValueError)
+    assert str(path) in str(info.value) and issubclass(DataError, ValueError)
 
 
 def test_read_docs_never_waits_on_what_is_not_a_regular_file(tmp_path: Path) -> None:
@@ -136,22 +135,18 @@ def test_default_docs_need_no_shared_file(monkeypatch: pytest.MonkeyPatch) -> No
 def test_tokenizer_matches_the_spec_and_round_trips() -> None:
     tok = Tokenizer.from_docs(["cab", "bad", "zz"])
     assert (tok.chars, tok.bos, tok.vocab_size) == (["a", "b", "c", "d", "z"], 5, 6)
-    assert tok.encode("zadcb") == [4, 0, 3, 2, 1]
-    assert tok.encode("") == []
+    assert tok.encode("zadcb") == [4, 0, 3, 2, 1] and tok.encode("") == []
     docs = ["emma", "olivia", "ava", "isabella", "sophia", "zoë", "a b"]
     uchars = sorted(set("".join(docs)))
     tok = Tokenizer.from_docs(docs)
-    assert tok.chars == uchars
-    assert tok.bos == len(uchars)
+    assert tok.chars == uchars and tok.bos == len(uchars)
     for doc in docs:
         assert tok.encode_doc(doc) == [len(uchars)] + [uchars.index(c) for c in doc] + [len(uchars)]
-        assert tok.decode(tok.encode(doc)) == doc
-        assert tok.decode(tok.encode_doc(doc)) == doc
+        assert tok.decode(tok.encode(doc)) == doc and tok.decode(tok.encode_doc(doc)) == doc
     assert tok.decode(np.array(tok.encode_doc("sophia"), dtype=np.int64)) == "sophia"
     back = Tokenizer.from_dict(json.loads(json.dumps(tok.to_dict())))
     assert back == tok and hash(back) == hash(tok) and back.chars == tok.chars
-    assert back.encode("zoë") == tok.encode("zoë")
-    assert Tokenizer.from_docs(["abc"]) != tok
+    assert back.encode("zoë") == tok.encode("zoë") and Tokenizer.from_docs(["abc"]) != tok
 
 
 def test_tokenizer_errors() -> None:

@@ -145,8 +145,7 @@ def test_samples_are_valid_names() -> None:
         assert set(name) <= set(TOKENIZER.chars) and len(name) <= CONFIG.block_size
     lengths = [len(name) for name in names]
     # both ways of stopping happen: a sampled BOS and the end of the block
-    assert min(lengths) < CONFIG.block_size
-    assert max(lengths) == CONFIG.block_size
+    assert min(lengths) < CONFIG.block_size and max(lengths) == CONFIG.block_size
 
 
 def _greedy(params: Params) -> list[int]:
@@ -210,8 +209,7 @@ def test_lower_temperature_fewer_distinct_samples() -> None:
     distinct = [
         len(set(sample(params, TOKENIZER, 40, temperature=t, seed=7))) for t in (1.0, 0.05, 1e-3)
     ]
-    assert distinct[0] > distinct[1] > distinct[2] == 1
-    assert distinct[0] >= 20
+    assert distinct[0] > distinct[1] > distinct[2] == 1 and distinct[0] >= 20
 
 
 # -- choose --------------------------------------------------------------------------------
@@ -235,8 +233,7 @@ def test_choose_matches_random_choices(backend: Any) -> None:
     ]
     assert want == [_stdlib_draw(probs[i].tolist(), u[i]) for i in range(b)]
     got = backend.to_numpy(choose(backend.asarray(probs), backend.asarray(u)))
-    assert got.shape == (b,)
-    assert got.tolist() == want
+    assert got.shape == (b,) and got.tolist() == want
 
 
 def test_choose_edges() -> None:
@@ -251,8 +248,7 @@ def test_choose_edges() -> None:
     )
     u = np.array([0.0, math.nextafter(1.0, 0.0), 0.0, math.nextafter(1.0, 0.0), 0.5])
     want = [_stdlib_draw(p.tolist(), x) for p, x in zip(probs, u, strict=True)]
-    assert want == [2, 2, 1, 3, 2]
-    assert choose(probs, u).tolist() == want
+    assert want == [2, 2, 1, 3, 2] and choose(probs, u).tolist() == want
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -310,8 +306,7 @@ def test_a_stream_is_the_naive_window_rule(prompt: str) -> None:
     got = sample(params, TOKENIZER, 1, length=length, seed=7, temperature=0.9, prompt=prompt)
     ids = TOKENIZER.encode(prompt)
     want = _reference_stream(params, 7, length, 0.9, ids)
-    assert got == [prompt + TOKENIZER.decode(want)]
-    assert len(got[0]) == len(prompt) + length
+    assert got == [prompt + TOKENIZER.decode(want)] and len(got[0]) == len(prompt) + length
 
 
 @pytest.mark.parametrize("prompt", ["", "cd"])

@@ -47,11 +47,9 @@ def test_deterministic_for_a_seed(backend: Any, dtype: str) -> None:
     assert all(isinstance(x, float) and math.isfinite(x) for x in r1.losses)
     assert r1.losses == r2.losses
     assert_params_equal(r1.params, r2.params)
-    assert r1.params.backend == backend.name
-    assert str(r1.params.dtype).endswith(dtype)
+    assert r1.params.backend == backend.name and str(r1.params.dtype).endswith(dtype)
     assert r1.step == STEPS and r1.start_step == 0 and r1.adam.t == STEPS
-    assert r1.adam.num_steps == STEPS
-    assert r1.tokenizer == TOKENIZER
+    assert r1.adam.num_steps == STEPS and r1.tokenizer == TOKENIZER
     # training moved the weights
     init = _host(init_params(CONFIG, seed=1, dtype=dtype))
     assert any(not np.array_equal(init[k], v) for k, v in _host(r1.params).items())
@@ -73,8 +71,7 @@ def test_callback_and_first_loss() -> None:
     result = _run(callback=lambda step, loss: calls.append((step, loss)))
     assert [s for s, _ in calls] == list(range(1, STEPS + 1))
     assert all(isinstance(s, int) and isinstance(x, float) for s, x in calls)
-    assert [x for _, x in calls] == result.losses
-    assert _run(seed=2).losses != result.losses
+    assert [x for _, x in calls] == result.losses and _run(seed=2).losses != result.losses
     params = init_params(CONFIG, seed=1, dtype="float64")
     tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
     tok, lens = take_batch(tokens, lengths, batch_indices(len(DOCS), BATCH, 0, seed=1))
@@ -115,8 +112,7 @@ def test_resume_gives_the_uninterrupted_run(backend: Any, tmp_path: Path, k: int
         backend, checkpoint=path, resume=True, callback=lambda step, loss: seen.append(step)
     )
     assert resumed.start_step == k and resumed.step == STEPS
-    assert seen == list(range(k + 1, STEPS + 1))
-    assert resumed.losses == full.losses[k:]
+    assert seen == list(range(k + 1, STEPS + 1)) and resumed.losses == full.losses[k:]
     assert_params_equal(resumed.params, full.params)
     assert resumed.adam.t == STEPS
     final = load(path)
@@ -145,8 +141,7 @@ def test_checkpoint_every(tmp_path: Path) -> None:
         seen.append(load(path).step if path.exists() else None)
 
     _run(checkpoint=path, checkpoint_every=2, callback=callback)
-    assert seen == [None, None, 2, 2]
-    assert load(path).step == STEPS
+    assert seen == [None, None, 2, 2] and load(path).step == STEPS
 
 
 def _interrupted(path: Path, k: int = 2) -> None:
@@ -250,8 +245,7 @@ def test_a_diverging_run_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
     seen: list[int] = []
     with pytest.raises(TrainingError, match="not finite after step 2") as info:
         _run(**DIVERGING, checkpoint=path, checkpoint_every=1, callback=lambda s, _: seen.append(s))
-    assert str(path) in str(info.value)
-    assert seen == [1, 2]
+    assert str(path) in str(info.value) and seen == [1, 2]
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     saved = load(path)
     assert saved.step == 1 and saved.adam is not None and saved.adam.t == 1
