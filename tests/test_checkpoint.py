@@ -14,6 +14,7 @@ import tracemalloc
 import zipfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -142,11 +143,7 @@ def test_a_crashed_save_keeps_the_previous_file(
     path, params, adam = saved
     before = path.read_bytes()
     if "rename" in str(crash):
-
-        def fail(*args: Any, **kwargs: Any) -> None:
-            raise crash
-
-        monkeypatch.setattr(os, "replace", fail)
+        monkeypatch.setattr(os, "replace", mock.Mock(side_effect=crash))
     else:
         real_fdopen = os.fdopen
         monkeypatch.setattr(os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k), crash))
@@ -176,10 +173,9 @@ def _as_version_1(header: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rewrite(path: Path, member: str, edit: Any) -> None:
-    """Rewrite an .npz as a valid archive, member ``member`` passed through ``edit`` (``None``
-    drops it; a dict updates the JSON header, ``{"arrays": "version 1"}`` makes it
-    :func:`_as_version_1`'s). An edited header gets its checksum recomputed, as a file
-    written that way (by another version, say) would have it."""
+    """Rewrite an .npz, member ``member`` passed through ``edit`` (``None`` drops it; a dict
+    updates the JSON header, ``{"arrays": "version 1"}`` makes it :func:`_as_version_1`'s),
+    with the header's checksum recomputed as a file written that way would have it."""
     with np.load(path) as z:
         out = {k: z[k] for k in z.files}
     if isinstance(edit, dict):
@@ -402,11 +398,7 @@ def test_a_failed_first_save_leaves_nothing(
     with pytest.raises(TypeError, match="float16"):
         save(tmp_path / "half.ckpt", half)
     assert list(tmp_path.iterdir()) == []
-
-    def crash(*args: Any, **kwargs: Any) -> None:
-        raise OSError("simulated crash in fsync")
-
-    monkeypatch.setattr(os, "fsync", crash)
+    monkeypatch.setattr(os, "fsync", mock.Mock(side_effect=OSError("simulated crash in fsync")))
     with pytest.raises(OSError, match="simulated"):
         save(tmp_path / "new.ckpt", init_params(CONFIG))
     monkeypatch.undo()

@@ -198,11 +198,16 @@ def test_weights_or_chunks_on_another_backend(params64: Params, where: str) -> N
 
 
 # -- generation ---------------------------------------------------------------------------------
-def test_row_uniforms_are_rows_of_one_stream() -> None:
+def test_row_uniforms_are_rows_of_one_stream_and_names_on_tasks_local(params64: Params) -> None:
     full = np.random.default_rng(11).random((50, 16))
     np.testing.assert_array_equal(row_uniforms(11, 0, 50, 16), full)
     np.testing.assert_array_equal(row_uniforms(11, 17, 33, 16), full[17:33])
     np.testing.assert_array_equal(row_uniforms(11, 49, 50, 16), full[49:])
+    # names on tasks are the local names
+    names = sample(params64, TOKENIZER, 40, runner=DaskTasks(9), seed=1)
+    assert names == [
+        TOKENIZER.decode(r) for r in sample_tokens(params64, TOKENIZER.bos, 40, seed=1)
+    ]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -220,12 +225,6 @@ def test_tasks_sample_as_one_process_whatever_the_chunking(dtype: str) -> None:
         trained, TOKENIZER.bos, 300, temperature=0.7, seed=10, runner=DaskTasks(64)
     )
     assert not np.array_equal(other, want)
-
-
-def test_names_on_tasks_are_the_local_names(params64: Params) -> None:
-    names = sample(params64, TOKENIZER, 40, runner=DaskTasks(9), seed=1)
-    want = [TOKENIZER.decode(r) for r in sample_tokens(params64, TOKENIZER.bos, 40, seed=1)]
-    assert names == want
 
 
 @pytest.mark.parametrize(
