@@ -170,9 +170,7 @@ def test_tokenizer_errors() -> None:
         tok.decode_rows(np.array([[-1, 0]]))
     with pytest.raises(ValueError, match=r"\(N, T\) array"):
         tok.decode_rows(np.array([0, 1]))
-
-
-def test_an_error_quotes_a_short_prefix_of_a_long_document() -> None:
+    # an error quotes a short prefix of a long document
     tok = Tokenizer.from_docs(["a"])
     doc = "a" * 10_000_000 + "q"
     with pytest.raises(ValueError, match="'q' at position 10000000") as info:
@@ -213,7 +211,7 @@ def test_block_size_for_reads_every_document_whole(docs: list[str]) -> None:
     assert count_cut(docs, block_size - 1) == sum(len(d) == block_size - 1 for d in docs)
 
 
-def test_encode_docs_pads_right_with_bos() -> None:
+def test_encode_docs_pads_right_with_bos_and_checks_what_it_keeps() -> None:
     tok = Tokenizer.from_docs(["ab", "c"])
     bos = tok.bos
     tokens, lengths = encode_docs(tok, ["ab", "c", "abcab"], block_size=16)
@@ -228,6 +226,16 @@ def test_encode_docs_pads_right_with_bos() -> None:
     t, lens = take_batch(tokens, lengths, np.array([1, 0]))  # trimmed to the longest
     np.testing.assert_array_equal(lens, [3, 4])
     np.testing.assert_array_equal(t, tokens[[1, 0], :4])
+    # only the characters kept must be in the vocabulary
+    with pytest.raises(DataError, match="no documents"):
+        encode_docs(Tokenizer.from_docs(["ab"]), [], 16)
+    with pytest.raises(ValueError, match="'z'"):
+        encode_docs(Tokenizer.from_docs(["ab"]), ["ab", "az"], 16)
+    tok = Tokenizer.from_docs(["abc"])
+    tokens, lengths = encode_docs(tok, ["abcq", "ab"], block_size=3)  # 'q' is cut off
+    assert tok.decode(tokens[0]) == "abc" and lengths.tolist() == [4, 4]
+    with pytest.raises(ValueError, match="'q' at position 2"):
+        encode_docs(tok, ["abqc"], block_size=3)
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 3, 5, 6, 7, 16])
@@ -262,18 +270,6 @@ def test_encoding_memory_follows_what_the_block_size_keeps() -> None:
     assert peak < 256 << 10, f"{peak / 2**20:.1f} MiB traced for a 4 MB line"
     assert tokens.shape == (3, 17) and lengths.tolist() == [6, 17, 8]
     assert tok.decode(tokens[1]) == ("xyz" * 6)[:16]
-
-
-def test_only_the_characters_kept_must_be_in_the_vocabulary() -> None:
-    with pytest.raises(DataError, match="no documents"):
-        encode_docs(Tokenizer.from_docs(["ab"]), [], 16)
-    with pytest.raises(ValueError, match="'z'"):
-        encode_docs(Tokenizer.from_docs(["ab"]), ["ab", "az"], 16)
-    tok = Tokenizer.from_docs(["abc"])
-    tokens, lengths = encode_docs(tok, ["abcq", "ab"], block_size=3)  # 'q' is cut off
-    assert tok.decode(tokens[0]) == "abc" and lengths.tolist() == [4, 4]
-    with pytest.raises(ValueError, match="'q' at position 2"):
-        encode_docs(tok, ["abqc"], block_size=3)
 
 
 # -- batch_indices ----------------------------------------------------------------------------

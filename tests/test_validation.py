@@ -48,8 +48,8 @@ CALLS: dict[str, Any] = {"forward": forward, "loss_and_grads": loss_and_grads, "
 DOCS = ("loss_and_grads", "score")  # the calls whose rows are documents (targets included)
 
 
-def test_good_inputs_pass(backend: Any) -> None:
-    """The baseline the other tests perturb is accepted."""
+def test_good_inputs_pass_and_a_bad_reduction(backend: Any) -> None:
+    """The baseline the other tests perturb is accepted; an unknown reduction is not."""
     params = params_on(backend)
     tokens, lengths = ints(backend, GOOD_TOKENS), ints(backend, GOOD_LENGTHS)
     assert realize(backend, forward(params, tokens, lengths)).shape == (2, 4, 7)
@@ -58,6 +58,8 @@ def test_good_inputs_pass(backend: Any) -> None:
     for call in DOCS:  # documents of block_size + 1 tokens fit
         fits = np.zeros((2, CONFIG.block_size + 1), dtype=np.int64)
         realize(backend, CALLS[call](params, ints(backend, fits), ints(backend, [6, 2])))
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'token_mean'"):
+        loss_and_grads(params, tokens, lengths, reduction="sum")  # type: ignore[arg-type]
 
 
 def _bad_id(bad: int) -> np.ndarray:
@@ -109,12 +111,6 @@ def test_bad_batches(
         with pytest.raises(error, match=match):
             args = (params, tok) if lens is None else (params, tok, lens)
             realize(backend, CALLS[call](*args))
-
-
-def test_unknown_reduction(backend: Any) -> None:
-    tokens, lengths = ints(backend, GOOD_TOKENS), ints(backend, GOOD_LENGTHS)
-    with pytest.raises(ValueError, match="reduction must be 'mean' or 'token_mean'"):
-        loss_and_grads(params_on(backend), tokens, lengths, reduction="sum")  # type: ignore[arg-type]
 
 
 # -- namespaces and devices ----------------------------------------------------------------------
@@ -208,36 +204,6 @@ def test_config_fields_are_positive_ints(field: str, value: Any) -> None:
         GPTConfig(**{"vocab_size": 27, field: value})
 
 
-def test_params_config_does_not_match_arrays(backend: Any) -> None:
-    arrays = params_on(backend).arrays()
-    narrower = GPTConfig(vocab_size=7, n_layer=1, n_embd=4, n_head=2, block_size=5)
-    with pytest.raises(ValueError, match=r"Params.wte has shape \(7, 8\), but the config needs"):
-        Params(narrower, **arrays)
-    deeper = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=5)
-    with pytest.raises(ValueError, match=r"Params.attn_wq has shape \(1, 8, 8\)"):
-        Params(deeper, **arrays)
-    with pytest.raises(TypeError, match=r"Params\.config must be a GPTConfig"):
-        Params(CONFIG.to_dict(), **arrays)  # type: ignore[arg-type]
-
-
-def test_params_mixed_dtypes_and_integer_weights(backend: Any) -> None:
-    p64 = params_on(backend)
-    p32 = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float32")
-    with pytest.raises(TypeError, match="Params fields must share one dtype"):
-        Params(CONFIG, **{**p64.arrays(), "wte": p32.wte})
-    as_int = {k: backend.asarray(np.zeros(a.shape), dtype="int64") for k, a in p64.arrays().items()}
-    with pytest.raises(TypeError, match=r"Params must be float32 or float64, got .*int64"):
-        Params(CONFIG, **as_int)
-    # float16 weights could not be checkpointed: they are refused where they are made
-    if not hasattr(backend.xp, "float16"):
-        return  # array-api-strict has no float16
-    as_half = {
-        k: backend.asarray(np.zeros(a.shape), dtype="float16") for k, a in p64.arrays().items()
-    }
-    with pytest.raises(TypeError, match=r"Params must be float32 or float64, got .*float16"):
-        Params(CONFIG, **as_half)
-
-
 def test_params_mixed_namespaces_and_devices() -> None:
     strict = pytest.importorskip("array_api_strict")
     arrays = init_params(CONFIG).arrays()
@@ -280,11 +246,35 @@ def test_call_errors(call: Any, error: type, match: str) -> None:
         call()
 
 
-def test_every_field_is_checked(backend: Any) -> None:
-    """A wrong shape in any one field is caught (not only in the first)."""
+def test_params_checks(backend: Any) -> None:
+    """A wrong shape in any one field (not only the first), another config, mixed dtypes and
+    integer or float16 weights are refused."""
     p = params_on(backend)
     for name in FIELDS:
         a = getattr(p, name)
         smaller = a[..., :-1] if a.shape[-1] > 1 else a[:0]
         with pytest.raises(ValueError, match=rf"Params.{name} has shape"):
             Params(CONFIG, **{**p.arrays(), name: smaller})
+    arrays = p.arrays()
+    narrower = GPTConfig(vocab_size=7, n_layer=1, n_embd=4, n_head=2, block_size=5)
+    with pytest.raises(ValueError, match=r"Params.wte has shape \(7, 8\), but the config needs"):
+        Params(narrower, **arrays)
+    deeper = GPTConfig(vocab_size=7, n_layer=2, n_embd=8, n_head=2, block_size=5)
+    with pytest.raises(ValueError, match=r"Params.attn_wq has shape \(1, 8, 8\)"):
+        Params(deeper, **arrays)
+    with pytest.raises(TypeError, match=r"Params\.config must be a GPTConfig"):
+        Params(CONFIG.to_dict(), **arrays)  # type: ignore[arg-type]
+    p32 = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float32")
+    with pytest.raises(TypeError, match="Params fields must share one dtype"):
+        Params(CONFIG, **{**p.arrays(), "wte": p32.wte})
+    as_int = {k: backend.asarray(np.zeros(a.shape), dtype="int64") for k, a in p.arrays().items()}
+    with pytest.raises(TypeError, match=r"Params must be float32 or float64, got .*int64"):
+        Params(CONFIG, **as_int)
+    # float16 weights could not be checkpointed: they are refused where they are made
+    if not hasattr(backend.xp, "float16"):
+        return  # array-api-strict has no float16
+    as_half = {
+        k: backend.asarray(np.zeros(a.shape), dtype="float16") for k, a in p.arrays().items()
+    }
+    with pytest.raises(TypeError, match=r"Params must be float32 or float64, got .*float16"):
+        Params(CONFIG, **as_half)
