@@ -100,7 +100,9 @@ def test_load_on_numpy_and_other_dtype(saved: tuple[Path, Params, Adam]) -> None
         xp_assert_close(getattr(got.params, k), want, rtol=0, like=float32_on_numpy, what=k)
 
 
-def test_save_overwrites_and_a_bare_checkpoint(saved: tuple[Path, Params, Adam]) -> None:
+def test_save_overwrites_a_bare_checkpoint_and_config_mismatch(
+    saved: tuple[Path, Params, Adam],
+) -> None:
     path, params, adam = saved
     save(path, params, adam=adam, step=5, meta={"second": True})
     assert (load(path).step, load(path).meta) == (5, {"second": True})
@@ -108,6 +110,13 @@ def test_save_overwrites_and_a_bare_checkpoint(saved: tuple[Path, Params, Adam])
     got = load(save(path, bare))
     assert (got.adam, got.tokenizer, got.step, got.meta) == (None, None, 0, {})
     assert_params_equal(got.params, bare)
+    # config mismatch
+    path, _, _ = saved
+    other = GPTConfig(vocab_size=CONFIG.vocab_size, n_layer=1, n_embd=8, n_head=2, block_size=6)
+    with pytest.raises(CheckpointError, match="not the requested") as info:
+        load(path, config=other)
+    assert "n_layer=2" in str(info.value) and "n_layer=1" in str(info.value)
+    assert load(path, config=CONFIG).config == CONFIG and issubclass(CheckpointError, ValueError)
 
 
 # -- atomic saves ---------------------------------------------------------------------------
@@ -254,15 +263,6 @@ def test_damaged_or_foreign_files_are_refused(
     with pytest.raises(CheckpointError, match=match) as info:
         load(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
-
-
-def test_config_mismatch(saved: tuple[Path, Params, Adam]) -> None:
-    path, _, _ = saved
-    other = GPTConfig(vocab_size=CONFIG.vocab_size, n_layer=1, n_embd=8, n_head=2, block_size=6)
-    with pytest.raises(CheckpointError, match="not the requested") as info:
-        load(path, config=other)
-    assert "n_layer=2" in str(info.value) and "n_layer=1" in str(info.value)
-    assert load(path, config=CONFIG).config == CONFIG and issubclass(CheckpointError, ValueError)
 
 
 #: The Adam record of a checkpoint written before the schedule options (issue 33).

@@ -89,9 +89,7 @@ def test_shuffled_repeat_follows_the_epoch_permutations() -> None:
     # any split gives the same documents; ranges are clipped to the corpus
     assert corpus.docs(0, 37) + corpus.docs(37, 101) + corpus.docs(101, 500) == everything
     assert corpus.docs(170, 180) == []
-
-
-def test_shuffled_repeat_rejects_bad_arguments() -> None:
+    # shuffled repeat rejects bad arguments
     with pytest.raises(DataError, match="at least one base document"):
         ShuffledRepeat([], 10)
     with pytest.raises(DataError, match="positive"):
@@ -151,15 +149,13 @@ def test_a_virtual_corpus_is_scored_chunk_by_chunk_inside_the_tasks(params64: Pa
     xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
 
 
-def test_the_chunking_does_not_change_the_result(params64: Params) -> None:
+def test_chunking_keeps_the_result_and_the_graph_one_weight_copy(params64: Params) -> None:
     corpus = ShuffledRepeat(DOCS, 2000, seed=5)
     runs = [_on_tasks(params64, corpus, c) for c in (97, 2000)]
     assert runs[0].losses is not None and runs[1].losses is not None
     xp_assert_close(runs[0].losses, runs[1].losses, rtol=1e-12, like=params64.wte, elementwise=True)
     assert runs[0].mean == pytest.approx(runs[1].mean, rel=1e-12)
-
-
-def test_graph_holds_the_weights_once_and_one_task_per_chunk(params64: Params) -> None:
+    # graph holds the weights once and one task per chunk
     corpus = ShuffledRepeat(DOCS, 64 * 100, seed=0)
     for chunks in (4, 64):
         tasks, copies = _weight_copies(params64, corpus, len(corpus) // chunks)

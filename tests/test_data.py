@@ -72,7 +72,7 @@ def test_read_docs_errors_name_the_file(tmp_path: Path, content: bytes | None, m
     assert str(path) in str(info.value) and issubclass(DataError, ValueError)
 
 
-def test_read_docs_never_waits_on_what_is_not_a_regular_file(tmp_path: Path) -> None:
+def test_read_docs_never_waits_and_drops_a_byte_order_mark(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # no writer: a blocking open would wait forever
     for path in (tmp_path, fifo, Path(os.devnull)):
@@ -81,15 +81,7 @@ def test_read_docs_never_waits_on_what_is_not_a_regular_file(tmp_path: Path) -> 
         reader.start()
         reader.join(timeout=10)
         assert got and "not a regular file" in str(got[0]) and str(path) in str(got[0])
-
-
-def _raises(path: Path) -> BaseException:
-    with pytest.raises(DataError, match="cannot read") as info:
-        read_docs(path)
-    return info.value
-
-
-def test_read_docs_drops_a_byte_order_mark(tmp_path: Path) -> None:
+    # read docs drops a byte order mark
     path = _write(tmp_path, b"\xef\xbb\xbfemma\nolivia\n")
     docs = read_docs(path)
     assert docs == ["emma", "olivia"]
@@ -99,6 +91,12 @@ def test_read_docs_drops_a_byte_order_mark(tmp_path: Path) -> None:
         read_docs(_write(tmp_path, b"\xef\xbb\xbfemma\nol\xffivia\n"))
     # a mark inside the text is text (only the file's first bytes can be one)
     assert read_docs(_write(tmp_path, "a\n\ufeffb\n".encode())) == ["a", "\ufeffb"]
+
+
+def _raises(path: Path) -> BaseException:
+    with pytest.raises(DataError, match="cannot read") as info:
+        read_docs(path)
+    return info.value
 
 
 def test_read_docs_names_txt(names_txt: Path) -> None:
@@ -147,6 +145,19 @@ def test_tokenizer_matches_the_spec_and_round_trips() -> None:
     back = Tokenizer.from_dict(json.loads(json.dumps(tok.to_dict())))
     assert back == tok and hash(back) == hash(tok) and back.chars == tok.chars
     assert back.encode("zoë") == tok.encode("zoë") and Tokenizer.from_docs(["abc"]) != tok
+    # decode rows equals decode of each row
+    tok = Tokenizer("abcñ")
+    bos = tok.bos
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, bos, (200, 9))
+    ids[np.arange(9)[None, :] >= rng.integers(0, 10, 200)[:, None]] = bos  # BOS suffixes
+    assert tok.decode_rows(ids) == [tok.decode(row) for row in ids]
+    mixed = np.array([[0, bos, 1, bos], [bos, bos, 2, 3]])  # BOS inside: skipped as decode does
+    assert tok.decode_rows(mixed) == ["ab", "cñ"]
+    assert tok.decode_rows(np.zeros((0, 4), dtype=np.int64)) == []
+    assert tok.decode_rows(np.zeros((2, 0), dtype=np.int64)) == ["", ""]
+    nul = Tokenizer("a\0")  # a NUL character is not taken for padding
+    assert nul.decode_rows(np.array([[1, 0, 2], [0, 0, 2]])) == ["a\0", "\0\0"]
 
 
 def test_tokenizer_errors() -> None:
@@ -181,21 +192,6 @@ def test_tokenizer_errors() -> None:
     with pytest.raises(ValueError, match="10,000,001 characters") as info:
         Tokenizer([doc])
     assert len(str(info.value)) < 200
-
-
-def test_decode_rows_equals_decode_of_each_row() -> None:
-    tok = Tokenizer("abcñ")
-    bos = tok.bos
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, bos, (200, 9))
-    ids[np.arange(9)[None, :] >= rng.integers(0, 10, 200)[:, None]] = bos  # BOS suffixes
-    assert tok.decode_rows(ids) == [tok.decode(row) for row in ids]
-    mixed = np.array([[0, bos, 1, bos], [bos, bos, 2, 3]])  # BOS inside: skipped as decode does
-    assert tok.decode_rows(mixed) == ["ab", "cñ"]
-    assert tok.decode_rows(np.zeros((0, 4), dtype=np.int64)) == []
-    assert tok.decode_rows(np.zeros((2, 0), dtype=np.int64)) == ["", ""]
-    nul = Tokenizer("a\0")  # a NUL character is not taken for padding
-    assert nul.decode_rows(np.array([[1, 0, 2], [0, 0, 2]])) == ["a\0", "\0\0"]
 
 
 # -- encode_docs ----------------------------------------------------------------------------

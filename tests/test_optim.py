@@ -79,14 +79,6 @@ def test_adam_does_not_modify_its_inputs(backend: Any) -> None:
         np.testing.assert_array_equal(grads.to_state_dict()[key], before_g[key])
 
 
-def test_spec_schedule_end_points() -> None:
-    adam = Adam(init_params(GPTConfig(vocab_size=27)))
-    assert adam.lr_at(0) == 0.01 and adam.lr_at(999) == pytest.approx(1e-5, rel=1e-12)
-    hp = adam.config
-    assert (hp.beta1, hp.beta2, hp.eps, hp.num_steps) == (0.85, 0.99, 1e-8, 1000)
-    assert hp == AdamConfig()  # the spec's record
-
-
 def test_zero_gradient_weights_keep_moving(backend: Any) -> None:
     sd = ref_state()
     params = on(backend, sd)
@@ -114,7 +106,7 @@ def test_zero_gradient_weights_keep_moving(backend: Any) -> None:
     assert np.all(s2["wte"][0] < s1["wte"][0])  # momentum keeps the direction of g > 0
 
 
-def test_step_errors(backend: Any) -> None:
+def test_step_errors_and_the_spec_schedule(backend: Any) -> None:
     params = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float64")
     grads = params.map(lambda a: a * 0.0 + 1.0)
     adam = Adam(params, num_steps=2)
@@ -131,6 +123,12 @@ def test_step_errors(backend: Any) -> None:
         adam.restore(other, adam.v, 1)
     with pytest.raises(TypeError, match="Adam needs a Params"):
         Adam(params.to_state_dict())  # type: ignore[arg-type]
+    # spec schedule end points
+    adam = Adam(init_params(GPTConfig(vocab_size=27)))
+    assert adam.lr_at(0) == 0.01 and adam.lr_at(999) == pytest.approx(1e-5, rel=1e-12)
+    hp = adam.config
+    assert (hp.beta1, hp.beta2, hp.eps, hp.num_steps) == (0.85, 0.99, 1e-8, 1000)
+    assert hp == AdamConfig()  # the spec's record
 
 
 @pytest.mark.parametrize(

@@ -51,11 +51,6 @@ def _run_train(workers: int | None, reduction: str = "mean") -> mx.TrainResult:
     return mx.train(DOCS, reduction=reduction, workers=workers, **RUN)
 
 
-def test_shard_bounds_cover_the_rows() -> None:
-    assert shard_bounds(7, 3) == [(0, 2), (2, 4), (4, 7)]
-    assert shard_bounds(2, 4) == [(0, 1), (1, 2)]  # no empty shards
-
-
 @pytest.mark.parametrize("workers", [0, -1, 1.5, True, "2"])
 def test_bad_workers_are_refused(workers: Any) -> None:
     with pytest.raises(ValueError, match="workers"):
@@ -108,6 +103,9 @@ def test_shards_run_in_other_processes() -> None:
     # an error in a worker is raised here
     with WorkerPool(2) as pool, pytest.raises(ValueError, match="negative row in a shard of 2"):
         pool.map(_fail_on_negative, params, [np.array([0, 1, 2, -1])])
+    # shard bounds cover the rows
+    assert shard_bounds(7, 3) == [(0, 2), (2, 4), (4, 7)]
+    assert shard_bounds(2, 4) == [(0, 1), (1, 2)]  # no empty shards
 
 
 def test_a_killed_worker_is_one_runtime_error_then_replaced() -> None:
@@ -121,9 +119,7 @@ def test_a_killed_worker_is_one_runtime_error_then_replaced() -> None:
             pool.map(_pid, params, [np.arange(4)])
         parts = pool.map(_pid, params, [np.arange(4)])  # a fresh worker
         assert parts[1][1][0] != victim
-
-
-def test_a_worker_killed_mid_step_is_one_runtime_error() -> None:
+    # a worker killed mid step is one runtime error
     params = mx.init_params(CONFIG)
     with WorkerPool(2) as pool:
         pool.map(_pid, params, [np.arange(2)])

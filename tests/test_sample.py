@@ -129,7 +129,7 @@ def test_matches_the_reference_sampler(backend: Any, temperature: float) -> None
         assert _cut(ids[i]) == want, i
 
 
-def test_samples_are_valid_names() -> None:
+def test_samples_are_valid_names_and_temperature_narrows_them() -> None:
     params = _params(seed=4)
     n = 60
     ids = sample_tokens(params, BOS, n, temperature=1.0, seed=0)
@@ -144,6 +144,20 @@ def test_samples_are_valid_names() -> None:
     lengths = [len(name) for name in names]
     # both ways of stopping happen: a sampled BOS and the end of the block
     assert min(lengths) < CONFIG.block_size and max(lengths) == CONFIG.block_size
+    # a tie at zero temperature is drawn among
+    # every lm_head row equal: every id ties for the largest logit at every position,
+    # so the uniforms choose among all of them (not always the first id)
+    params = _params(seed=2)
+    head = np.broadcast_to(params.lm_head[:1], params.lm_head.shape).copy()
+    tied = Params(**{**params.arrays(), "lm_head": head}, config=CONFIG)
+    names = sample(tied, TOKENIZER, 40, temperature=1e-320, seed=0)
+    assert len(set(names)) > 10 and set("".join(names)) == set(TOKENIZER.chars)
+    # lower temperature fewer distinct samples
+    params = _params(seed=0)
+    distinct = [
+        len(set(sample(params, TOKENIZER, 40, temperature=t, seed=7))) for t in (1.0, 0.05, 1e-3)
+    ]
+    assert distinct[0] > distinct[1] > distinct[2] == 1 and distinct[0] >= 20
 
 
 def _greedy(params: Params) -> list[int]:
@@ -183,16 +197,6 @@ def test_a_temperature_whose_inverse_overflows_is_argmax_on_every_backend(
     assert sample(params, TOKENIZER, N, temperature=temperature, seed=0) == [greedy] * N
 
 
-def test_a_tie_at_zero_temperature_is_drawn_among() -> None:
-    # every lm_head row equal: every id ties for the largest logit at every position,
-    # so the uniforms choose among all of them (not always the first id)
-    params = _params(seed=2)
-    head = np.broadcast_to(params.lm_head[:1], params.lm_head.shape).copy()
-    tied = Params(**{**params.arrays(), "lm_head": head}, config=CONFIG)
-    names = sample(tied, TOKENIZER, 40, temperature=1e-320, seed=0)
-    assert len(set(names)) > 10 and set("".join(names)) == set(TOKENIZER.chars)
-
-
 @pytest.mark.parametrize(
     "temperature", [np.float32(0.5), np.float64(0.5), 1, np.int64(1), fractions.Fraction(1, 2)]
 )
@@ -200,14 +204,6 @@ def test_temperature_of_any_real_number_type(temperature: Any) -> None:
     params = _params(dtype="float32")
     want = sample(params, TOKENIZER, 6, temperature=float(temperature), seed=4)
     assert sample(params, TOKENIZER, 6, temperature=temperature, seed=4) == want
-
-
-def test_lower_temperature_fewer_distinct_samples() -> None:
-    params = _params(seed=0)
-    distinct = [
-        len(set(sample(params, TOKENIZER, 40, temperature=t, seed=7))) for t in (1.0, 0.05, 1e-3)
-    ]
-    assert distinct[0] > distinct[1] > distinct[2] == 1 and distinct[0] >= 20
 
 
 # -- choose --------------------------------------------------------------------------------
@@ -232,9 +228,7 @@ def test_choose_matches_random_choices(backend: Any) -> None:
     assert want == [_stdlib_draw(probs[i].tolist(), u[i]) for i in range(b)]
     got = backend.to_numpy(choose(backend.asarray(probs), backend.asarray(u)))
     assert got.shape == (b,) and got.tolist() == want
-
-
-def test_choose_edges() -> None:
+    # choose edges
     probs = np.array(
         [
             [0.0, 0.0, 1.0, 0.0],  # one-hot: always index 2
@@ -332,9 +326,7 @@ def test_streams_are_reproducible_by_seed_and_prefixes_of_longer_ones() -> None:
     assert ids.shape == (3, 50) and [TOKENIZER.decode(r) for r in ids] == one
     got = sample(params, TOKENIZER, 2, length=40, temperature=1e-3, seed=0)
     assert got[0] == got[1]  # greedy through slides: no uniform matters
-
-
-def test_iter_samples_streams_pieces_as_they_are_drawn() -> None:
+    # iter samples streams pieces as they are drawn
     params = _params()
     pieces = iter_samples(params, TOKENIZER, 2, length=20, seed=1, prompt="e")
     assert next(pieces) == "e"  # the prompt first, before anything is drawn

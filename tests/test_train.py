@@ -77,9 +77,7 @@ def test_callback_and_first_loss() -> None:
     tok, lens = take_batch(tokens, lengths, batch_indices(len(DOCS), BATCH, 0, seed=1))
     loss, _ = loss_and_grads(params, tok, lens)
     assert result.losses[0] == float(loss)
-
-
-def test_default_corpus_and_tokenizer() -> None:
+    # default corpus and tokenizer
     result = train(steps=1, batch_size=2, dtype="float64")
     assert set(result.tokenizer.chars) <= set("abcdefghijklmnopqrstuvwxyz")
     assert result.params.config == GPTConfig(result.tokenizer.vocab_size)
@@ -192,7 +190,7 @@ def test_resume_refuses_another_corpus_or_config(tmp_path: Path) -> None:
     assert info.value.option == "tokenizer"
 
 
-def test_resume_extends_a_finished_run(tmp_path: Path) -> None:
+def test_resume_extends_a_finished_run_and_nothing_is_overwritten(tmp_path: Path) -> None:
     path = tmp_path / "run.ckpt"
     _run(checkpoint=path)
     before = load(path)
@@ -211,10 +209,8 @@ def test_resume_extends_a_finished_run(tmp_path: Path) -> None:
         params = adam.step(params, grads)
     assert adam.lr_at(STEPS) == pytest.approx(0.05 * 3 / (STEPS + 3))
     assert_params_equal(longer.params, params)
-
-
-def test_an_existing_checkpoint_is_not_overwritten(tmp_path: Path) -> None:
-    path = tmp_path / "run.ckpt"
+    # an existing checkpoint is not overwritten
+    path = tmp_path / "other.ckpt"
     first = _run(checkpoint=path)
     with pytest.raises(FileExistsError, match=r"resume=True.*overwrite=True"):
         _run(checkpoint=path, seed=7)
