@@ -90,7 +90,7 @@ def test_round_trip(backend: Any, tmp_path: Path, dtype: str) -> None:
     assert_params_equal(got_next, want)
 
 
-def test_load_on_numpy_and_other_dtype(saved: tuple[Path, Params, Adam]) -> None:
+def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params, Adam]) -> None:
     path, params, _ = saved
     got = load(path, dtype="float32")
     assert str(got.params.dtype) == "float32"
@@ -98,11 +98,7 @@ def test_load_on_numpy_and_other_dtype(saved: tuple[Path, Params, Adam]) -> None
     for k, a in _host(params).items():
         want = a.astype(np.float32)
         xp_assert_close(getattr(got.params, k), want, rtol=0, like=float32_on_numpy, what=k)
-
-
-def test_save_overwrites_a_bare_checkpoint_and_config_mismatch(
-    saved: tuple[Path, Params, Adam],
-) -> None:
+    # save overwrites a bare checkpoint and config mismatch
     path, params, adam = saved
     save(path, params, adam=adam, step=5, meta={"second": True})
     assert (load(path).step, load(path).meta) == (5, {"second": True})

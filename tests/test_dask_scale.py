@@ -132,7 +132,7 @@ def test_scoring_float32_keeps_a_float64_mean() -> None:
     assert got.mean == pytest.approx(float(np.mean(got.losses.astype(np.float64))), rel=1e-12)
 
 
-def test_a_virtual_corpus_is_scored_chunk_by_chunk_inside_the_tasks(params64: Params) -> None:
+def test_virtual_corpora_chunking_and_the_graph(params64: Params) -> None:
     calls: list[tuple[int, int]] = []
 
     class Recording(ShuffledRepeat):
@@ -147,9 +147,7 @@ def test_a_virtual_corpus_is_scored_chunk_by_chunk_inside_the_tasks(params64: Pa
     want, _ = _oracle(params64, ShuffledRepeat(DOCS[:100], 1000, seed=2).docs(0, 1000))
     assert got.losses is not None
     xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
-
-
-def test_chunking_keeps_the_result_and_the_graph_one_weight_copy(params64: Params) -> None:
+    # chunking keeps the result and the graph one weight copy
     corpus = ShuffledRepeat(DOCS, 2000, seed=5)
     runs = [_on_tasks(params64, corpus, c) for c in (97, 2000)]
     assert runs[0].losses is not None and runs[1].losses is not None
@@ -281,7 +279,7 @@ def client() -> Iterator[Any]:
         yield c
 
 
-def test_connect_starts_worker_processes_and_waits_for_them(client: Any) -> None:
+def test_connect_starts_worker_processes_and_waits_for_them(client: Any, params64: Params) -> None:
     pids = client.run(os.getpid)
     assert len(pids) == 2 and os.getpid() not in pids.values()
     assert all(w["nthreads"] == 1 for w in client.scheduler_info(n_workers=-1)["workers"].values())
@@ -290,6 +288,10 @@ def test_connect_starts_worker_processes_and_waits_for_them(client: Any) -> None
         connect(client.scheduler.address, min_workers=3, timeout=1)
     with connect(client.scheduler.address, min_workers=2, timeout=10) as other:
         assert len(other.scheduler_info(n_workers=-1)["workers"]) == 2
+    # cluster generates like sample tokens
+    with dask.config.set(scheduler="dask.distributed"):
+        got = sample_tokens(params64, TOKENIZER.bos, 200, seed=2, runner=DaskTasks(50))
+    np.testing.assert_array_equal(got, sample_tokens(params64, TOKENIZER.bos, 200, seed=2))
 
 
 @pytest.mark.parametrize("weights", ["graph", "scatter"])
@@ -302,12 +304,6 @@ def test_cluster_scores_like_threads(client: Any, params64: Params, weights: str
     assert got.losses is not None and want.losses is not None
     np.testing.assert_array_equal(got.losses, want.losses)
     assert got.mean == want.mean and got.token_mean == want.token_mean
-
-
-def test_cluster_generates_like_sample_tokens(client: Any, params64: Params) -> None:
-    with dask.config.set(scheduler="dask.distributed"):
-        got = sample_tokens(params64, TOKENIZER.bos, 200, seed=2, runner=DaskTasks(50))
-    np.testing.assert_array_equal(got, sample_tokens(params64, TOKENIZER.bos, 200, seed=2))
 
 
 def test_connect_errors_are_clear() -> None:

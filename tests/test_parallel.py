@@ -132,7 +132,7 @@ def test_a_killed_worker_is_one_runtime_error_then_replaced() -> None:
         killer.wait()
 
 
-def test_a_daemonic_process_gets_a_clear_error(tmp_path: Path) -> None:
+def test_a_daemonic_process_or_no_main_guard_is_a_clear_error(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """
         import multiprocessing as mp
@@ -158,6 +158,15 @@ def test_a_daemonic_process_gets_a_clear_error(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180)
     assert out.stdout.startswith("RuntimeError:"), out.stdout + out.stderr
     assert "daemonic" in out.stdout
+    # a script without a main guard is one clear error
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import microgpt_xp as mx\nmx.train(mx.default_docs()[:50], steps=1, workers=2)\n"
+    )
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.count("Traceback") == 1, out.stderr  # the parent's, no child's
+    assert 'if __name__ == "__main__":' in out.stderr.splitlines()[-1]
 
 
 _PARENT = textwrap.dedent(
@@ -300,14 +309,3 @@ def test_a_worker_killed_at_any_moment_ends_the_run(tmp_path: Path) -> None:
     cmd = [sys.executable, script, str(tmp_path / "k.npz"), "16"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert out.stdout.strip() == "ok 16", out.stdout + out.stderr
-
-
-def test_a_script_without_a_main_guard_is_one_clear_error(tmp_path: Path) -> None:
-    script = tmp_path / "unguarded.py"
-    script.write_text(
-        "import microgpt_xp as mx\nmx.train(mx.default_docs()[:50], steps=1, workers=2)\n"
-    )
-    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1
-    assert out.stderr.count("Traceback") == 1, out.stderr  # the parent's, no child's
-    assert 'if __name__ == "__main__":' in out.stderr.splitlines()[-1]

@@ -72,6 +72,14 @@ def test_deterministic_and_independent_of_batch_size(backend: Any, dtype: str) -
     batches = list(iter_samples(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=3))
     assert [len(b) for b in batches] == [3, N - 3]
     assert [name for b in batches for name in b] == names
+    # a stream on every backend
+    params, kw = _params(backend), dict(length=3 * CONFIG.block_size, seed=2, prompt="a")
+    if backend.name == "dask":  # a stream is drawn in this process, not as Dask tasks
+        with pytest.raises(ValueError, match="in this process"):
+            sample(params, TOKENIZER, 2, **kw)  # type: ignore[arg-type]
+        return
+    want = sample(_params(), TOKENIZER, 2, **kw)  # type: ignore[arg-type]
+    assert sample(params, TOKENIZER, 2, **kw) == want  # type: ignore[arg-type]
 
 
 def test_independent_of_batch_size_and_streamed_batch_by_batch() -> None:
@@ -362,16 +370,6 @@ def test_cli_length_streams_a_passage(capsys: Any, monkeypatch: Any, checkpoints
     assert main([*argv, "--length", "9", "--num-samples", "2", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["samples"] == sample(checkpoints["params"], TOKENIZER, 2, length=9, seed=3)
-
-
-def test_a_stream_on_every_backend(backend: Any) -> None:
-    params, kw = _params(backend), dict(length=3 * CONFIG.block_size, seed=2, prompt="a")
-    if backend.name == "dask":  # a stream is drawn in this process, not as Dask tasks
-        with pytest.raises(ValueError, match="in this process"):
-            sample(params, TOKENIZER, 2, **kw)  # type: ignore[arg-type]
-        return
-    want = sample(_params(), TOKENIZER, 2, **kw)  # type: ignore[arg-type]
-    assert sample(params, TOKENIZER, 2, **kw) == want  # type: ignore[arg-type]
 
 
 def test_cli_length_out_and_usage_errors(capsys: Any, tmp_path: Any, checkpoints: Any) -> None:

@@ -128,9 +128,7 @@ def test_resume_without_a_file_starts_fresh_and_a_finished_run_is_done(tmp_path:
     again = _run(checkpoint=path, resume=True)
     assert again.losses == [] and again.start_step == again.step == STEPS
     assert_params_equal(again.params, result.params)
-
-
-def test_checkpoint_every(tmp_path: Path) -> None:
+    # checkpoint every
     path = tmp_path / "every.ckpt"
     seen: list[int | None] = []
 
