@@ -18,7 +18,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from xp_testing import assert_params_equal, xp_assert_close
+from xp_testing import assert_params_equal, host_arrays, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads
 from microgpt_xp._errors import ArgumentValueError
@@ -31,10 +31,6 @@ from microgpt_xp.train import to_batch
 DOCS = ["abca", "bc", "cabbac", "a"]
 TOKENIZER = Tokenizer.from_docs(DOCS)
 CONFIG = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=2, n_embd=8, n_head=2, block_size=6)
-
-
-def _host(p: Params) -> dict[str, np.ndarray]:
-    return {k: np.asarray(p.to("numpy").arrays()[k]) for k in p.arrays()}
 
 
 def _trained(
@@ -80,7 +76,7 @@ def test_round_trip(backend: Any, tmp_path: Path, dtype: str) -> None:
     assert_params_equal(got.adam.m, adam.m)
     assert_params_equal(got.adam.v, adam.v)
     # the moments are non-trivial, so the round trip above tested something
-    assert np.any(_host(adam.m)["wte"] != 0) and np.any(_host(adam.v)["mlp_fc2"] != 0)
+    assert np.any(host_arrays(adam.m)["wte"] != 0) and np.any(host_arrays(adam.v)["mlp_fc2"] != 0)
     # the loaded Adam takes the same next step as the one that was saved
     tokens, lengths = encode_docs(TOKENIZER, DOCS[:2], CONFIG.block_size)
     tok, lens = backend.asarray(tokens), backend.asarray(lengths)
@@ -95,7 +91,7 @@ def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params
     got = load(path, dtype="float32")
     assert str(got.params.dtype) == "float32"
     float32_on_numpy = np.zeros((), dtype=np.float32)
-    for k, a in _host(params).items():
+    for k, a in host_arrays(params).items():
         want = a.astype(np.float32)
         xp_assert_close(getattr(got.params, k), want, rtol=0, like=float32_on_numpy, what=k)
     # save overwrites a bare checkpoint and config mismatch

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from xp_testing import assert_params_equal
+from xp_testing import assert_params_equal, host_arrays
 
 from microgpt_xp import GPTConfig, Params, Tokenizer, init_params, loss_and_grads, read_docs, score
 from microgpt_xp.checkpoint import load
@@ -34,10 +34,6 @@ def _run(backend: Any = None, docs: list[str] = DOCS, **kwargs: Any) -> TrainRes
     return train(docs, **args)
 
 
-def _host(p: Params) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in p.to("numpy").arrays().items()}
-
-
 # -- determinism ------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_deterministic_for_a_seed(backend: Any, dtype: str) -> None:
@@ -51,8 +47,8 @@ def test_deterministic_for_a_seed(backend: Any, dtype: str) -> None:
     assert r1.step == STEPS and r1.start_step == 0 and r1.adam.t == STEPS
     assert r1.adam.num_steps == STEPS and r1.tokenizer == TOKENIZER
     # training moved the weights
-    init = _host(init_params(CONFIG, seed=1, dtype=dtype))
-    assert any(not np.array_equal(init[k], v) for k, v in _host(r1.params).items())
+    init = host_arrays(init_params(CONFIG, seed=1, dtype=dtype))
+    assert any(not np.array_equal(init[k], v) for k, v in host_arrays(r1.params).items())
 
 
 def test_backend_matches_numpy(backend: Any) -> None:
@@ -239,7 +235,7 @@ def test_non_finite_losses_and_weights(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     saved = load(path)
     assert saved.step == 1 and saved.adam is not None and saved.adam.t == 1
-    assert all(np.isfinite(a).all() for a in _host(saved.params).values())
+    assert all(np.isfinite(a).all() for a in host_arrays(saved.params).values())
     # the kept checkpoint is the good one: resuming from it fails the same way
     with pytest.raises(TrainingError, match="not finite after step 2"):
         _run(**DIVERGING, checkpoint=path, checkpoint_every=1, resume=True)

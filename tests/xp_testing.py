@@ -82,6 +82,11 @@ def assert_params_equal(actual: Params, desired: Params) -> None:
         xp_assert_close(a, getattr(desired, name), rtol=0, what=name)
 
 
+def host_arrays(params: Params) -> dict[str, np.ndarray]:
+    """``params``' fields as NumPy arrays on the host."""
+    return {k: np.asarray(v) for k, v in params.to("numpy").arrays().items()}
+
+
 def state_dict_arrays(params: Params) -> dict[str, Any]:
     """``params`` in the original's state-dict keys (``"wte"``, ``"layer0.attn_wq"``, …) as
     arrays of its own namespace and device (layers sliced, not copied to the host)."""
