@@ -288,12 +288,9 @@ def test_adam_options_in_the_header(
 
 @pytest.mark.parametrize(
     ("kwargs", "param"),
-    [
-        ({"backend": "bogus"}, "backend"),
-        ({"dtype": "float16"}, "dtype"),
-        ({"device": "gpu7"}, "device"),
-    ],
-)
+    [({"backend": "bogus"}, "backend"), ({"dtype": "float16"}, "dtype"),
+     ({"device": "gpu7"}, "device")],
+)  # fmt: skip
 def test_bad_arguments_are_argument_errors_not_the_files(
     saved: tuple[Path, Params, Adam], kwargs: dict[str, str], param: str
 ) -> None:

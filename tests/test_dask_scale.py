@@ -223,14 +223,9 @@ def test_tasks_sample_as_one_process_whatever_the_chunking(dtype: str) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [
-        ({"num_samples": 0}, "num_samples"),
-        ({"temperature": 0.0}, "temperature"),
-        ({"bos": 99}, "bos id"),
-        ({"seed": -1}, "seed"),
-        ({"chunks": -3}, "chunk"),
-    ],
-)
+    [({"num_samples": 0}, "num_samples"), ({"temperature": 0.0}, "temperature"),
+     ({"bos": 99}, "bos id"), ({"seed": -1}, "seed"), ({"chunks": -3}, "chunk")],
+)  # fmt: skip
 def test_sampling_on_dask_rejects_bad_arguments(
     params64: Params, kwargs: dict[str, Any], match: str
 ) -> None:

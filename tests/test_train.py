@@ -145,15 +145,11 @@ def _interrupted(path: Path, k: int = 2) -> None:
 
 @pytest.mark.parametrize(
     ("change", "option", "saved", "given"),
-    [
-        ({"seed": 2}, "seed", 1, 2),
-        ({"batch_size": 2}, "batch_size", BATCH, 2),
-        ({"lr": 0.02}, "lr", 0.05, 0.02),
-        ({"dtype": "float32"}, "dtype", "float64", "float32"),
-        ({"reduction": "token_mean"}, "reduction", "mean", "token_mean"),
-        ({"steps": STEPS + 1}, "steps", STEPS, STEPS + 1),
-    ],
-)
+    [({"seed": 2}, "seed", 1, 2), ({"batch_size": 2}, "batch_size", BATCH, 2),
+     ({"lr": 0.02}, "lr", 0.05, 0.02), ({"dtype": "float32"}, "dtype", "float64", "float32"),
+     ({"reduction": "token_mean"}, "reduction", "mean", "token_mean"),
+     ({"steps": STEPS + 1}, "steps", STEPS, STEPS + 1)],
+)  # fmt: skip
 def test_resume_refuses_to_change_the_run(
     tmp_path: Path, change: dict[str, Any], option: str, saved: Any, given: Any
 ) -> None:
