@@ -96,9 +96,7 @@ def test_independent_of_batch_size_and_streamed_batch_by_batch() -> None:
     np.testing.assert_array_equal(sample_tokens(params, BOS, 5, temperature=1.0, seed=5), ids[:5])
     other = sample(params, TOKENIZER, 20, temperature=1.0, seed=2)
     assert sample(params, TOKENIZER, 20, temperature=1.0, seed=1) != other
-    # iter samples takes memory of a batch not of all samples
     # a trillion samples: only the batches taken are made (no O(N) list or array)
-    params = _params()
     batches = iter_samples(params, TOKENIZER, 10**12, batch_size=4, temperature=1.0, seed=5)
     first, second = next(batches), next(batches)
     batches.close()
