@@ -77,9 +77,7 @@ def test_the_model_equals_numpy(xp: Any, reference: mx.Params) -> None:
         close(loss, want_loss, what="loss")
         for name, g in grads.arrays().items():
             close(g, getattr(want_grads, name), what=f"d{name}")
-
-
-def test_decoding_equals_numpy(xp: Any, reference: mx.Params) -> None:
+    # decoding equals numpy
     params = reference.to(xp)
     close = functools.partial(xp_assert_close, rtol=RTOL, like=params.wte)
     tokens, _ = _batch(1)
@@ -125,11 +123,7 @@ def test_values_are_checked_where_they_can_be_read(xp: Any, reference: mx.Params
         mx.loss_and_grads(params, xp.asarray(tokens), xp.asarray(lengths + 1))
     with pytest.raises(ValueError, match="exceeds the model's limit"):
         mx.forward(params, xp.asarray(tokens))
-
-
-def test_mixed_namespaces_and_non_arrays_are_one_line_type_errors(
-    xp: Any, reference: mx.Params
-) -> None:
+    # mixed namespaces and non arrays are one line type errors
     params = reference.to(xp)
     tokens, lengths = _batch()
     with pytest.raises(TypeError, match=r"different namespaces \(tokens: numpy\.ndarray, params: "):

@@ -133,7 +133,9 @@ def test_decode_graph_equals_decode_step(config: mx.GPTConfig, dtype: str) -> No
         feed = {name[len("new_") :]: value for name, value in got.items() if name != "logits"}
 
 
-def test_export_writes_a_standalone_file(tmp_path: Path) -> None:
+def test_export_writes_a_standalone_file_or_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     params, _, session = exported(DEFAULT, "float32", "forward")
     tokenizer = mx.Tokenizer("abcdefghijklmnopqrstuvwxyz")
     path = tmp_path / "new" / "model.onnx"
@@ -150,9 +152,7 @@ def test_export_writes_a_standalone_file(tmp_path: Path) -> None:
     assert mx.Tokenizer.from_dict(json.loads(meta["microgpt_xp.tokenizer"])) == tokenizer
     feed = {"tokens": np.array([[26, 0, 1]]), "lengths": np.array([3])}
     np.testing.assert_array_equal(loaded.run(None, feed)[0], session.run(None, feed)[0])
-
-
-def test_export_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # export errors
     params = mx.init_params(DEFAULT)
     path = tmp_path / "m.onnx"
     with pytest.raises(TypeError, match="params must be a Params"):
@@ -178,7 +178,9 @@ def load_example() -> Any:
     return module
 
 
-def test_onnx_sample_gives_the_names_of_mx_sample(tmp_path: Path) -> None:
+def test_onnx_sample_gives_the_names_of_mx_sample(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     example = load_example()
     result = mx.train(steps=30, dtype="float64")  # float64: no draw within rounding of a flip
     path = export_onnx(
@@ -193,9 +195,7 @@ def test_onnx_sample_gives_the_names_of_mx_sample(tmp_path: Path) -> None:
         assert names == mx.sample(
             result.params, result.tokenizer, 300, temperature=temperature, seed=seed
         )
-
-
-def test_onnx_sample_main_and_refusal(capsys: pytest.CaptureFixture[str]) -> None:
+    # onnx sample main and refusal
     example = load_example()
     _, _, session = exported(DEFAULT, "float32", "forward")
     with pytest.raises(ValueError, match="not a decode graph"):
