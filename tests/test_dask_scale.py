@@ -5,6 +5,7 @@ corpus, and ``loss_and_grads``' two batch losses (the two corpus means)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -119,19 +120,6 @@ def test_scoring_on_tasks_equals_numpy_on_the_whole_corpus(
     assert got.num_docs == len(docs)
 
 
-def test_scoring_float32_keeps_a_float64_mean() -> None:
-    p32 = init_params(CONFIG, seed=3, dtype="float32")
-    docs = DOCS[:200]
-    got = _on_tasks(p32, docs, 64)
-    want, _ = _oracle(p32, docs)
-    assert got.losses is not None
-    # chunks of 64 documents against one batch of 200: BLAS may round a float32 row of a
-    # matrix product differently with the number of rows (OpenBLAS does on AVX2-only CPUs)
-    xp_assert_close(got.losses.astype(np.float32), want, rtol=2e-6, like=p32.wte, elementwise=True)
-    # the mean accumulates the float32 losses in float64
-    assert got.mean == pytest.approx(float(np.mean(got.losses.astype(np.float64))), rel=1e-12)
-
-
 def test_virtual_corpora_chunking_and_the_graph(params64: Params) -> None:
     calls: list[tuple[int, int]] = []
 
@@ -158,6 +146,17 @@ def test_virtual_corpora_chunking_and_the_graph(params64: Params) -> None:
     for chunks in (4, 64):
         tasks, copies = _weight_copies(params64, corpus, len(corpus) // chunks)
         assert copies == 1 and tasks == chunks + 1
+    # scoring float32 keeps a float64 mean
+    p32 = init_params(CONFIG, seed=3, dtype="float32")
+    docs = DOCS[:200]
+    got = _on_tasks(p32, docs, 64)
+    want, _ = _oracle(p32, docs)
+    assert got.losses is not None
+    # chunks of 64 documents against one batch of 200: BLAS may round a float32 row of a
+    # matrix product differently with the number of rows (OpenBLAS does on AVX2-only CPUs)
+    xp_assert_close(got.losses.astype(np.float32), want, rtol=2e-6, like=p32.wte, elementwise=True)
+    # the mean accumulates the float32 losses in float64
+    assert got.mean == pytest.approx(float(np.mean(got.losses.astype(np.float64))), rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -318,12 +317,8 @@ def test_connect_errors_are_clear() -> None:
         connect("/nonexistent/scheduler.json")
     with pytest.raises(ValueError, match="n_workers"):
         connect(None, n_workers=0)
-
-
-def test_a_client_that_failed_to_connect_is_closed_at_once() -> None:
-    """A Client whose start failed is closed by connect(), not by its ``__del__`` (which,
-    run by the garbage collector as the next Client started, made that start hang)."""
-    import gc
+    # a Client whose start failed is closed by connect(), not by its __del__ (which, run by
+    # the garbage collector as the next Client started, made that start hang)
 
     with pytest.raises(ClusterError) as unreachable:
         connect("tcp://127.0.0.1:1", timeout=1)
