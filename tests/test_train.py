@@ -49,15 +49,9 @@ def test_deterministic_for_a_seed(backend: Any, dtype: str) -> None:
     # training moved the weights
     init = host_arrays(init_params(CONFIG, seed=1, dtype=dtype))
     assert any(not np.array_equal(init[k], v) for k, v in host_arrays(r1.params).items())
-
-
-def test_backend_matches_numpy(backend: Any) -> None:
-    """The same seed gives the same run on every backend (float64, to rounding)."""
-    if backend.name == "numpy":
-        pytest.skip("NumPy is the reference here: it would be compared with itself")
-    got = _run(backend).losses
-    want = _run().losses
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    # the same seed gives the same run on every backend (float64, to rounding)
+    if backend.name != "numpy" and dtype == "float64":
+        np.testing.assert_allclose(r1.losses, _run().losses, rtol=1e-12, atol=0)
 
 
 def test_callback_and_first_loss() -> None:

@@ -48,7 +48,7 @@ CALLS: dict[str, Any] = {"forward": forward, "loss_and_grads": loss_and_grads, "
 DOCS = ("loss_and_grads", "score")  # the calls whose rows are documents (targets included)
 
 
-def test_good_inputs_pass_and_a_bad_reduction(backend: Any) -> None:
+def test_good_inputs_pass_bad_reductions_and_decode_steps_fail(backend: Any) -> None:
     """The baseline the other tests perturb is accepted; an unknown reduction is not."""
     params = params_on(backend)
     tokens, lengths = ints(backend, GOOD_TOKENS), ints(backend, GOOD_LENGTHS)
@@ -60,6 +60,22 @@ def test_good_inputs_pass_and_a_bad_reduction(backend: Any) -> None:
         realize(backend, CALLS[call](params, ints(backend, fits), ints(backend, [6, 2])))
     with pytest.raises(ValueError, match="reduction must be 'mean' or 'token_mean'"):
         loss_and_grads(params, tokens, lengths, reduction="sum")  # type: ignore[arg-type]
+    # decode step errors
+    cache = KVCache()
+    ids = ints(backend, [1, 2])
+    for _ in range(CONFIG.block_size):
+        _, cache = decode_step(params, ids, cache)
+    assert cache.pos == CONFIG.block_size
+    with pytest.raises(ValueError, match=r"cache is full: position 5 is past block_size 5"):
+        decode_step(params, ids, cache)
+    with pytest.raises(ValueError, match="token_ids must be 1-d"):
+        decode_step(params, ints(backend, [[1, 2]]), KVCache())
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        decode_step(params, ints(backend, [1, 2]), None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tokens must have an integer dtype"):
+        decode_step(params, backend.asarray([1.0, 2.0], "float64"), KVCache())
+    with pytest.raises(ValueError, match=r"token id.*\[0, 7\)"):
+        realize(backend, decode_step(params, ints(backend, [1, 7]), KVCache())[0])
 
 
 def _bad_id(bad: int) -> np.ndarray:
@@ -148,26 +164,6 @@ def test_array_api_strict_tokens_on_another_device() -> None:
     lengths = strict.asarray(np.array(GOOD_LENGTHS), device=cpu)
     with pytest.raises(ValueError, match=r"lengths is on device .*CPU_DEVICE"):
         loss_and_grads(params, on_params_device, lengths)
-
-
-# -- decode_step ---------------------------------------------------------------------------------
-def test_decode_step_errors(backend: Any) -> None:
-    params = params_on(backend)
-    cache = KVCache()
-    ids = ints(backend, [1, 2])
-    for _ in range(CONFIG.block_size):
-        _, cache = decode_step(params, ids, cache)
-    assert cache.pos == CONFIG.block_size
-    with pytest.raises(ValueError, match=r"cache is full: position 5 is past block_size 5"):
-        decode_step(params, ids, cache)
-    with pytest.raises(ValueError, match="token_ids must be 1-d"):
-        decode_step(params, ints(backend, [[1, 2]]), KVCache())
-    with pytest.raises(TypeError, match="cache must be a KVCache"):
-        decode_step(params, ints(backend, [1, 2]), None)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="tokens must have an integer dtype"):
-        decode_step(params, backend.asarray([1.0, 2.0], "float64"), KVCache())
-    with pytest.raises(ValueError, match=r"token id.*\[0, 7\)"):
-        realize(backend, decode_step(params, ints(backend, [1, 7]), KVCache())[0])
 
 
 # -- state dicts -----------------------------------------------------------------------------------
