@@ -279,6 +279,10 @@ def test_batch_indices_depend_only_on_their_arguments() -> None:
         idx = batch_indices(13, 5, s, seed=0)
         assert idx.shape == (5,) and np.issubdtype(idx.dtype, np.integer)
         assert idx.min() >= 0 and idx.max() < 13
+    for num_docs, batch_size, match in ((10, 0, "batch size"), (10, -3, "batch size"),
+                                        (3, 4, r"3 documents.*batch size 4")):  # fmt: skip
+        with pytest.raises(DataError, match=match):
+            batch_indices(num_docs, batch_size, 0, seed=0)
 
 
 @pytest.mark.parametrize(("num_docs", "batch_size"), [(12, 4), (10, 3), (7, 7), (5, 1), (10, 4)])
@@ -298,12 +302,3 @@ def test_batch_indices_each_doc_once_per_epoch(num_docs: int, batch_size: int) -
         np.array_equal(stream[:num_docs], stream[e * num_docs : (e + 1) * num_docs])
         for e in range(1, epochs)
     )
-
-
-@pytest.mark.parametrize(
-    ("num_docs", "batch_size", "match"),
-    [(10, 0, "batch size"), (10, -3, "batch size"), (3, 4, r"3 documents.*batch size 4")],
-)
-def test_batch_indices_errors(num_docs: int, batch_size: int, match: str) -> None:
-    with pytest.raises(DataError, match=match):
-        batch_indices(num_docs, batch_size, 0, seed=0)

@@ -116,6 +116,9 @@ def test_arguments_are_checked_at_the_call(fn: Any) -> None:
     with pytest.raises(ValueError, match="in this process") as info:  # a stream is drawn here
         fn(_params(), TOKENIZER, 2, length=5, workers=2)
     assert info.value.param == "length"
+    for bos in (-1, CONFIG.vocab_size):
+        with pytest.raises(ValueError, match="bos"):
+            sample_tokens(_params(), bos, 2)
 
 
 # -- the protocol -------------------------------------------------------------------------------
@@ -164,6 +167,11 @@ def test_samples_are_valid_names_and_temperature_narrows_them() -> None:
         len(set(sample(params, TOKENIZER, 40, temperature=t, seed=7))) for t in (1.0, 0.05, 1e-3)
     ]
     assert distinct[0] > distinct[1] > distinct[2] == 1 and distinct[0] >= 20
+    # a temperature of any real number type
+    p32 = _params(dtype="float32")
+    for t in (np.float32(0.5), np.float64(0.5), 1, np.int64(1), fractions.Fraction(1, 2)):
+        want = sample(p32, TOKENIZER, 6, temperature=float(t), seed=4)
+        assert sample(p32, TOKENIZER, 6, temperature=t, seed=4) == want, t
 
 
 def _greedy(params: Params) -> list[int]:
@@ -201,15 +209,6 @@ def test_a_temperature_whose_inverse_overflows_is_argmax_on_every_backend(
     params = _params(backend, dtype=dtype, seed=2)
     greedy = "".join(TOKENIZER.chars[i] for i in _greedy(_params(dtype=dtype, seed=2)))
     assert sample(params, TOKENIZER, N, temperature=temperature, seed=0) == [greedy] * N
-
-
-@pytest.mark.parametrize(
-    "temperature", [np.float32(0.5), np.float64(0.5), 1, np.int64(1), fractions.Fraction(1, 2)]
-)
-def test_temperature_of_any_real_number_type(temperature: Any) -> None:
-    params = _params(dtype="float32")
-    want = sample(params, TOKENIZER, 6, temperature=float(temperature), seed=4)
-    assert sample(params, TOKENIZER, 6, temperature=temperature, seed=4) == want
 
 
 # -- choose --------------------------------------------------------------------------------
@@ -262,12 +261,6 @@ def test_bad_arguments(kwargs: dict[str, Any], match: str, param: str | None) ->
     with pytest.raises(ValueError, match=match) as info:
         sample(_params(), TOKENIZER, **{"num_samples": 2, **kwargs})
     assert param is None or info.value.param == param  # type: ignore[attr-defined]
-
-
-@pytest.mark.parametrize("bos", [-1, CONFIG.vocab_size])
-def test_bad_bos(bos: int) -> None:
-    with pytest.raises(ValueError, match="bos"):
-        sample_tokens(_params(), bos, 2)
 
 
 # -- streams of text (length=N) ---------------------------------------------------------------
