@@ -153,7 +153,7 @@ def test_numpy_tokens_with_torch_params() -> None:
         decode_step(params, np.array([1, 2]), KVCache())
 
 
-def test_array_api_strict_tokens_on_another_device() -> None:
+def test_array_api_strict_tokens_and_params_on_other_devices() -> None:
     strict = pytest.importorskip("array_api_strict")
     params = init_params(CONFIG, backend="array_api_strict", device="device1")
     cpu = strict.Device("CPU_DEVICE")
@@ -164,6 +164,13 @@ def test_array_api_strict_tokens_on_another_device() -> None:
     lengths = strict.asarray(np.array(GOOD_LENGTHS), device=cpu)
     with pytest.raises(ValueError, match=r"lengths is on device .*CPU_DEVICE"):
         loss_and_grads(params, on_params_device, lengths)
+    # Params of mixed namespaces or devices
+    arrays = init_params(CONFIG).arrays()
+    with pytest.raises(TypeError, match="Params fields must be arrays of one namespace"):
+        Params(CONFIG, **{**arrays, "lm_head": strict.asarray(arrays["lm_head"])})
+    other = init_params(CONFIG, backend="array_api_strict")
+    with pytest.raises(ValueError, match="Params fields must share one device"):
+        Params(CONFIG, **{**params.arrays(), "wpe": other.wpe})
 
 
 # -- state dicts -----------------------------------------------------------------------------------
@@ -198,17 +205,6 @@ def test_config_fields_are_positive_ints(field: str, value: Any) -> None:
     )
     with pytest.raises(error, match=match):
         GPTConfig(**{"vocab_size": 27, field: value})
-
-
-def test_params_mixed_namespaces_and_devices() -> None:
-    strict = pytest.importorskip("array_api_strict")
-    arrays = init_params(CONFIG).arrays()
-    with pytest.raises(TypeError, match="Params fields must be arrays of one namespace"):
-        Params(CONFIG, **{**arrays, "lm_head": strict.asarray(arrays["lm_head"])})
-    p = init_params(CONFIG, backend="array_api_strict", device="device1")
-    other = init_params(CONFIG, backend="array_api_strict")
-    with pytest.raises(ValueError, match="Params fields must share one device"):
-        Params(CONFIG, **{**p.arrays(), "wpe": other.wpe})
 
 
 def _sd(config: GPTConfig = CONFIG) -> dict[str, Any]:
