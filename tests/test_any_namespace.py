@@ -52,7 +52,9 @@ def reference() -> mx.Params:
     return mx.init_params(CONFIG, seed=3, dtype="float64")
 
 
-def test_weights_go_there_by_every_public_door(xp: Any, reference: mx.Params) -> None:
+def test_weights_go_there_by_every_door_and_train_as_on_numpy(
+    xp: Any, reference: mx.Params
+) -> None:
     moved = reference.to(xp)
     made = mx.init_params(CONFIG, seed=3, backend=xp, dtype="float64")
     loaded = mx.Params.from_state_dict(reference.to_state_dict(), config=CONFIG, backend=xp)
@@ -61,6 +63,24 @@ def test_weights_go_there_by_every_public_door(xp: Any, reference: mx.Params) ->
         for name, a in params.arrays().items():
             xp_assert_close(a, getattr(reference, name), rtol=RTOL, like=params.wte, what=name)
         assert P.native_module(params.wte) is None  # the generic code, no override
+    # training steps equal numpy
+    params, state = reference.to(xp), mx.adam_init(reference.to(xp))
+    close = functools.partial(xp_assert_close, rtol=RTOL, like=params.wte)
+    want_params, want_state = reference, mx.adam_init(reference)
+    for step in range(3):
+        tokens, lengths = _batch(step)
+        params, state, loss = mx.train_step(params, state, xp.asarray(tokens), xp.asarray(lengths))
+        want_params, want_state, want_loss = mx.train_step(want_params, want_state, tokens, lengths)
+        close(loss, want_loss, what="loss")
+    for name, a in params.arrays().items():
+        close(a, getattr(want_params, name), what=name)
+    close(state.m, want_state.m, what="m")
+    close(state.v, want_state.v, what="v")
+    assert int(state.step) == 3
+    _, grads = mx.loss_and_grads(params, xp.asarray(tokens), xp.asarray(lengths))
+    updated, _ = mx.adam_update(params, grads, state)
+    want_grads = mx.loss_and_grads(want_params, tokens, lengths)[1]
+    close(updated.wte, mx.adam_update(want_params, want_grads, want_state)[0].wte, what="adam")
 
 
 def test_the_model_equals_numpy(xp: Any, reference: mx.Params) -> None:
@@ -88,26 +108,6 @@ def test_the_model_equals_numpy(xp: Any, reference: mx.Params) -> None:
         close(logits, want, what=f"logits at {pos}")
     with pytest.raises(ValueError, match="the cache is full"):
         mx.decode_step(params, xp.asarray(tokens[:, 0]), cache)
-
-
-def test_training_steps_equal_numpy(xp: Any, reference: mx.Params) -> None:
-    params, state = reference.to(xp), mx.adam_init(reference.to(xp))
-    close = functools.partial(xp_assert_close, rtol=RTOL, like=params.wte)
-    want_params, want_state = reference, mx.adam_init(reference)
-    for step in range(3):
-        tokens, lengths = _batch(step)
-        params, state, loss = mx.train_step(params, state, xp.asarray(tokens), xp.asarray(lengths))
-        want_params, want_state, want_loss = mx.train_step(want_params, want_state, tokens, lengths)
-        close(loss, want_loss, what="loss")
-    for name, a in params.arrays().items():
-        close(a, getattr(want_params, name), what=name)
-    close(state.m, want_state.m, what="m")
-    close(state.v, want_state.v, what="v")
-    assert int(state.step) == 3
-    _, grads = mx.loss_and_grads(params, xp.asarray(tokens), xp.asarray(lengths))
-    updated, _ = mx.adam_update(params, grads, state)
-    want_grads = mx.loss_and_grads(want_params, tokens, lengths)[1]
-    close(updated.wte, mx.adam_update(want_params, want_grads, want_state)[0].wte, what="adam")
 
 
 def test_values_are_checked_where_they_can_be_read(xp: Any, reference: mx.Params) -> None:

@@ -89,7 +89,7 @@ def test_processes_train_like_one_process(reduction: str) -> None:
     assert mx.sample(one.params, TOKENIZER, 30, workers=3, seed=5) == want
 
 
-def test_shards_run_in_other_processes() -> None:
+def test_shards_run_in_workers_that_fail_clearly() -> None:
     params = mx.init_params(CONFIG)
     with WorkerPool(3) as pool:
         parts = pool.map(_pid, params, [np.arange(9)])
@@ -106,10 +106,7 @@ def test_shards_run_in_other_processes() -> None:
     # shard bounds cover the rows
     assert shard_bounds(7, 3) == [(0, 2), (2, 4), (4, 7)]
     assert shard_bounds(2, 4) == [(0, 1), (1, 2)]  # no empty shards
-
-
-def test_a_killed_worker_is_one_runtime_error_then_replaced() -> None:
-    params = mx.init_params(CONFIG)
+    # a killed worker is one runtime error then replaced
     with WorkerPool(2) as pool:
         pool.map(_pid, params, [np.arange(4)])
         (victim,) = pool.pids()
@@ -120,7 +117,6 @@ def test_a_killed_worker_is_one_runtime_error_then_replaced() -> None:
         parts = pool.map(_pid, params, [np.arange(4)])  # a fresh worker
         assert parts[1][1][0] != victim
     # a worker killed mid step is one runtime error
-    params = mx.init_params(CONFIG)
     with WorkerPool(2) as pool:
         pool.map(_pid, params, [np.arange(2)])
         (victim,) = pool.pids()
