@@ -290,18 +290,17 @@ def _reference_stream(
     return out
 
 
-@pytest.mark.parametrize("prompt", ["", "ab"])
-def test_a_stream_is_the_naive_window_rule(prompt: str) -> None:
+@pytest.mark.parametrize(("prompt", "other"), [("", ""), ("ab", "cd")])
+def test_a_stream_is_the_naive_window_rule_and_begins_with_a_document(
+    prompt: str, other: str
+) -> None:
     params = _params(seed=1)
     length = 5 * CONFIG.block_size  # several slides, and drawn BOS (random weights) restart
     got = sample(params, TOKENIZER, 1, length=length, seed=7, temperature=0.9, prompt=prompt)
-    ids = TOKENIZER.encode(prompt)
-    want = _reference_stream(params, 7, length, 0.9, ids)
+    want = _reference_stream(params, 7, length, 0.9, TOKENIZER.encode(prompt))
     assert got == [prompt + TOKENIZER.decode(want)] and len(got[0]) == len(prompt) + length
-
-
-@pytest.mark.parametrize("prompt", ["", "cd"])
-def test_a_stream_begins_with_the_document_of_the_same_uniforms(prompt: str) -> None:
+    # a stream begins with the document of the same uniforms
+    prompt = other
     params = _params(seed=3)
     names = sample(params, TOKENIZER, 12, temperature=1.0, seed=4, prompt=prompt)
     streams = sample(params, TOKENIZER, 12, temperature=1.0, seed=4, prompt=prompt, length=30)

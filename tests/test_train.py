@@ -157,24 +157,7 @@ def test_resume_refuses_to_change_the_run(
     assert load(path).step == 2  # the checkpoint is left as it was
 
 
-def test_resume_refuses_another_corpus_or_config(tmp_path: Path) -> None:
-    path = tmp_path / "run.ckpt"
-    _interrupted(path)
-    with pytest.raises(ResumeError, match="with docs='sha256:") as info:
-        _run(docs=list(reversed(DOCS)), checkpoint=path, resume=True)
-    assert info.value.option == "docs"
-    other = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=4, n_head=2, block_size=8)
-    with pytest.raises(ResumeError, match=r"with config=GPTConfig.*n_embd=4") as info:
-        _run(checkpoint=path, resume=True, config=other)
-    assert info.value.option == "config" and info.value.saved == CONFIG
-    # other characters in a tokenizer of the same size: the same config
-    other_docs = [d.replace("d", "e") for d in DOCS]
-    with pytest.raises(ResumeError, match=r"chars 'abce'.*has tokenizer=.chars 'abcd'") as info:
-        _run(docs=other_docs, checkpoint=path, resume=True)
-    assert info.value.option == "tokenizer"
-
-
-def test_resume_extends_a_finished_run_and_nothing_is_overwritten(tmp_path: Path) -> None:
+def test_resume_extends_a_finished_run_and_refuses_what_would_mix_runs(tmp_path: Path) -> None:
     path = tmp_path / "run.ckpt"
     _run(checkpoint=path)
     before = load(path)
@@ -201,6 +184,21 @@ def test_resume_extends_a_finished_run_and_nothing_is_overwritten(tmp_path: Path
     assert_params_equal(load(path).params, first.params)
     other = _run(checkpoint=path, seed=7, overwrite=True)
     assert_params_equal(load(path).params, other.params)
+    # resume refuses another corpus or config
+    path = tmp_path / "refused.ckpt"
+    _interrupted(path)
+    with pytest.raises(ResumeError, match="with docs='sha256:") as info:
+        _run(docs=list(reversed(DOCS)), checkpoint=path, resume=True)
+    assert info.value.option == "docs"
+    other = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=4, n_head=2, block_size=8)
+    with pytest.raises(ResumeError, match=r"with config=GPTConfig.*n_embd=4") as info:
+        _run(checkpoint=path, resume=True, config=other)
+    assert info.value.option == "config" and info.value.saved == CONFIG
+    # other characters in a tokenizer of the same size: the same config
+    other_docs = [d.replace("d", "e") for d in DOCS]
+    with pytest.raises(ResumeError, match=r"chars 'abce'.*has tokenizer=.chars 'abcd'") as info:
+        _run(docs=other_docs, checkpoint=path, resume=True)
+    assert info.value.option == "tokenizer"
 
 
 # -- non-finite losses --------------------------------------------------------------------------
