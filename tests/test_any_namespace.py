@@ -39,11 +39,6 @@ def xp(request: pytest.FixtureRequest) -> Any:
     return _namespace(request.param)
 
 
-def assert_close(actual: Any, desired: Any, xp: Any, what: str) -> None:
-    """``actual`` a float64 array of ``xp`` (default device) equal to ``desired`` to :data:`RTOL`."""
-    xp_assert_close(actual, desired, rtol=RTOL, like=xp.asarray(0.0, dtype=xp.float64), what=what)
-
-
 def _batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     lengths = np.array([9, 5, 2, 7])
@@ -57,63 +52,62 @@ def reference() -> mx.Params:
     return mx.init_params(CONFIG, seed=3, dtype="float64")
 
 
-def test_weights_go_there_by_every_public_door(xp: Any, reference: mx.Params) -> None:
+def test_weights_go_there_by_every_door_and_train_as_on_numpy(
+    xp: Any, reference: mx.Params
+) -> None:
     moved = reference.to(xp)
     made = mx.init_params(CONFIG, seed=3, backend=xp, dtype="float64")
     loaded = mx.Params.from_state_dict(reference.to_state_dict(), config=CONFIG, backend=xp)
     for params in (moved, made, loaded):
         assert params.xp is xp and params.backend == xp.__name__
         for name, a in params.arrays().items():
-            assert_close(a, getattr(reference, name), xp, name)
+            xp_assert_close(a, getattr(reference, name), rtol=RTOL, like=params.wte, what=name)
         assert P.native_module(params.wte) is None  # the generic code, no override
-
-
-def test_the_model_equals_numpy(xp: Any, reference: mx.Params) -> None:
-    params = reference.to(xp)
-    tokens, lengths = _batch()
-    tok, lens = xp.asarray(tokens), xp.asarray(lengths)
-    want = mx.forward(reference, tokens[:, :8], lengths - 1)
-    assert_close(mx.forward(params, tok[:, :8], lens - 1), want, xp, "forward")
-    assert_close(mx.score(params, tok, lens), mx.score(reference, tokens, lengths), xp, "score")
-    for reduction in ("mean", "token_mean"):
-        loss, grads = mx.loss_and_grads(params, tok, lens, reduction=reduction)
-        want_loss, want_grads = mx.loss_and_grads(reference, tokens, lengths, reduction=reduction)
-        assert_close(loss, want_loss, xp, "loss")
-        for name, g in grads.arrays().items():
-            assert_close(g, getattr(want_grads, name), xp, f"d{name}")
-
-
-def test_decoding_equals_numpy(xp: Any, reference: mx.Params) -> None:
-    params = reference.to(xp)
-    tokens, _ = _batch(1)
-    cache, want_cache = mx.KVCache(), mx.KVCache()
-    for pos in range(CONFIG.block_size):
-        logits, cache = mx.decode_step(params, xp.asarray(tokens[:, pos]), cache)
-        want, want_cache = mx.decode_step(reference, tokens[:, pos], want_cache)
-        assert_close(logits, want, xp, f"logits at {pos}")
-    with pytest.raises(ValueError, match="the cache is full"):
-        mx.decode_step(params, xp.asarray(tokens[:, 0]), cache)
-
-
-def test_training_steps_equal_numpy(xp: Any, reference: mx.Params) -> None:
+    # training steps equal numpy
     params, state = reference.to(xp), mx.adam_init(reference.to(xp))
+    close = functools.partial(xp_assert_close, rtol=RTOL, like=params.wte)
     want_params, want_state = reference, mx.adam_init(reference)
     for step in range(3):
         tokens, lengths = _batch(step)
         params, state, loss = mx.train_step(params, state, xp.asarray(tokens), xp.asarray(lengths))
         want_params, want_state, want_loss = mx.train_step(want_params, want_state, tokens, lengths)
-        assert_close(loss, want_loss, xp, "loss")
+        close(loss, want_loss, what="loss")
     for name, a in params.arrays().items():
-        assert_close(a, getattr(want_params, name), xp, name)
-    assert_close(state.m, want_state.m, xp, "m")
-    assert_close(state.v, want_state.v, xp, "v")
+        close(a, getattr(want_params, name), what=name)
+    close(state.m, want_state.m, what="m")
+    close(state.v, want_state.v, what="v")
     assert int(state.step) == 3
     _, grads = mx.loss_and_grads(params, xp.asarray(tokens), xp.asarray(lengths))
     updated, _ = mx.adam_update(params, grads, state)
     want_grads = mx.loss_and_grads(want_params, tokens, lengths)[1]
-    assert_close(
-        updated.wte, mx.adam_update(want_params, want_grads, want_state)[0].wte, xp, "adam"
-    )
+    close(updated.wte, mx.adam_update(want_params, want_grads, want_state)[0].wte, what="adam")
+
+
+def test_the_model_equals_numpy(xp: Any, reference: mx.Params) -> None:
+    params = reference.to(xp)
+    close = functools.partial(xp_assert_close, rtol=RTOL, like=params.wte)
+    tokens, lengths = _batch()
+    tok, lens = xp.asarray(tokens), xp.asarray(lengths)
+    want = mx.forward(reference, tokens[:, :8], lengths - 1)
+    close(mx.forward(params, tok[:, :8], lens - 1), want, what="forward")
+    close(mx.score(params, tok, lens), mx.score(reference, tokens, lengths), what="score")
+    for reduction in ("mean", "token_mean"):
+        loss, grads = mx.loss_and_grads(params, tok, lens, reduction=reduction)
+        want_loss, want_grads = mx.loss_and_grads(reference, tokens, lengths, reduction=reduction)
+        close(loss, want_loss, what="loss")
+        for name, g in grads.arrays().items():
+            close(g, getattr(want_grads, name), what=f"d{name}")
+    # decoding equals numpy
+    params = reference.to(xp)
+    close = functools.partial(xp_assert_close, rtol=RTOL, like=params.wte)
+    tokens, _ = _batch(1)
+    cache, want_cache = mx.KVCache(), mx.KVCache()
+    for pos in range(CONFIG.block_size):
+        logits, cache = mx.decode_step(params, xp.asarray(tokens[:, pos]), cache)
+        want, want_cache = mx.decode_step(reference, tokens[:, pos], want_cache)
+        close(logits, want, what=f"logits at {pos}")
+    with pytest.raises(ValueError, match="the cache is full"):
+        mx.decode_step(params, xp.asarray(tokens[:, 0]), cache)
 
 
 def test_values_are_checked_where_they_can_be_read(xp: Any, reference: mx.Params) -> None:
@@ -129,11 +123,7 @@ def test_values_are_checked_where_they_can_be_read(xp: Any, reference: mx.Params
         mx.loss_and_grads(params, xp.asarray(tokens), xp.asarray(lengths + 1))
     with pytest.raises(ValueError, match="exceeds the model's limit"):
         mx.forward(params, xp.asarray(tokens))
-
-
-def test_mixed_namespaces_and_non_arrays_are_one_line_type_errors(
-    xp: Any, reference: mx.Params
-) -> None:
+    # mixed namespaces and non arrays are one line type errors
     params = reference.to(xp)
     tokens, lengths = _batch()
     with pytest.raises(TypeError, match=r"different namespaces \(tokens: numpy\.ndarray, params: "):
@@ -146,16 +136,15 @@ def test_mixed_namespaces_and_non_arrays_are_one_line_type_errors(
         mx.Adam(params).step(params, reference)
 
 
-def test_an_unknown_name_or_object_is_refused() -> None:
+def test_names_and_namespaces_of_the_table() -> None:
+    """An unknown name or object is refused; a namespace of the table is that backend."""
     with pytest.raises(
         ValueError, match=r"unknown backend .numpyy.*or pass an Array API namespace"
     ):
         mx.init_params(CONFIG, backend="numpyy")
     with pytest.raises(TypeError, match="backend must be a backend name or an Array API namespace"):
         mx.init_params(CONFIG, backend=object())
-
-
-def test_a_namespace_of_the_table_is_that_backend() -> None:
+    # a namespace of the table is that backend
     compat = pytest.importorskip("array_api_compat.numpy")
     assert mx.init_params(CONFIG, backend=compat).backend == "numpy"
     assert mx.init_params(CONFIG, backend=np).backend == "numpy"

@@ -1,5 +1,5 @@
-"""Tests of microgpt_xp.checkpoint: lossless round trips, atomic saves and clear refusals of
-files that are missing, truncated, corrupt, foreign or of another model."""
+"""microgpt_xp.checkpoint: lossless round trips, atomic saves and clear refusals of files that
+are missing, truncated, corrupt, foreign or of another model."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import tracemalloc
 import zipfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
-from xp_testing import assert_params_equal, xp_assert_close
+from xp_testing import assert_params_equal, host_arrays, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads
 from microgpt_xp._errors import ArgumentValueError
@@ -30,10 +31,6 @@ from microgpt_xp.train import to_batch
 DOCS = ["abca", "bc", "cabbac", "a"]
 TOKENIZER = Tokenizer.from_docs(DOCS)
 CONFIG = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=2, n_embd=8, n_head=2, block_size=6)
-
-
-def _host(p: Params) -> dict[str, np.ndarray]:
-    return {k: np.asarray(p.to("numpy").arrays()[k]) for k in p.arrays()}
 
 
 def _trained(
@@ -70,22 +67,16 @@ def test_round_trip(backend: Any, tmp_path: Path, dtype: str) -> None:
     )
     assert path == tmp_path / "sub" / "run.ckpt" and path.is_file()
     got = load(path, backend=backend.name, device=backend.device)
-    assert got.step == 7
-    assert got.config == CONFIG
-    assert got.tokenizer == TOKENIZER
-    assert got.meta == meta
-    assert got.params.backend == backend.name
-    assert str(got.params.device) == str(params.device)
+    assert (got.step, got.config, got.tokenizer, got.meta) == (7, CONFIG, TOKENIZER, meta)
+    assert str(got.params.device) == str(params.device) and got.params.backend == backend.name
     assert str(got.params.dtype) == str(params.dtype)
     assert_params_equal(got.params, params)
-    assert got.adam is not None
-    assert got.adam.state_dict() == adam.state_dict()
-    assert got.adam.t == 2
+    assert got.adam is not None and got.adam.state_dict() == adam.state_dict()
+    assert got.adam.t == 2 and got.adam.m.backend == backend.name
     assert_params_equal(got.adam.m, adam.m)
     assert_params_equal(got.adam.v, adam.v)
-    assert got.adam.m.backend == backend.name
     # the moments are non-trivial, so the round trip above tested something
-    assert np.any(_host(adam.m)["wte"] != 0) and np.any(_host(adam.v)["mlp_fc2"] != 0)
+    assert np.any(host_arrays(adam.m)["wte"] != 0) and np.any(host_arrays(adam.v)["mlp_fc2"] != 0)
     # the loaded Adam takes the same next step as the one that was saved
     tokens, lengths = encode_docs(TOKENIZER, DOCS[:2], CONFIG.block_size)
     tok, lens = backend.asarray(tokens), backend.asarray(lengths)
@@ -95,26 +86,28 @@ def test_round_trip(backend: Any, tmp_path: Path, dtype: str) -> None:
     assert_params_equal(got_next, want)
 
 
-def test_load_on_numpy_and_other_dtype(saved: tuple[Path, Params, Adam]) -> None:
+def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params, Adam]) -> None:
     path, params, _ = saved
     got = load(path, dtype="float32")
     assert str(got.params.dtype) == "float32"
     float32_on_numpy = np.zeros((), dtype=np.float32)
-    for k, a in _host(params).items():
+    for k, a in host_arrays(params).items():
         want = a.astype(np.float32)
         xp_assert_close(getattr(got.params, k), want, rtol=0, like=float32_on_numpy, what=k)
-
-
-def test_save_overwrites_and_a_bare_checkpoint(saved: tuple[Path, Params, Adam]) -> None:
+    # save over it, a bare checkpoint
     path, params, adam = saved
     save(path, params, adam=adam, step=5, meta={"second": True})
-    got = load(path)
-    assert got.step == 5 and got.meta == {"second": True}
+    assert (load(path).step, load(path).meta) == (5, {"second": True})
     bare = init_params(CONFIG, seed=1)
     got = load(save(path, bare))
-    assert got.adam is None and got.tokenizer is None
-    assert got.step == 0 and got.meta == {}
+    assert (got.adam, got.tokenizer, got.step, got.meta) == (None, None, 0, {})
     assert_params_equal(got.params, bare)
+    # another config
+    other = GPTConfig(vocab_size=CONFIG.vocab_size, n_layer=1, n_embd=8, n_head=2, block_size=6)
+    with pytest.raises(CheckpointError, match="not the requested") as info:
+        load(path, config=other)
+    assert "n_layer=2" in str(info.value) and "n_layer=1" in str(info.value)
+    assert load(path, config=CONFIG).config == CONFIG and issubclass(CheckpointError, ValueError)
 
 
 # -- atomic saves ---------------------------------------------------------------------------
@@ -150,11 +143,7 @@ def test_a_crashed_save_keeps_the_previous_file(
     path, params, adam = saved
     before = path.read_bytes()
     if "rename" in str(crash):
-
-        def fail(*args: Any, **kwargs: Any) -> None:
-            raise crash
-
-        monkeypatch.setattr(os, "replace", fail)
+        monkeypatch.setattr(os, "replace", mock.Mock(side_effect=crash))
     else:
         real_fdopen = os.fdopen
         monkeypatch.setattr(os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k), crash))
@@ -162,21 +151,8 @@ def test_a_crashed_save_keeps_the_previous_file(
         save(path, init_params(CONFIG, seed=99, dtype="float64"), adam=adam, step=3)
     monkeypatch.undo()
     assert path.read_bytes() == before
-    assert [p for p in path.parent.iterdir() if p != path] == []
-    got = load(path)
-    assert got.step == 2
-    assert_params_equal(got.params, params)
-
-
-def test_first_save_crash_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def crash(*args: Any, **kwargs: Any) -> None:
-        raise OSError("simulated crash in fsync")
-
-    monkeypatch.setattr(os, "fsync", crash)
-    with pytest.raises(OSError, match="simulated"):
-        save(tmp_path / "new.ckpt", init_params(CONFIG))
-    monkeypatch.undo()
-    assert list(tmp_path.iterdir()) == []
+    assert [p for p in path.parent.iterdir() if p != path] == [] and load(path).step == 2
+    assert_params_equal(load(path).params, params)
 
 
 # -- refusals ----------------------------------------------------------------------------
@@ -197,10 +173,9 @@ def _as_version_1(header: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rewrite(path: Path, member: str, edit: Any) -> None:
-    """Rewrite an .npz as a valid archive, member ``member`` passed through ``edit`` (``None``
-    drops it; a dict updates the JSON header, ``{"arrays": "version 1"}`` makes it
-    :func:`_as_version_1`'s). An edited header gets its checksum recomputed, as a file
-    written that way (by another version, say) would have it."""
+    """Rewrite an .npz, member ``member`` passed through ``edit`` (``None`` drops it; a dict
+    updates the JSON header, ``{"arrays": "version 1"}`` makes it :func:`_as_version_1`'s),
+    with the header's checksum recomputed as a file written that way would have it."""
     with np.load(path) as z:
         out = {k: z[k] for k in z.files}
     if isinstance(edit, dict):
@@ -237,38 +212,29 @@ def _flip_raw_bytes(path: Path) -> None:
 #: ``(member, edit)`` for :func:`_rewrite` or a function of the path.
 REFUSALS: dict[str, tuple[Any, str]] = {
     "missing": (Path.unlink, "does not exist"),
-    **{
-        f"truncated-{keep}": (keep, "corrupt or truncated") for keep in (0.01, 0.1, 0.5, 0.9, 0.999)
-    },
+    **{f"truncated-{k}": (k, "corrupt or truncated") for k in (0.01, 0.1, 0.5, 0.9, 0.999)},
     "empty": (b"", "not a microgpt-xp checkpoint"),
     "text": (b"just some text\n", "not a microgpt-xp checkpoint"),
     "flipped-bytes": (_flip_raw_bytes, "corrupt"),
     "corrupt-array": (("adam_v/attn_wk", _flip_bit), "'adam_v/attn_wk' fails its checksum"),
     "missing-array": (("params/wpe", None), "incomplete"),
     "other-npz": (lambda p: _npz(p, x=np.arange(3), y=np.ones((2, 2))), "not a microgpt-xp"),
-    "foreign-header": (
-        lambda p: _npz(p, {"format": "something-else", "version": 1}, x=np.arange(3)),
-        "not a microgpt-xp checkpoint",
-    ),
+    "foreign-header": (lambda p: _npz(p, {"format": "something-else", "version": 1},
+                                      x=np.arange(3)), "not a microgpt-xp checkpoint"),
     "newer-version": (("__header__", {"version": 3}), "format version 3; this microgpt-xp reads"),
-    "garbled-header": (
-        ("__header__", lambda a: np.frombuffer(b"\xff{not json", np.uint8)),
-        "not a microgpt-xp checkpoint",
-    ),
-    "no-checksums": (
-        lambda p: _npz(p, {"format": "microgpt-xp-checkpoint", "version": 1}),
-        "no header checksum",
-    ),
+    "garbled-header": (("__header__", lambda a: np.frombuffer(b"\xff{not json", np.uint8)),
+                       "not a microgpt-xp checkpoint"),
+    "no-checksums": (lambda p: _npz(p, {"format": "microgpt-xp-checkpoint", "version": 1}),
+                     "no header checksum"),
     "not-an-object": (lambda p: _npz(p, [1, 2]), "not a microgpt-xp checkpoint"),
     "no-header-checksum": (("__header_sha256__", None), "no header checksum"),
-    # the SHA-256 of the bytes is unchanged: the header's record of the dtype, byte order
-    # and shape is what refuses these
+    # the bytes' SHA-256 is unchanged: the header's dtype, byte order and shape refuse these
     "byte-order": (("params/wte", lambda a: a.view(a.dtype.newbyteorder())), "params/wte"),
     "float32-view": (("params/wte", lambda a: a.view(np.float32)), "params/wte"),
     "int64-view": (("params/wte", lambda a: a.view(np.int64)), "params/wte"),
     "shape": (("params/wte", lambda a: a.reshape(a.shape[::-1])), "params/wte"),
     "invalid-step": (("__header__", {"step": -1}), "invalid header: invalid step -1"),
-}
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("damage", list(REFUSALS))
@@ -288,16 +254,6 @@ def test_damaged_or_foreign_files_are_refused(
     with pytest.raises(CheckpointError, match=match) as info:
         load(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
-
-
-def test_config_mismatch(saved: tuple[Path, Params, Adam]) -> None:
-    path, _, _ = saved
-    other = GPTConfig(vocab_size=CONFIG.vocab_size, n_layer=1, n_embd=8, n_head=2, block_size=6)
-    with pytest.raises(CheckpointError, match="not the requested") as info:
-        load(path, config=other)
-    assert "n_layer=2" in str(info.value) and "n_layer=1" in str(info.value)
-    assert load(path, config=CONFIG).config == CONFIG
-    assert issubclass(CheckpointError, ValueError)
 
 
 #: The Adam record of a checkpoint written before the schedule options (issue 33).
@@ -331,12 +287,9 @@ def test_adam_options_in_the_header(
 
 @pytest.mark.parametrize(
     ("kwargs", "param"),
-    [
-        ({"backend": "bogus"}, "backend"),
-        ({"dtype": "float16"}, "dtype"),
-        ({"device": "gpu7"}, "device"),
-    ],
-)
+    [({"backend": "bogus"}, "backend"), ({"dtype": "float16"}, "dtype"),
+     ({"device": "gpu7"}, "device")],
+)  # fmt: skip
 def test_bad_arguments_are_argument_errors_not_the_files(
     saved: tuple[Path, Params, Adam], kwargs: dict[str, str], param: str
 ) -> None:
@@ -367,22 +320,15 @@ def test_a_checkpoint_too_large_for_memory_is_not_called_corrupt(tmp_path: Path)
     params = init_params(GPTConfig(vocab_size=3, n_layer=2, n_embd=256), dtype="float64")
     path = save(tmp_path / "big.ckpt", params, adam=Adam(params))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", _LOW_MEMORY, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    cmd = [sys.executable, "-c", _LOW_MEMORY, str(path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert "does not fit in this machine's memory" in out.stdout, out.stdout + out.stderr
     assert "free memory" in out.stdout and "corrupt" not in out.stdout.replace("not corrupt", "")
 
 
 # -- sizes, compression and version 1 -----------------------------------------------------------
 def _deflate(path: Path, bloat: str = "", nbytes: int = 0) -> None:
-    """Rewrite the archive deflated, member ``bloat`` replaced by ``nbytes`` zeros (a few KiB
-    on disk)."""
+    """Rewrite the archive deflated, member ``bloat`` replaced by ``nbytes`` zeros."""
     with zipfile.ZipFile(path) as z:
         members = {i.filename: z.read(i) for i in z.infolist()}
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
@@ -414,16 +360,12 @@ def test_declared_sizes_are_checked_before_anything_is_inflated(
     assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB traced"
 
 
-def test_a_deflated_checkpoint_loads_as_saved(saved: tuple[Path, Params, Adam]) -> None:
-    path, params, _ = saved
-    _deflate(path)
-    assert_params_equal(load(path).params, params)
-
-
-def test_a_version_1_checkpoint_loads_with_the_same_checks(
+def test_a_deflated_or_version_1_checkpoint_loads_with_the_same_checks(
     saved: tuple[Path, Params, Adam],
 ) -> None:
     path, params, adam = saved
+    _deflate(path)
+    assert_params_equal(load(path).params, params)
     _rewrite(path, "__header__", {"arrays": "version 1"})
     got = load(path)
     assert got.step == 2 and got.tokenizer == TOKENIZER
@@ -435,9 +377,17 @@ def test_a_version_1_checkpoint_loads_with_the_same_checks(
         load(path)
 
 
-def test_save_refuses_weights_load_would_refuse(tmp_path: Path) -> None:
+def test_a_failed_first_save_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash in fsync, or weights that load would refuse (float16)."""
     params = init_params(CONFIG, dtype="float32")
     half = Params.trusted(CONFIG, {k: v.astype(np.float16) for k, v in params.arrays().items()})
     with pytest.raises(TypeError, match="float16"):
         save(tmp_path / "half.ckpt", half)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(os, "fsync", mock.Mock(side_effect=OSError("simulated crash in fsync")))
+    with pytest.raises(OSError, match="simulated"):
+        save(tmp_path / "new.ckpt", init_params(CONFIG))
+    monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []

@@ -1,14 +1,11 @@
-"""Dask at scale: corpus scoring and generation on Dask tasks (one task a chunk, the
-documents made inside the tasks), data-parallel training on Dask, and a real
-dask.distributed cluster with worker processes (microgpt_xp.cluster): results, graph
-shape, faults, and the example that writes the results.
-
-The oracle for scoring is the NumPy model on the whole encoded corpus, and, through an
-independent code path, ``loss_and_grads``' batch loss (whose ``"mean"`` and
-``"token_mean"`` reductions are the two corpus means)."""
+"""Dask at scale: scoring and generation on Dask tasks (one task a chunk, documents made in the
+tasks), data-parallel training, a dask.distributed cluster of worker processes: results,
+graph shape, faults and the example. The scoring oracle is the NumPy model on the whole
+corpus, and ``loss_and_grads``' two batch losses (the two corpus means)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -81,7 +78,7 @@ def test_shuffled_repeat_follows_the_epoch_permutations() -> None:
     base = DOCS[:50]
     corpus = ShuffledRepeat(base, 170, seed=4)
     everything = corpus.docs(0, 170)
-    assert len(everything) == len(corpus) == 170
+    assert len(everything) == len(corpus) == 170 and corpus.max_doc_len() == max(map(len, base))
     # batch_indices reads the same epochs: step k of size 10 is positions 10k..10k+9
     for k in range(17):
         want = [base[j] for j in batch_indices(len(base), 10, k, 4)]
@@ -93,10 +90,7 @@ def test_shuffled_repeat_follows_the_epoch_permutations() -> None:
     # any split gives the same documents; ranges are clipped to the corpus
     assert corpus.docs(0, 37) + corpus.docs(37, 101) + corpus.docs(101, 500) == everything
     assert corpus.docs(170, 180) == []
-    assert corpus.max_doc_len() == max(len(d) for d in base)
-
-
-def test_shuffled_repeat_rejects_bad_arguments() -> None:
+    # shuffled repeat rejects bad arguments
     with pytest.raises(DataError, match="at least one base document"):
         ShuffledRepeat([], 10)
     with pytest.raises(DataError, match="positive"):
@@ -126,20 +120,7 @@ def test_scoring_on_tasks_equals_numpy_on_the_whole_corpus(
     assert got.num_docs == len(docs)
 
 
-def test_scoring_float32_keeps_a_float64_mean() -> None:
-    p32 = init_params(CONFIG, seed=3, dtype="float32")
-    docs = DOCS[:200]
-    got = _on_tasks(p32, docs, 64)
-    want, _ = _oracle(p32, docs)
-    assert got.losses is not None
-    # chunks of 64 documents against one batch of 200: BLAS may round a float32 row of a
-    # matrix product differently with the number of rows (OpenBLAS does on AVX2-only CPUs)
-    xp_assert_close(got.losses.astype(np.float32), want, rtol=2e-6, like=p32.wte, elementwise=True)
-    # the mean accumulates the float32 losses in float64
-    assert got.mean == pytest.approx(float(np.mean(got.losses.astype(np.float64))), rel=1e-12)
-
-
-def test_a_virtual_corpus_is_scored_chunk_by_chunk_inside_the_tasks(params64: Params) -> None:
+def test_virtual_corpora_chunking_and_the_graph(params64: Params) -> None:
     calls: list[tuple[int, int]] = []
 
     class Recording(ShuffledRepeat):
@@ -154,78 +135,72 @@ def test_a_virtual_corpus_is_scored_chunk_by_chunk_inside_the_tasks(params64: Pa
     want, _ = _oracle(params64, ShuffledRepeat(DOCS[:100], 1000, seed=2).docs(0, 1000))
     assert got.losses is not None
     xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
-
-
-def test_the_chunking_does_not_change_the_result(params64: Params) -> None:
+    # chunking keeps the result and the graph one weight copy
     corpus = ShuffledRepeat(DOCS, 2000, seed=5)
     runs = [_on_tasks(params64, corpus, c) for c in (97, 2000)]
     assert runs[0].losses is not None and runs[1].losses is not None
     xp_assert_close(runs[0].losses, runs[1].losses, rtol=1e-12, like=params64.wte, elementwise=True)
     assert runs[0].mean == pytest.approx(runs[1].mean, rel=1e-12)
-
-
-def test_graph_holds_the_weights_once_and_one_task_per_chunk(params64: Params) -> None:
+    # graph holds the weights once and one task per chunk
     corpus = ShuffledRepeat(DOCS, 64 * 100, seed=0)
     for chunks in (4, 64):
         tasks, copies = _weight_copies(params64, corpus, len(corpus) // chunks)
         assert copies == 1 and tasks == chunks + 1
-
-
-def test_a_bad_document_names_its_chunk(params64: Params) -> None:
-    docs = [*DOCS[:20], "hello!", *DOCS[20:40]]
-    with pytest.raises(DataError, match=r"documents 16\.\.23: .*'!'"):
-        _on_tasks(params64, docs, 8)
+    # scoring float32 keeps a float64 mean
+    p32 = init_params(CONFIG, seed=3, dtype="float32")
+    docs = DOCS[:200]
+    got = _on_tasks(p32, docs, 64)
+    want, _ = _oracle(p32, docs)
+    assert got.losses is not None
+    # chunks of 64 documents against one batch of 200: BLAS may round a float32 row of a
+    # matrix product differently with the number of rows (OpenBLAS does on AVX2-only CPUs)
+    xp_assert_close(got.losses.astype(np.float32), want, rtol=2e-6, like=p32.wte, elementwise=True)
+    # the mean accumulates the float32 losses in float64
+    assert got.mean == pytest.approx(float(np.mean(got.losses.astype(np.float64))), rel=1e-12)
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
-    [
-        ({"chunk_size": 0}, ValueError, "chunk_size"),
-        ({"chunk_size": 2.0}, ValueError, "chunk_size"),
-        ({"weights": "copy"}, ValueError, "weights"),
-    ],
-)
-def test_dask_tasks_reject_bad_arguments(
-    params64: Params, kwargs: dict[str, Any], error: type[Exception], match: str
-) -> None:
+    ("call", "error", "match"),
+    [(lambda p: _on_tasks(p, DOCS[:10], 0), ValueError, "chunk_size"),
+     (lambda p: _on_tasks(p, DOCS[:10], 2.0), ValueError, "chunk_size"),
+     (lambda p: _on_tasks(p, DOCS[:10], 4, weights="copy"), ValueError, "weights"),
+     (lambda p: _on_tasks(p, [], 4), DataError, "no documents"),
+     (lambda p: _on_tasks(p, "abc", 4), TypeError, "source"),
+     (lambda p: score_docs(p, Tokenizer("ab"), DOCS[:3], runner=DaskTasks(4)), ValueError,
+      "tokenizer has"),
+     # a bad document names its chunk
+     (lambda p: _on_tasks(p, [*DOCS[:20], "hello!", *DOCS[20:40]], 8), DataError,
+      r"documents 16\.\.23: .*'!'")],
+)  # fmt: skip
+def test_bad_arguments_and_sources(params64: Params, call: Any, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
-        _on_tasks(params64, DOCS[:10], **{"chunk_size": 4, **kwargs})
+        call(params64)
 
 
-def test_scoring_rejects_bad_sources(params64: Params) -> None:
-    with pytest.raises(DataError, match="no documents"):
-        _on_tasks(params64, [], 4)
-    with pytest.raises(TypeError, match="source"):
-        _on_tasks(params64, "abc", 4)
-    with pytest.raises(ValueError, match="tokenizer has"):
-        score_docs(params64, Tokenizer("ab"), DOCS[:3], runner=DaskTasks(4))
-
-
-def test_weights_of_another_backend_are_copied_once(params64: Params) -> None:
-    on_dask = params64.to("dask")
-    got = score_docs(on_dask, TOKENIZER, DOCS[:50], chunk_size=16)
-    want, _ = _oracle(params64, DOCS[:50])
-    assert got.losses is not None
-    xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
-
-
-@pytest.mark.skipif(
-    __import__("importlib").util.find_spec("array_api_strict") is None,
-    reason="needs array_api_strict",
-)
-def test_chunks_can_run_on_another_backend(params64: Params) -> None:
-    got = _on_tasks(params64.to("array_api_strict"), DOCS[:50], 16)
+@pytest.mark.parametrize("where", ["dask", "array_api_strict"])
+def test_weights_or_chunks_on_another_backend(params64: Params, where: str) -> None:
+    """Weights on Dask are copied once; chunks can run on another backend."""
+    pytest.importorskip(where)
+    if where == "dask":
+        got = score_docs(params64.to("dask"), TOKENIZER, DOCS[:50], chunk_size=16)
+    else:
+        got = _on_tasks(params64.to(where), DOCS[:50], 16)
     want, _ = _oracle(params64, DOCS[:50])
     assert got.losses is not None
     xp_assert_close(got.losses, want, rtol=1e-12, like=params64.wte, elementwise=True)
 
 
 # -- generation ---------------------------------------------------------------------------------
-def test_row_uniforms_are_rows_of_one_stream() -> None:
+def test_row_uniforms_are_rows_of_one_stream_and_names_on_tasks_local(params64: Params) -> None:
     full = np.random.default_rng(11).random((50, 16))
     np.testing.assert_array_equal(row_uniforms(11, 0, 50, 16), full)
     np.testing.assert_array_equal(row_uniforms(11, 17, 33, 16), full[17:33])
     np.testing.assert_array_equal(row_uniforms(11, 49, 50, 16), full[49:])
+    # names on tasks are the local names
+    names = sample(params64, TOKENIZER, 40, runner=DaskTasks(9), seed=1)
+    assert names == [
+        TOKENIZER.decode(r) for r in sample_tokens(params64, TOKENIZER.bos, 40, seed=1)
+    ]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -245,22 +220,11 @@ def test_tasks_sample_as_one_process_whatever_the_chunking(dtype: str) -> None:
     assert not np.array_equal(other, want)
 
 
-def test_names_on_tasks_are_the_local_names(params64: Params) -> None:
-    names = sample(params64, TOKENIZER, 40, runner=DaskTasks(9), seed=1)
-    want = [TOKENIZER.decode(r) for r in sample_tokens(params64, TOKENIZER.bos, 40, seed=1)]
-    assert names == want
-
-
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [
-        ({"num_samples": 0}, "num_samples"),
-        ({"temperature": 0.0}, "temperature"),
-        ({"bos": 99}, "bos id"),
-        ({"seed": -1}, "seed"),
-        ({"chunks": -3}, "chunk"),
-    ],
-)
+    [({"num_samples": 0}, "num_samples"), ({"temperature": 0.0}, "temperature"),
+     ({"bos": 99}, "bos id"), ({"seed": -1}, "seed"), ({"chunks": -3}, "chunk")],
+)  # fmt: skip
 def test_sampling_on_dask_rejects_bad_arguments(
     params64: Params, kwargs: dict[str, Any], match: str
 ) -> None:
@@ -309,10 +273,19 @@ def client() -> Iterator[Any]:
         yield c
 
 
-def test_connect_starts_worker_processes(client: Any) -> None:
+def test_connect_starts_worker_processes_and_waits_for_them(client: Any, params64: Params) -> None:
     pids = client.run(os.getpid)
     assert len(pids) == 2 and os.getpid() not in pids.values()
     assert all(w["nthreads"] == 1 for w in client.scheduler_info(n_workers=-1)["workers"].values())
+    # connect waits for workers
+    with pytest.raises(ClusterError, match=r"has 2 worker\(s\) after 1 s; 3 needed"):
+        connect(client.scheduler.address, min_workers=3, timeout=1)
+    with connect(client.scheduler.address, min_workers=2, timeout=10) as other:
+        assert len(other.scheduler_info(n_workers=-1)["workers"]) == 2
+    # cluster generates like sample tokens
+    with dask.config.set(scheduler="dask.distributed"):
+        got = sample_tokens(params64, TOKENIZER.bos, 200, seed=2, runner=DaskTasks(50))
+    np.testing.assert_array_equal(got, sample_tokens(params64, TOKENIZER.bos, 200, seed=2))
 
 
 @pytest.mark.parametrize("weights", ["graph", "scatter"])
@@ -325,12 +298,6 @@ def test_cluster_scores_like_threads(client: Any, params64: Params, weights: str
     assert got.losses is not None and want.losses is not None
     np.testing.assert_array_equal(got.losses, want.losses)
     assert got.mean == want.mean and got.token_mean == want.token_mean
-
-
-def test_cluster_generates_like_sample_tokens(client: Any, params64: Params) -> None:
-    with dask.config.set(scheduler="dask.distributed"):
-        got = sample_tokens(params64, TOKENIZER.bos, 200, seed=2, runner=DaskTasks(50))
-    np.testing.assert_array_equal(got, sample_tokens(params64, TOKENIZER.bos, 200, seed=2))
 
 
 def test_connect_errors_are_clear() -> None:
@@ -350,14 +317,8 @@ def test_connect_errors_are_clear() -> None:
         connect("/nonexistent/scheduler.json")
     with pytest.raises(ValueError, match="n_workers"):
         connect(None, n_workers=0)
-
-
-def test_a_client_that_failed_to_connect_is_closed_at_once() -> None:
-    """A Client whose start failed is closed by connect(), not left to its ``__del__``:
-    that close stops the event-loop runner all clients share, and run by the garbage
-    collector while the next Client started, it made that start fail or deadlock (it
-    hung a CI run). A closed Client's ``__del__`` does nothing."""
-    import gc
+    # a Client whose start failed is closed by connect(), not by its __del__ (which, run by
+    # the garbage collector as the next Client started, made that start hang)
 
     with pytest.raises(ClusterError) as unreachable:
         connect("tcp://127.0.0.1:1", timeout=1)
@@ -370,13 +331,6 @@ def test_a_client_that_failed_to_connect_is_closed_at_once() -> None:
     assert all(o.status in ("closed", "newly-created") for o in failed), [o.status for o in failed]
     with connect(None, n_workers=1, threads_per_worker=1, processes=False) as fresh:
         assert fresh.submit(sum, [1, 2]).result() == 3
-
-
-def test_connect_waits_for_workers(client: Any) -> None:
-    with pytest.raises(ClusterError, match=r"has 2 worker\(s\) after 1 s; 3 needed"):
-        connect(client.scheduler.address, min_workers=3, timeout=1)
-    with connect(client.scheduler.address, min_workers=2, timeout=10) as other:
-        assert len(other.scheduler_info(n_workers=-1)["workers"]) == 2
 
 
 class SlowCorpus(ShuffledRepeat):
@@ -466,10 +420,9 @@ def test_example_runs_small_and_writes_its_results(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "documents/s" in proc.stdout and "samples/s" in proc.stdout
     report = json.loads(out.read_text())
-    assert report["n_docs"] == 3000 and report["chunks"] == 6
+    assert (report["n_docs"], report["chunks"]) == (3000, 6) and len(report["names"]) > 0
     assert report["score_docs_per_s"] > 0 and report["sample_per_s"] > 0
     assert 1.0 < report["mean_loss"] < 10.0
-    assert len(report["names"]) > 0
     params = init_params(CONFIG, seed=0, dtype="float64")
     want, _ = _oracle(params, ShuffledRepeat(DOCS, 3000, seed=0).docs(0, 3000))
     np.testing.assert_allclose(np.load(scores), want, rtol=1e-12, atol=0)

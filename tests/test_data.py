@@ -1,5 +1,5 @@
-"""Tests of microgpt_xp.data: reading corpora (spec §1), the tokenizer (spec §3), padded
-batches (spec §6) and the epoch-wise batch order."""
+"""microgpt_xp.data: reading corpora (spec §1), the tokenizer (spec §3), padded batches (§6)
+and the epoch-wise batch order."""
 
 from __future__ import annotations
 
@@ -35,33 +35,24 @@ def _write(tmp_path: Path, content: bytes, name: str = "docs.txt") -> Path:
 
 
 # -- read_docs ----------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("content", "docs"),
-    [
-        (b"  emma\n\nolivia  \n\t\n   \nava\tx \nzoe\n  \n", ["emma", "olivia", "ava\tx", "zoe"]),
-        (b"emma\nolivia\nava", ["emma", "olivia", "ava"]),
-        (b"emma\nolivia\nava\n", ["emma", "olivia", "ava"]),
-        (b"emma\r\nolivia\r\nava\r\n", ["emma", "olivia", "ava"]),
-        (b"emma\r\nolivia\r\nava", ["emma", "olivia", "ava"]),
-        (b"emma\rava", ["emma", "ava"]),
-        ("zo\u00eb\nanna\nzo\u00eb\n".encode(), ["zo\u00eb", "anna", "zo\u00eb"]),
-        (b"x\n  y y \n\n\nz\r\n \n", ["x", "y y", "z"]),
-        # only \n, \r\n and \r end a line, as in the spec's open(): not U+2028, NEL, FF
-        ("a\u2028b\nc\x85d\x0ce\n".encode(), ["a\u2028b", "c\x85d\x0ce"]),
-    ],
-    ids=[
-        "strip",
-        "no-final-newline",
-        "final-newline",
-        "crlf",
-        "crlf-no-final",
-        "cr",
-        "unicode",
-        "spec",
-        "unicode-separators",
-    ],
-)
-def test_read_docs_reads_lines_as_the_spec(tmp_path: Path, content: bytes, docs: list[str]) -> None:
+#: name: (file content, documents)
+READS = {
+    "strip": (b"  emma\n\nolivia  \n\t\n   \nava\tx \nzoe\n  \n", ["emma", "olivia", "ava\tx", "zoe"]),
+    "no-final-newline": (b"emma\nolivia\nava", ["emma", "olivia", "ava"]),
+    "final-newline": (b"emma\nolivia\nava\n", ["emma", "olivia", "ava"]),
+    "crlf": (b"emma\r\nolivia\r\nava\r\n", ["emma", "olivia", "ava"]),
+    "crlf-no-final": (b"emma\r\nolivia\r\nava", ["emma", "olivia", "ava"]),
+    "cr": (b"emma\rava", ["emma", "ava"]),
+    "unicode": ("zo\u00eb\nanna\nzo\u00eb\n".encode(), ["zo\u00eb", "anna", "zo\u00eb"]),
+    "spec": (b"x\n  y y \n\n\nz\r\n \n", ["x", "y y", "z"]),
+    # only \n, \r\n and \r end a line, as in the spec's open(): not U+2028, NEL, FF
+    "unicode-separators": ("a\u2028b\nc\x85d\x0ce\n".encode(), ["a\u2028b", "c\x85d\x0ce"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(READS))
+def test_read_docs_reads_lines_as_the_spec(tmp_path: Path, case: str) -> None:
+    content, docs = READS[case]
     path = _write(tmp_path, content)
     assert read_docs(path) == read_docs(str(path)) == docs
     # spec §1: line by line, strip, keep non-empty lines, in file order
@@ -70,24 +61,18 @@ def test_read_docs_reads_lines_as_the_spec(tmp_path: Path, content: bytes, docs:
 
 @pytest.mark.parametrize(
     ("content", "match"),
-    [
-        (b"", "no documents"),
-        (b"\n", "no documents"),
-        (b"  \n\t\n\r\n   ", "no documents"),
-        (None, "cannot read"),
-        (b"emma\nol\xffivia\n", "UTF-8 text .*offset 7"),
-    ],
+    [(b"", "no documents"), (b"\n", "no documents"), (b"  \n\t\n\r\n   ", "no documents"),
+     (None, "cannot read"), (b"emma\nol\xffivia\n", "UTF-8 text .*offset 7")],
     ids=["empty", "newline", "blank", "missing", "undecodable"],
-)
+)  # fmt: skip
 def test_read_docs_errors_name_the_file(tmp_path: Path, content: bytes | None, match: str) -> None:
     path = tmp_path / "docs.txt" if content is None else _write(tmp_path, content)
     with pytest.raises(DataError, match=match) as info:
         read_docs(path)
-    assert str(path) in str(info.value)
-    assert issubclass(DataError, ValueError)
+    assert str(path) in str(info.value) and issubclass(DataError, ValueError)
 
 
-def test_read_docs_never_waits_on_what_is_not_a_regular_file(tmp_path: Path) -> None:
+def test_read_docs_never_waits_and_drops_a_byte_order_mark(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # no writer: a blocking open would wait forever
     for path in (tmp_path, fifo, Path(os.devnull)):
@@ -96,15 +81,7 @@ def test_read_docs_never_waits_on_what_is_not_a_regular_file(tmp_path: Path) -> 
         reader.start()
         reader.join(timeout=10)
         assert got and "not a regular file" in str(got[0]) and str(path) in str(got[0])
-
-
-def _raises(path: Path) -> BaseException:
-    with pytest.raises(DataError, match="cannot read") as info:
-        read_docs(path)
-    return info.value
-
-
-def test_read_docs_drops_a_byte_order_mark(tmp_path: Path) -> None:
+    # read docs drops a byte order mark
     path = _write(tmp_path, b"\xef\xbb\xbfemma\nolivia\n")
     docs = read_docs(path)
     assert docs == ["emma", "olivia"]
@@ -116,15 +93,18 @@ def test_read_docs_drops_a_byte_order_mark(tmp_path: Path) -> None:
     assert read_docs(_write(tmp_path, "a\n\ufeffb\n".encode())) == ["a", "\ufeffb"]
 
 
+def _raises(path: Path) -> BaseException:
+    with pytest.raises(DataError, match="cannot read") as info:
+        read_docs(path)
+    return info.value
+
+
 def test_read_docs_names_txt(names_txt: Path) -> None:
     docs = read_docs(names_txt)
-    assert len(docs) == 32033
-    assert docs[0] == names_txt.read_text().split("\n", 1)[0].strip()
+    assert len(docs) == 32033 and docs[0] == names_txt.read_text().split("\n", 1)[0].strip()
     assert {len(d) for d in docs} <= set(range(2, 16))
     tok = Tokenizer.from_docs(docs)
-    assert tok.chars == list(string.ascii_lowercase)
-    assert tok.vocab_size == 27
-    assert tok.bos == 26
+    assert (tok.chars, tok.vocab_size, tok.bos) == (list(string.ascii_lowercase), 27, 26)
 
 
 # -- default_docs -------------------------------------------------------------------------
@@ -142,8 +122,7 @@ def test_default_docs_need_no_shared_file(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(Path, "read_bytes", guarded(Path.read_bytes))
     monkeypatch.chdir(Path("/"))
     docs = default_docs()
-    assert len(docs) > 100
-    assert all(d and set(d) <= set(string.ascii_lowercase) for d in docs)
+    assert len(docs) > 100 and all(d and set(d) <= set(string.ascii_lowercase) for d in docs)
     assert default_docs() == docs
     monkeypatch.setitem(sys.modules, "mimesis", None)  # how Python marks a module absent
     with pytest.raises(DataError, match=r"needs the 'mimesis' package: pip install mimesis"):
@@ -154,22 +133,31 @@ def test_default_docs_need_no_shared_file(monkeypatch: pytest.MonkeyPatch) -> No
 def test_tokenizer_matches_the_spec_and_round_trips() -> None:
     tok = Tokenizer.from_docs(["cab", "bad", "zz"])
     assert (tok.chars, tok.bos, tok.vocab_size) == (["a", "b", "c", "d", "z"], 5, 6)
-    assert tok.encode("zadcb") == [4, 0, 3, 2, 1]
-    assert tok.encode("") == []
+    assert tok.encode("zadcb") == [4, 0, 3, 2, 1] and tok.encode("") == []
     docs = ["emma", "olivia", "ava", "isabella", "sophia", "zoë", "a b"]
     uchars = sorted(set("".join(docs)))
     tok = Tokenizer.from_docs(docs)
-    assert tok.chars == uchars
-    assert tok.bos == len(uchars)
+    assert tok.chars == uchars and tok.bos == len(uchars)
     for doc in docs:
         assert tok.encode_doc(doc) == [len(uchars)] + [uchars.index(c) for c in doc] + [len(uchars)]
-        assert tok.decode(tok.encode(doc)) == doc
-        assert tok.decode(tok.encode_doc(doc)) == doc
+        assert tok.decode(tok.encode(doc)) == doc and tok.decode(tok.encode_doc(doc)) == doc
     assert tok.decode(np.array(tok.encode_doc("sophia"), dtype=np.int64)) == "sophia"
     back = Tokenizer.from_dict(json.loads(json.dumps(tok.to_dict())))
     assert back == tok and hash(back) == hash(tok) and back.chars == tok.chars
-    assert back.encode("zoë") == tok.encode("zoë")
-    assert Tokenizer.from_docs(["abc"]) != tok
+    assert back.encode("zoë") == tok.encode("zoë") and Tokenizer.from_docs(["abc"]) != tok
+    # decode rows equals decode of each row
+    tok = Tokenizer("abcñ")
+    bos = tok.bos
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, bos, (200, 9))
+    ids[np.arange(9)[None, :] >= rng.integers(0, 10, 200)[:, None]] = bos  # BOS suffixes
+    assert tok.decode_rows(ids) == [tok.decode(row) for row in ids]
+    mixed = np.array([[0, bos, 1, bos], [bos, bos, 2, 3]])  # BOS inside: skipped as decode does
+    assert tok.decode_rows(mixed) == ["ab", "cñ"]
+    assert tok.decode_rows(np.zeros((0, 4), dtype=np.int64)) == []
+    assert tok.decode_rows(np.zeros((2, 0), dtype=np.int64)) == ["", ""]
+    nul = Tokenizer("a\0")  # a NUL character is not taken for padding
+    assert nul.decode_rows(np.array([[1, 0, 2], [0, 0, 2]])) == ["a\0", "\0\0"]
 
 
 def test_tokenizer_errors() -> None:
@@ -193,9 +181,7 @@ def test_tokenizer_errors() -> None:
         tok.decode_rows(np.array([[-1, 0]]))
     with pytest.raises(ValueError, match=r"\(N, T\) array"):
         tok.decode_rows(np.array([0, 1]))
-
-
-def test_an_error_quotes_a_short_prefix_of_a_long_document() -> None:
+    # an error quotes a short prefix of a long document
     tok = Tokenizer.from_docs(["a"])
     doc = "a" * 10_000_000 + "q"
     with pytest.raises(ValueError, match="'q' at position 10000000") as info:
@@ -206,21 +192,6 @@ def test_an_error_quotes_a_short_prefix_of_a_long_document() -> None:
     with pytest.raises(ValueError, match="10,000,001 characters") as info:
         Tokenizer([doc])
     assert len(str(info.value)) < 200
-
-
-def test_decode_rows_equals_decode_of_each_row() -> None:
-    tok = Tokenizer("abcñ")
-    bos = tok.bos
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, bos, (200, 9))
-    ids[np.arange(9)[None, :] >= rng.integers(0, 10, 200)[:, None]] = bos  # BOS suffixes
-    assert tok.decode_rows(ids) == [tok.decode(row) for row in ids]
-    mixed = np.array([[0, bos, 1, bos], [bos, bos, 2, 3]])  # BOS inside: skipped as decode does
-    assert tok.decode_rows(mixed) == ["ab", "cñ"]
-    assert tok.decode_rows(np.zeros((0, 4), dtype=np.int64)) == []
-    assert tok.decode_rows(np.zeros((2, 0), dtype=np.int64)) == ["", ""]
-    nul = Tokenizer("a\0")  # a NUL character is not taken for padding
-    assert nul.decode_rows(np.array([[1, 0, 2], [0, 0, 2]])) == ["a\0", "\0\0"]
 
 
 # -- encode_docs ----------------------------------------------------------------------------
@@ -236,24 +207,31 @@ def test_block_size_for_reads_every_document_whole(docs: list[str]) -> None:
     assert count_cut(docs, block_size - 1) == sum(len(d) == block_size - 1 for d in docs)
 
 
-def test_encode_docs_pads_right_with_bos() -> None:
+def test_encode_docs_pads_right_with_bos_and_checks_what_it_keeps() -> None:
     tok = Tokenizer.from_docs(["ab", "c"])
     bos = tok.bos
     tokens, lengths = encode_docs(tok, ["ab", "c", "abcab"], block_size=16)
-    assert tokens.dtype == np.int64 and lengths.dtype == np.int64
-    assert tokens.shape == (3, 7)
+    assert tokens.dtype == lengths.dtype == np.int64 and tokens.shape == (3, 7)
     np.testing.assert_array_equal(lengths, [4, 3, 7])
-    np.testing.assert_array_equal(
-        tokens,
-        [
-            [bos, 0, 1, bos, bos, bos, bos],
-            [bos, 2, bos, bos, bos, bos, bos],
-            [bos, 0, 1, 2, 0, 1, bos],
-        ],
-    )
+    want = [
+        [bos, 0, 1, bos, bos, bos, bos],
+        [bos, 2, bos, bos, bos, bos, bos],
+        [bos, 0, 1, 2, 0, 1, bos],
+    ]
+    np.testing.assert_array_equal(tokens, want)
     t, lens = take_batch(tokens, lengths, np.array([1, 0]))  # trimmed to the longest
     np.testing.assert_array_equal(lens, [3, 4])
     np.testing.assert_array_equal(t, tokens[[1, 0], :4])
+    # only the characters kept must be in the vocabulary
+    with pytest.raises(DataError, match="no documents"):
+        encode_docs(Tokenizer.from_docs(["ab"]), [], 16)
+    with pytest.raises(ValueError, match="'z'"):
+        encode_docs(Tokenizer.from_docs(["ab"]), ["ab", "az"], 16)
+    tok = Tokenizer.from_docs(["abc"])
+    tokens, lengths = encode_docs(tok, ["abcq", "ab"], block_size=3)  # 'q' is cut off
+    assert tok.decode(tokens[0]) == "abc" and lengths.tolist() == [4, 4]
+    with pytest.raises(ValueError, match="'q' at position 2"):
+        encode_docs(tok, ["abqc"], block_size=3)
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 3, 5, 6, 7, 16])
@@ -290,18 +268,6 @@ def test_encoding_memory_follows_what_the_block_size_keeps() -> None:
     assert tok.decode(tokens[1]) == ("xyz" * 6)[:16]
 
 
-def test_only_the_characters_kept_must_be_in_the_vocabulary() -> None:
-    with pytest.raises(DataError, match="no documents"):
-        encode_docs(Tokenizer.from_docs(["ab"]), [], 16)
-    with pytest.raises(ValueError, match="'z'"):
-        encode_docs(Tokenizer.from_docs(["ab"]), ["ab", "az"], 16)
-    tok = Tokenizer.from_docs(["abc"])
-    tokens, lengths = encode_docs(tok, ["abcq", "ab"], block_size=3)  # 'q' is cut off
-    assert tok.decode(tokens[0]) == "abc" and lengths.tolist() == [4, 4]
-    with pytest.raises(ValueError, match="'q' at position 2"):
-        encode_docs(tok, ["abqc"], block_size=3)
-
-
 # -- batch_indices ----------------------------------------------------------------------------
 def test_batch_indices_depend_only_on_their_arguments() -> None:
     a = [batch_indices(10, 3, s, seed=7) for s in range(8)]
@@ -311,9 +277,12 @@ def test_batch_indices_depend_only_on_their_arguments() -> None:
     assert any(not np.array_equal(x, y) for x, y in zip(a, c, strict=True))
     for s in range(20):
         idx = batch_indices(13, 5, s, seed=0)
-        assert idx.shape == (5,)
-        assert np.issubdtype(idx.dtype, np.integer)
+        assert idx.shape == (5,) and np.issubdtype(idx.dtype, np.integer)
         assert idx.min() >= 0 and idx.max() < 13
+    for num_docs, batch_size, match in ((10, 0, "batch size"), (10, -3, "batch size"),
+                                        (3, 4, r"3 documents.*batch size 4")):  # fmt: skip
+        with pytest.raises(DataError, match=match):
+            batch_indices(num_docs, batch_size, 0, seed=0)
 
 
 @pytest.mark.parametrize(("num_docs", "batch_size"), [(12, 4), (10, 3), (7, 7), (5, 1), (10, 4)])
@@ -333,12 +302,3 @@ def test_batch_indices_each_doc_once_per_epoch(num_docs: int, batch_size: int) -
         np.array_equal(stream[:num_docs], stream[e * num_docs : (e + 1) * num_docs])
         for e in range(1, epochs)
     )
-
-
-@pytest.mark.parametrize(
-    ("num_docs", "batch_size", "match"),
-    [(10, 0, "batch size"), (10, -3, "batch size"), (3, 4, r"3 documents.*batch size 4")],
-)
-def test_batch_indices_errors(num_docs: int, batch_size: int, match: str) -> None:
-    with pytest.raises(DataError, match=match):
-        batch_indices(num_docs, batch_size, 0, seed=0)

@@ -34,17 +34,11 @@ TOL = {"float32": 2e-5, "float64": 1e-10}
 
 @functools.cache
 def exported(config: mx.GPTConfig, dtype: str, graph: str) -> tuple[Params, Any, Any]:
-    """``(params, model, session)``: NumPy params, their exported graph and an
-    onnxruntime session on it (built once per test run)."""
+    """``(params, model, session)``: NumPy params, their graph and an onnxruntime session."""
     params = mx.init_params(config, seed=1, dtype=dtype)
     model = onnx_model(params, graph=graph)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return params, model, session
-
-
-def assert_close(got: np.ndarray, want: np.ndarray, dtype: str) -> None:
-    assert want.dtype == np.dtype(dtype)
-    xp_assert_close(got, want, rtol=TOL[dtype])
 
 
 def check_forward(config: mx.GPTConfig, dtype: str, b: int, t: int, seed: int) -> None:
@@ -57,8 +51,8 @@ def check_forward(config: mx.GPTConfig, dtype: str, b: int, t: int, seed: int) -
     tokens = np.where(real, rng.integers(0, config.vocab_size, size=(b, t)), config.vocab_size + 5)
     (logits,) = session.run(None, {"tokens": tokens, "lengths": lengths})
     want = mx.forward(params, tokens, lengths)
-    assert logits.shape == (b, t, config.vocab_size)
-    assert_close(logits[real], want[real], dtype)
+    assert logits.shape == (b, t, config.vocab_size) and want.dtype == np.dtype(dtype)
+    xp_assert_close(logits[real], want[real], rtol=TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -78,20 +72,19 @@ def test_forward_equals_numpy(
 
 
 def test_graphs_fix_no_batch_and_no_time() -> None:
-    def dims(value: Any) -> list[Any]:
-        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+    def shapes(model: Any) -> dict[str, list[Any]]:
+        values = [*model.graph.input, *model.graph.output]
+        return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+                for v in values}  # fmt: skip
 
-    _, forward_model, _ = exported(DEFAULT, "float32", "forward")
-    shapes = {v.name: dims(v) for v in [*forward_model.graph.input, *forward_model.graph.output]}
-    assert shapes["tokens"] == ["batch", "time"]
-    assert shapes["lengths"] == ["batch"]
-    assert shapes["logits"][2:] == [DEFAULT.vocab_size]
-    assert not any(isinstance(d, int) for d in shapes["logits"][:2])
-    _, decode_model, _ = exported(LAYERS, "float32", "decode")
-    shapes = {v.name: dims(v) for v in [*decode_model.graph.input, *decode_model.graph.output]}
+    shape = shapes(exported(DEFAULT, "float32", "forward")[1])
+    assert shape["tokens"] == ["batch", "time"] and shape["lengths"] == ["batch"]
+    assert shape["logits"][2:] == [DEFAULT.vocab_size]
+    assert not any(isinstance(d, int) for d in shape["logits"][:2])
+    shape = shapes(exported(LAYERS, "float32", "decode")[1])
     cache = [LAYERS.block_size, LAYERS.n_embd, "batch"]
     layers = range(LAYERS.n_layer)
-    assert shapes == {
+    assert shape == {
         "token_ids": ["batch"],
         **{f"{kind}_{i}": cache for kind in ("keys", "values") for i in layers},
         "pos": [],
@@ -131,15 +124,18 @@ def test_decode_graph_equals_decode_step(config: mx.GPTConfig, dtype: str) -> No
         ids = rng.integers(0, config.vocab_size, size=b)
         want, cache = mx.decode_step(params, ids, cache)
         got = dict(zip(outputs, session.run(None, {**feed, "token_ids": ids}), strict=True))
-        assert_close(got["logits"], want, dtype)
+        assert want.dtype == np.dtype(dtype)
+        xp_assert_close(got["logits"], want, rtol=TOL[dtype])
         for i in layers:
-            assert_close(got[f"new_keys_{i}"], cache.keys[i], dtype)
-            assert_close(got[f"new_values_{i}"], cache.values[i], dtype)
+            xp_assert_close(got[f"new_keys_{i}"], cache.keys[i], rtol=TOL[dtype])
+            xp_assert_close(got[f"new_values_{i}"], cache.values[i], rtol=TOL[dtype])
         assert got["new_pos"].shape == () and int(got["new_pos"]) == pos + 1
         feed = {name[len("new_") :]: value for name, value in got.items() if name != "logits"}
 
 
-def test_export_writes_a_standalone_file(tmp_path: Path) -> None:
+def test_export_writes_a_standalone_file_or_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     params, _, session = exported(DEFAULT, "float32", "forward")
     tokenizer = mx.Tokenizer("abcdefghijklmnopqrstuvwxyz")
     path = tmp_path / "new" / "model.onnx"
@@ -156,9 +152,7 @@ def test_export_writes_a_standalone_file(tmp_path: Path) -> None:
     assert mx.Tokenizer.from_dict(json.loads(meta["microgpt_xp.tokenizer"])) == tokenizer
     feed = {"tokens": np.array([[26, 0, 1]]), "lengths": np.array([3])}
     np.testing.assert_array_equal(loaded.run(None, feed)[0], session.run(None, feed)[0])
-
-
-def test_export_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # export errors
     params = mx.init_params(DEFAULT)
     path = tmp_path / "m.onnx"
     with pytest.raises(TypeError, match="params must be a Params"):
@@ -177,16 +171,16 @@ def test_export_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- examples/onnx_sample.py ------------------------------------------------------------------
 def load_example() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "onnx_sample", ROOT / "examples" / "onnx_sample.py"
-    )
+    spec = importlib.util.spec_from_file_location("onnx_sample", ROOT / "examples/onnx_sample.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_onnx_sample_gives_the_names_of_mx_sample(tmp_path: Path) -> None:
+def test_onnx_sample_gives_the_names_of_mx_sample(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     example = load_example()
     result = mx.train(steps=30, dtype="float64")  # float64: no draw within rounding of a flip
     path = export_onnx(
@@ -201,9 +195,7 @@ def test_onnx_sample_gives_the_names_of_mx_sample(tmp_path: Path) -> None:
         assert names == mx.sample(
             result.params, result.tokenizer, 300, temperature=temperature, seed=seed
         )
-
-
-def test_onnx_sample_main_and_refusal(capsys: pytest.CaptureFixture[str]) -> None:
+    # onnx sample main and refusal
     example = load_example()
     _, _, session = exported(DEFAULT, "float32", "forward")
     with pytest.raises(ValueError, match="not a decode graph"):

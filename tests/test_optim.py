@@ -1,9 +1,6 @@
-"""``microgpt_xp.optim.Adam`` against the scalar ``reference.adam_step`` (spec §8): the
-updates, the moments, the linear learning-rate decay, zero-gradient parameters that keep
-moving, and the errors for bad hyperparameters and for too many steps; nanoGPT's options
-(warm-up, cosine decay, ``min_lr``) against its ``get_lr``, weight decay and gradient
-clipping against ``torch.optim.AdamW`` and ``clip_grad_norm_``, and the spec's update kept
-bit for bit when they are off."""
+"""``microgpt_xp.optim.Adam`` against the scalar ``reference.adam_step`` (spec §8): updates,
+moments, the schedule, zero-gradient weights that keep moving, errors; nanoGPT's options
+against its ``get_lr`` and ``torch.optim.AdamW``; the spec's update bit for bit when off."""
 
 from __future__ import annotations
 
@@ -63,59 +60,11 @@ def test_adam_matches_reference(backend: Any, num_steps: int) -> None:
         reference.adam_step(
             sd, {k: v.tolist() for k, v in g.items()}, ref_m, ref_v, step, num_steps=num_steps
         )
-        assert adam.t == step + 1
-        assert params.backend == backend.name
+        assert adam.t == step + 1 and params.backend == backend.name
         for name, got, ref in (("p", params, sd), ("m", adam.m, ref_m), ("v", adam.v, ref_v)):
             for key, a in state_dict_arrays(got).items():
                 what = f"step {step} {name}[{key}]"
                 xp_assert_close(a, ref[key], rtol=RTOL, like=like, what=what)
-
-
-def test_adam_does_not_modify_its_inputs(backend: Any) -> None:
-    sd = ref_state()
-    params = on(backend, sd)
-    grads = on(backend, random_grads(np.random.default_rng(1), sd))
-    before_p, before_g = params.to_state_dict(), grads.to_state_dict()
-    new = Adam(params).step(params, grads)
-    assert new is not params
-    for key, a in params.to_state_dict().items():
-        np.testing.assert_array_equal(a, before_p[key])
-        np.testing.assert_array_equal(grads.to_state_dict()[key], before_g[key])
-
-
-def test_learning_rate_schedule(backend: Any) -> None:
-    """``lr_t = lr (1 - t/num_steps)``; with a constant gradient each step moves every
-    weight by ``lr_t`` (m̂/√v̂ = 1 up to rounding and eps)."""
-    num_steps, lr = 8, 0.05
-    params = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float64")
-    ones = params.map(lambda a: a * 0.0 + 1.0)
-    adam = Adam(params, lr=lr, num_steps=num_steps)
-    like = params.wte
-    for t in range(num_steps):
-        assert adam.lr_at(t) == lr * (1 - t / num_steps)
-        before = params
-        params = adam.step(params, ones)
-        for name, a in params.arrays().items():
-            moved = getattr(before, name) - a
-            xp_assert_close(
-                moved,
-                np.full(tuple(moved.shape), lr * (1 - t / num_steps)),
-                rtol=1e-7,
-                like=like,
-                what=f"step {t} {name}",
-                elementwise=True,
-            )
-    assert adam.lr_at(0) == lr
-    assert adam.lr_at(num_steps - 1) == pytest.approx(lr / num_steps, rel=1e-15)
-
-
-def test_spec_schedule_end_points() -> None:
-    adam = Adam(init_params(GPTConfig(vocab_size=27)))
-    assert adam.lr_at(0) == 0.01
-    assert adam.lr_at(999) == pytest.approx(1e-5, rel=1e-12)
-    hp = adam.config
-    assert (hp.beta1, hp.beta2, hp.eps, hp.num_steps) == (0.85, 0.99, 1e-8, 1000)
-    assert hp == AdamConfig()  # the spec's record
 
 
 def test_zero_gradient_weights_keep_moving(backend: Any) -> None:
@@ -132,14 +81,8 @@ def test_zero_gradient_weights_keep_moving(backend: Any) -> None:
     assert np.all(s1["wte"][:4] != s0["wte"][:4])
     # at step 1, m̂/√v̂ = sign(g): every weight with a gradient moves by about lr
     moved = params.lm_head - p1.lm_head
-    xp_assert_close(
-        moved,
-        np.full(tuple(moved.shape), 0.01),
-        rtol=1e-7,
-        like=params.wte,
-        what="lm_head",
-        elementwise=True,
-    )
+    xp_assert_close(moved, np.full(tuple(moved.shape), 0.01), rtol=1e-7, like=params.wte,
+                    what="lm_head", elementwise=True)  # fmt: skip
     p2 = adam.step(p1, zero)
     s2 = p2.to_state_dict()
     for key in s1:
@@ -149,9 +92,19 @@ def test_zero_gradient_weights_keep_moving(backend: Any) -> None:
             expected[4] = False
         np.testing.assert_array_equal(moved, expected, err_msg=key)
     assert np.all(s2["wte"][0] < s1["wte"][0])  # momentum keeps the direction of g > 0
+    # adam does not modify its inputs
+    sd = ref_state()
+    params = on(backend, sd)
+    grads = on(backend, random_grads(np.random.default_rng(1), sd))
+    before_p, before_g = params.to_state_dict(), grads.to_state_dict()
+    new = Adam(params).step(params, grads)
+    assert new is not params
+    for key, a in params.to_state_dict().items():
+        np.testing.assert_array_equal(a, before_p[key])
+        np.testing.assert_array_equal(grads.to_state_dict()[key], before_g[key])
 
 
-def test_step_errors(backend: Any) -> None:
+def test_step_errors_and_the_spec_schedule(backend: Any) -> None:
     params = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float64")
     grads = params.map(lambda a: a * 0.0 + 1.0)
     adam = Adam(params, num_steps=2)
@@ -168,38 +121,33 @@ def test_step_errors(backend: Any) -> None:
         adam.restore(other, adam.v, 1)
     with pytest.raises(TypeError, match="Adam needs a Params"):
         Adam(params.to_state_dict())  # type: ignore[arg-type]
+    # spec schedule end points
+    adam = Adam(init_params(GPTConfig(vocab_size=27)))
+    assert adam.lr_at(0) == 0.01 and adam.lr_at(999) == pytest.approx(1e-5, rel=1e-12)
+    hp = adam.config
+    assert (hp.beta1, hp.beta2, hp.eps, hp.num_steps) == (0.85, 0.99, 1e-8, 1000)
+    assert hp == AdamConfig()  # the spec's record
 
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [
-        ({"lr": 0.0}, "lr must be positive"),
-        ({"lr": -0.01}, "lr must be positive"),
-        ({"lr": float("nan")}, "lr must be finite"),
-        ({"lr": float("inf")}, "lr must be finite"),
-        ({"beta1": 1.0}, r"beta1 must lie in \[0, 1\)"),
-        ({"beta1": -0.1}, r"beta1 must lie in \[0, 1\)"),
-        ({"beta2": 1.5}, r"beta2 must lie in \[0, 1\)"),
-        ({"beta2": float("nan")}, "beta2 must be finite"),
-        ({"eps": 0.0}, "eps must be positive"),
-        ({"eps": -1e-8}, "eps must be positive"),
-        ({"num_steps": 0}, "num_steps must be a positive int"),
-        ({"num_steps": 10.0}, "num_steps must be a positive int"),
-        ({"num_steps": True}, "num_steps must be a positive int"),
-        ({"warmup": -1}, "warmup must be a non-negative int"),
-        ({"warmup": 1000}, "warmup must be less than num_steps=1000"),
-        ({"warmup": 2.0}, "warmup must be a non-negative int"),
-        ({"decay": "step"}, "decay must be one of linear, cosine"),
-        ({"decay": 1}, "decay must be a str"),
-        ({"min_lr": -1e-4}, r"min_lr must lie in \[0, lr\]"),
-        ({"min_lr": 0.02}, r"min_lr must lie in \[0, lr\]"),
-        ({"weight_decay": -0.1}, "weight_decay must be at least 0"),
-        ({"weight_decay": "0.1"}, "weight_decay must be a real number"),
-        ({"grad_clip": -1.0}, "grad_clip must be at least 0"),
-        ({"grad_clip": float("inf")}, "grad_clip must be finite"),
-        ({"init_std": 0.0}, "init_std must be positive"),
-    ],
-)
+    [({"lr": 0.0}, "lr must be positive"), ({"lr": -0.01}, "lr must be positive"),
+     ({"lr": float("nan")}, "lr must be finite"), ({"lr": float("inf")}, "lr must be finite"),
+     ({"beta1": 1.0}, r"beta1 must lie in \[0, 1\)"), ({"beta1": -0.1}, r"beta1 must lie in \[0, 1\)"),
+     ({"beta2": 1.5}, r"beta2 must lie in \[0, 1\)"), ({"beta2": float("nan")}, "beta2 must be finite"),
+     ({"eps": 0.0}, "eps must be positive"), ({"eps": -1e-8}, "eps must be positive"),
+     *[({"num_steps": v}, "num_steps must be a positive int") for v in (0, 10.0, True)],
+     ({"warmup": -1}, "warmup must be a non-negative int"),
+     ({"warmup": 1000}, "warmup must be less than num_steps=1000"),
+     ({"warmup": 2.0}, "warmup must be a non-negative int"),
+     ({"decay": "step"}, "decay must be one of linear, cosine"), ({"decay": 1}, "decay must be a str"),
+     ({"min_lr": -1e-4}, r"min_lr must lie in \[0, lr\]"), ({"min_lr": 0.02}, r"min_lr must lie in \[0, lr\]"),
+     ({"weight_decay": -0.1}, "weight_decay must be at least 0"),
+     ({"weight_decay": "0.1"}, "weight_decay must be a real number"),
+     ({"grad_clip": -1.0}, "grad_clip must be at least 0"),
+     ({"grad_clip": float("inf")}, "grad_clip must be finite"),
+     ({"init_std": 0.0}, "init_std must be positive")],
+)  # fmt: skip
 def test_bad_hyperparameters(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match) as info:
         Adam(init_params(CONFIG), **kwargs)
@@ -243,20 +191,28 @@ SCHEDULES = [
 
 @pytest.mark.parametrize("sched", SCHEDULES)
 def test_schedule(backend: Any, sched: dict[str, Any]) -> None:
-    """``lr_at`` is nanoGPT's ``get_lr``; the update on the namespace moves every weight by
-    it (a constant gradient: m̂/√v̂ = 1 up to rounding and eps; with clipping too)."""
+    """``lr_at`` is nanoGPT's ``get_lr``; ``adam_update`` and ``Adam.step`` on the namespace
+    move every weight by it (a constant gradient: m̂/√v̂ = 1 up to rounding and eps)."""
     hp = AdamConfig(lr=0.01, num_steps=8, grad_clip=20.0, **sched)
     want = [get_lr(t, 0.01, sched["warmup"], 8, sched["min_lr"], sched["decay"] == "cosine")
             for t in range(8)]  # fmt: skip
-    assert [hp.lr_at(t) for t in range(8)] == want
     params = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float64")
-    ones, state = params.map(lambda a: a * 0.0 + 1.0), adam_init(params)
+    adam = Adam(params, lr=0.01, num_steps=8, grad_clip=20.0, **sched)
+    assert [hp.lr_at(t) for t in range(8)] == [adam.lr_at(t) for t in range(8)] == want
+    ones, state, by_class, like = (
+        params.map(lambda a: a * 0.0 + 1.0),
+        adam_init(params),
+        params,
+        params.wte,
+    )
     for t in range(8):
-        new, state = adam_update(params, ones, state, hp)
-        moved = params.wte - new.wte
-        xp_assert_close(moved, np.full(tuple(moved.shape), want[t]), rtol=1e-7, like=params.wte,
-                        what=f"step {t}", elementwise=True)  # fmt: skip
-        params = new
+        (new, state), stepped = adam_update(params, ones, state, hp), adam.step(by_class, ones)
+        for before, after in ((params, new), (by_class, stepped)):
+            for name, a in after.arrays().items():
+                moved = getattr(before, name) - a
+                xp_assert_close(moved, np.full(tuple(moved.shape), want[t]), rtol=1e-7, like=like,
+                                what=f"step {t} {name}", elementwise=True)  # fmt: skip
+        params, by_class = new, stepped
 
 
 def spec_update(params: Params, grads: Params, state: AdamState, hp: AdamConfig) -> Any:

@@ -1,6 +1,5 @@
-"""Worker processes (``runner=Processes(N)``, or ``workers=N``): the same results as one
-process, clear errors, and no process left behind, whatever happens to a worker or to the
-parent."""
+"""Worker processes (``runner=Processes(N)``, ``workers=N``): one process's results, clear
+errors, and no process left behind, whatever happens to a worker or to the parent."""
 
 from __future__ import annotations
 
@@ -45,22 +44,11 @@ def _sleep(params: Any, rows: np.ndarray, seconds: float) -> int:
     return len(rows)
 
 
+RUN: dict[str, Any] = dict(steps=4, batch_size=24, config=CONFIG, dtype="float64", seed=3)
+
+
 def _run_train(workers: int | None, reduction: str = "mean") -> mx.TrainResult:
-    return mx.train(
-        DOCS,
-        steps=4,
-        batch_size=24,
-        config=CONFIG,
-        dtype="float64",
-        seed=3,
-        reduction=reduction,  # type: ignore[arg-type]
-        workers=workers,
-    )
-
-
-def test_shard_bounds_cover_the_rows() -> None:
-    assert shard_bounds(7, 3) == [(0, 2), (2, 4), (4, 7)]
-    assert shard_bounds(2, 4) == [(0, 1), (1, 2)]  # no empty shards
+    return mx.train(DOCS, reduction=reduction, workers=workers, **RUN)
 
 
 @pytest.mark.parametrize("workers", [0, -1, 1.5, True, "2"])
@@ -73,15 +61,14 @@ def test_bad_workers_are_refused(workers: Any) -> None:
 
 def test_processes_and_the_backend_are_two_choices() -> None:
     """Processes spread the rows; the weights stay where the backend puts them (here
-    array-api-strict, rebuilt in each worker), with one process's results."""
+    array-api-strict, rebuilt in each worker)."""
     strict = pytest.importorskip("array_api_strict")
-    args: dict[str, Any] = dict(steps=2, batch_size=24, config=CONFIG, dtype="float64", seed=3)
+    args = {**RUN, "steps": 2}
     one = mx.train(DOCS, backend="array_api_strict", **args)
     with Processes(2) as runner:
         two = mx.train(DOCS, backend="array_api_strict", runner=runner, **args)
-        assert mx.sample(two.params, TOKENIZER, 6, runner=runner) == mx.sample(
-            two.params, TOKENIZER, 6
-        )
+        want = mx.sample(two.params, TOKENIZER, 6)
+        assert mx.sample(two.params, TOKENIZER, 6, runner=runner) == want
     assert two.params.xp is strict
     np.testing.assert_allclose(two.losses, one.losses, rtol=1e-12)
     with pytest.raises(ValueError, match=r"workers cannot be given with it"):
@@ -98,38 +85,28 @@ def test_processes_train_like_one_process(reduction: str) -> None:
         xp_assert_close(getattr(two.params, name), getattr(one.params, name), rtol=1e-12)
     again = _run_train(2, reduction)
     assert again.losses == two.losses  # the same shards combine in the same order
+    want = mx.sample(one.params, TOKENIZER, 30, seed=5)
+    assert mx.sample(one.params, TOKENIZER, 30, workers=3, seed=5) == want
 
 
-def test_processes_sample_like_one_process() -> None:
-    params = _run_train(None).params
-    assert mx.sample(params, TOKENIZER, 30, workers=3, seed=5) == mx.sample(
-        params, TOKENIZER, 30, seed=5
-    )
-
-
-def test_shards_run_in_other_processes() -> None:
+def test_shards_run_in_workers_that_fail_clearly() -> None:
     params = mx.init_params(CONFIG)
     with WorkerPool(3) as pool:
         parts = pool.map(_pid, params, [np.arange(9)])
         pids = pool.pids()
     assert [bounds for bounds, _ in parts] == [(0, 3), (3, 6), (6, 9)]
     ran = [p for _, shard in parts for p in shard]
-    assert set(ran[:3]) == {os.getpid()}
-    assert len(set(ran[3:])) >= 1 and os.getpid() not in ran[3:]
+    assert set(ran[:3]) == {os.getpid()} and len(set(ran[3:])) >= 1 and os.getpid() not in ran[3:]
     assert set(ran[3:]) <= set(pids)
     for pid in pids:  # close() waited for them
         assert not _alive(pid)
-
-
-def test_an_error_in_a_worker_is_raised_here() -> None:
-    params = mx.init_params(CONFIG)
-    rows = np.array([0, 1, 2, -1])
+    # an error in a worker is raised here
     with WorkerPool(2) as pool, pytest.raises(ValueError, match="negative row in a shard of 2"):
-        pool.map(_fail_on_negative, params, [rows])
-
-
-def test_a_killed_worker_is_one_runtime_error_then_replaced() -> None:
-    params = mx.init_params(CONFIG)
+        pool.map(_fail_on_negative, params, [np.array([0, 1, 2, -1])])
+    # shard bounds cover the rows
+    assert shard_bounds(7, 3) == [(0, 2), (2, 4), (4, 7)]
+    assert shard_bounds(2, 4) == [(0, 1), (1, 2)]  # no empty shards
+    # a killed worker is one runtime error then replaced
     with WorkerPool(2) as pool:
         pool.map(_pid, params, [np.arange(4)])
         (victim,) = pool.pids()
@@ -139,10 +116,7 @@ def test_a_killed_worker_is_one_runtime_error_then_replaced() -> None:
             pool.map(_pid, params, [np.arange(4)])
         parts = pool.map(_pid, params, [np.arange(4)])  # a fresh worker
         assert parts[1][1][0] != victim
-
-
-def test_a_worker_killed_mid_step_is_one_runtime_error() -> None:
-    params = mx.init_params(CONFIG)
+    # a worker killed mid step is one runtime error
     with WorkerPool(2) as pool:
         pool.map(_pid, params, [np.arange(2)])
         (victim,) = pool.pids()
@@ -154,7 +128,7 @@ def test_a_worker_killed_mid_step_is_one_runtime_error() -> None:
         killer.wait()
 
 
-def test_a_daemonic_process_gets_a_clear_error(tmp_path: Path) -> None:
+def test_a_daemonic_process_or_no_main_guard_is_a_clear_error(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """
         import multiprocessing as mp
@@ -180,6 +154,15 @@ def test_a_daemonic_process_gets_a_clear_error(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180)
     assert out.stdout.startswith("RuntimeError:"), out.stdout + out.stderr
     assert "daemonic" in out.stdout
+    # a script without a main guard is one clear error
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import microgpt_xp as mx\nmx.train(mx.default_docs()[:50], steps=1, workers=2)\n"
+    )
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.count("Traceback") == 1, out.stderr  # the parent's, no child's
+    assert 'if __name__ == "__main__":' in out.stderr.splitlines()[-1]
 
 
 _PARENT = textwrap.dedent(
@@ -245,8 +228,7 @@ def test_workers_die_with_their_parent(how: str) -> None:
         [sys.executable, "-c", _PARENT, how], stdout=subprocess.PIPE, text=True
     )
     try:
-        assert parent.stdout is not None
-        assert parent.stdout.readline().strip() == "training"
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "training"
         children = _descendants(parent.pid)
         assert len(children) >= 2, children  # the workers (and multiprocessing's helper)
         if how != "exit":
@@ -268,16 +250,14 @@ def test_this_process_blas_takes_one_core_while_workers_run() -> None:
 
     before = blas()
     during: list[list[int]] = []
-    mx.train(
-        DOCS,
-        steps=2,
-        batch_size=24,
-        config=CONFIG,
-        workers=2,
-        callback=lambda s, _: during.append(blas()),
-    )
+    args = dict(steps=2, batch_size=24, config=CONFIG, workers=2)
+    mx.train(DOCS, **args, callback=lambda s, _: during.append(blas()))
     assert during == [[1] * len(before)] * 2
     assert blas() == before  # given back when the call ends
+    # train(workers=2, threads=1) closes its pool inside the thread limit
+    counts = sorted({i["num_threads"] for i in threadpool_info()})
+    mx.train(DOCS, steps=1, batch_size=4, workers=2, threads=1, config=CONFIG)
+    assert sorted({i["num_threads"] for i in threadpool_info()}) == counts
 
 
 _KILLS = textwrap.dedent(
@@ -322,34 +302,6 @@ def test_a_worker_killed_at_any_moment_ends_the_run(tmp_path: Path) -> None:
     """Issue 31: a run ends with WorkerDied, whatever moment of a step its worker dies."""
     script = tmp_path / "kills.py"
     script.write_text(_KILLS)
-    out = subprocess.run(
-        [sys.executable, script, str(tmp_path / "k.npz"), "16"],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    cmd = [sys.executable, script, str(tmp_path / "k.npz"), "16"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert out.stdout.strip() == "ok 16", out.stdout + out.stderr
-
-
-def test_a_script_without_a_main_guard_is_one_clear_error(tmp_path: Path) -> None:
-    script = tmp_path / "unguarded.py"
-    script.write_text(
-        "import microgpt_xp as mx\nmx.train(mx.default_docs()[:50], steps=1, workers=2)\n"
-    )
-    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1
-    assert out.stderr.count("Traceback") == 1, out.stderr  # the parent's, no child's
-    assert 'if __name__ == "__main__":' in out.stderr.splitlines()[-1]
-
-
-def test_training_on_processes_leaves_this_process_threads_as_they_were() -> None:
-    """``train(workers=2, threads=1)``: the workers' pool is closed inside the thread limit,
-    so the BLAS threads after the call are those before it."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-
-    def counts() -> list[int]:
-        return sorted({i["num_threads"] for i in threadpoolctl.threadpool_info()})
-
-    before = counts()
-    mx.train(DOCS, steps=1, batch_size=4, workers=2, threads=1, config=CONFIG)
-    assert counts() == before

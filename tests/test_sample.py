@@ -1,7 +1,6 @@
-"""Tests of microgpt_xp.sample: seeded, batch- and chunk-independent generation that follows
-the spec's §10 protocol (checked against the pure-Python oracle), temperature, the
-inverse-CDF draw ``choose`` (checked against the standard library), argument errors, and
-streams of text (``length=N``, a sliding window) with ``microgpt-xp sample --length``."""
+"""microgpt_xp.sample: seeded, batch- and chunk-independent generation by the spec's §10
+protocol (against the pure-Python oracle), temperature, the draw ``choose`` (against the
+standard library), argument errors, and streams of text (``length=N``) with the CLI."""
 
 from __future__ import annotations
 
@@ -57,12 +56,7 @@ class FeedRandom(random.Random):
 
 def _cut(row: np.ndarray) -> list[int]:
     """The ids of a sampled row before its first BOS."""
-    out = []
-    for i in row.tolist():
-        if i == BOS:
-            break
-        out.append(i)
-    return out
+    return list(itertools.takewhile(lambda i: i != BOS, row.tolist()))
 
 
 # -- determinism ------------------------------------------------------------------------------
@@ -71,47 +65,38 @@ def test_deterministic_and_independent_of_batch_size(backend: Any, dtype: str) -
     params = _params(backend, dtype)
     names = sample(params, TOKENIZER, N, temperature=1.0, seed=3)
     assert len(names) == N
-    assert sample(params, TOKENIZER, N, temperature=1.0, seed=3) == names
-    assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=2) == names
-    if backend.name == "dask":
-        assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, chunks=1) == names
-        assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, chunks=3) == names
-        assert (
-            sample(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=2, chunks=1) == names
-        )
+    on_dask = [{"chunks": 1}, {"chunks": 3}, {"batch_size": 2, "chunks": 1}]
+    for kw in [{}, {"batch_size": 2}, *(on_dask if backend.name == "dask" else [])]:
+        assert sample(params, TOKENIZER, N, temperature=1.0, seed=3, **kw) == names, kw
     # streamed batch by batch: the same names
     batches = list(iter_samples(params, TOKENIZER, N, temperature=1.0, seed=3, batch_size=3))
     assert [len(b) for b in batches] == [3, N - 3]
     assert [name for b in batches for name in b] == names
+    # a stream on every backend
+    params, kw = _params(backend), dict(length=3 * CONFIG.block_size, seed=2, prompt="a")
+    if backend.name == "dask":  # a stream is drawn in this process, not as Dask tasks
+        with pytest.raises(ValueError, match="in this process"):
+            sample(params, TOKENIZER, 2, **kw)  # type: ignore[arg-type]
+        return
+    want = sample(_params(), TOKENIZER, 2, **kw)  # type: ignore[arg-type]
+    assert sample(params, TOKENIZER, 2, **kw) == want  # type: ignore[arg-type]
 
 
-def test_independent_of_batch_size_many() -> None:
+def test_independent_of_batch_size_and_streamed_batch_by_batch() -> None:
     params = _params()
     ids = sample_tokens(params, BOS, 23, temperature=1.0, seed=5)
-    for batch_size in (1, 4, 7, 23, 100):
-        np.testing.assert_array_equal(
-            sample_tokens(params, BOS, 23, temperature=1.0, seed=5, batch_size=batch_size), ids
-        )
-    # the first samples of a longer run are the samples of a shorter one
-    np.testing.assert_array_equal(sample_tokens(params, BOS, 5, temperature=1.0, seed=5), ids[:5])
-
-
-def test_iter_samples_streams_batches_of_the_same_names() -> None:
-    params = _params()
     names = sample(params, TOKENIZER, 23, temperature=1.0, seed=5)
-    for batch_size in (1, 5, 23, 100):
-        batches = list(
-            iter_samples(params, TOKENIZER, 23, batch_size=batch_size, temperature=1.0, seed=5)
-        )
-        assert [len(b) for b in batches] == [
-            min(batch_size, 23 - i) for i in range(0, 23, batch_size)
-        ]
+    for bs in (1, 4, 5, 7, 23, 100):
+        got = sample_tokens(params, BOS, 23, temperature=1.0, seed=5, batch_size=bs)
+        np.testing.assert_array_equal(got, ids)
+        batches = list(iter_samples(params, TOKENIZER, 23, batch_size=bs, temperature=1.0, seed=5))
+        assert [len(b) for b in batches] == [min(bs, 23 - i) for i in range(0, 23, bs)]
         assert [name for b in batches for name in b] == names
-
-
-def test_iter_samples_takes_memory_of_a_batch_not_of_all_samples() -> None:
+    # the first samples of a longer run are the samples of a shorter one; seeds differ
+    np.testing.assert_array_equal(sample_tokens(params, BOS, 5, temperature=1.0, seed=5), ids[:5])
+    other = sample(params, TOKENIZER, 20, temperature=1.0, seed=2)
+    assert sample(params, TOKENIZER, 20, temperature=1.0, seed=1) != other
     # a trillion samples: only the batches taken are made (no O(N) list or array)
-    params = _params()
     batches = iter_samples(params, TOKENIZER, 10**12, batch_size=4, temperature=1.0, seed=5)
     first, second = next(batches), next(batches)
     batches.close()
@@ -128,13 +113,12 @@ def test_arguments_are_checked_at_the_call(fn: Any) -> None:
         fn(_params(), TOKENIZER, 3, batch_size=0)
     with pytest.raises(ValueError, match="tokenizer has 7 ids but the model 6"):
         fn(_params(), Tokenizer("abcdef"), 3)
-
-
-def test_seed_changes_the_samples() -> None:
-    params = _params()
-    assert sample(params, TOKENIZER, 20, temperature=1.0, seed=1) != sample(
-        params, TOKENIZER, 20, temperature=1.0, seed=2
-    )
+    with pytest.raises(ValueError, match="in this process") as info:  # a stream is drawn here
+        fn(_params(), TOKENIZER, 2, length=5, workers=2)
+    assert info.value.param == "length"
+    for bos in (-1, CONFIG.vocab_size):
+        with pytest.raises(ValueError, match="bos"):
+            sample_tokens(_params(), bos, 2)
 
 
 # -- the protocol -------------------------------------------------------------------------------
@@ -154,25 +138,40 @@ def test_matches_the_reference_sampler(backend: Any, temperature: float) -> None
         assert _cut(ids[i]) == want, i
 
 
-def test_samples_are_valid_names() -> None:
+def test_samples_are_valid_names_and_temperature_narrows_them() -> None:
     params = _params(seed=4)
     n = 60
     ids = sample_tokens(params, BOS, n, temperature=1.0, seed=0)
     assert ids.shape == (n, CONFIG.block_size) and ids.dtype == np.int64
     assert ids.min() >= 0 and ids.max() < CONFIG.vocab_size
     names = sample(params, TOKENIZER, n, temperature=1.0, seed=0)
-    lengths = []
     for row, name in zip(ids, names, strict=True):
         prefix = _cut(row)
-        # after the first BOS, only BOS
-        assert np.all(row[len(prefix) :] == BOS)
+        assert np.all(row[len(prefix) :] == BOS)  # after the first BOS, only BOS
         assert name == "".join(TOKENIZER.chars[i] for i in prefix)
-        assert set(name) <= set(TOKENIZER.chars)
-        assert len(name) <= CONFIG.block_size
-        lengths.append(len(name))
+        assert set(name) <= set(TOKENIZER.chars) and len(name) <= CONFIG.block_size
+    lengths = [len(name) for name in names]
     # both ways of stopping happen: a sampled BOS and the end of the block
-    assert min(lengths) < CONFIG.block_size
-    assert max(lengths) == CONFIG.block_size
+    assert min(lengths) < CONFIG.block_size and max(lengths) == CONFIG.block_size
+    # a tie at zero temperature is drawn among
+    # every lm_head row equal: every id ties for the largest logit at every position,
+    # so the uniforms choose among all of them (not always the first id)
+    params = _params(seed=2)
+    head = np.broadcast_to(params.lm_head[:1], params.lm_head.shape).copy()
+    tied = Params(**{**params.arrays(), "lm_head": head}, config=CONFIG)
+    names = sample(tied, TOKENIZER, 40, temperature=1e-320, seed=0)
+    assert len(set(names)) > 10 and set("".join(names)) == set(TOKENIZER.chars)
+    # lower temperature fewer distinct samples
+    params = _params(seed=0)
+    distinct = [
+        len(set(sample(params, TOKENIZER, 40, temperature=t, seed=7))) for t in (1.0, 0.05, 1e-3)
+    ]
+    assert distinct[0] > distinct[1] > distinct[2] == 1 and distinct[0] >= 20
+    # a temperature of any real number type
+    p32 = _params(dtype="float32")
+    for t in (np.float32(0.5), np.float64(0.5), 1, np.int64(1), fractions.Fraction(1, 2)):
+        want = sample(p32, TOKENIZER, 6, temperature=float(t), seed=4)
+        assert sample(p32, TOKENIZER, 6, temperature=t, seed=4) == want, t
 
 
 def _greedy(params: Params) -> list[int]:
@@ -188,22 +187,16 @@ def _greedy(params: Params) -> list[int]:
     return tokens[1:]
 
 
-def test_low_temperature_is_argmax() -> None:
-    params = _params(seed=2)
-    greedy = "".join(TOKENIZER.chars[i] for i in _greedy(params))
-    assert sample(params, TOKENIZER, 30, temperature=1e-3, seed=0) == [greedy] * 30
-
-
 @pytest.mark.parametrize(
     ("dtype", "temperature"),
     [("float32", 1e-40), ("float32", 1e-37), ("float32", 5e-324), ("float64", 1e-310),
-     ("float64", 5e-324)],
+     ("float64", 5e-324), ("float64", 1e-3)],
 )  # fmt: skip
-def test_a_temperature_whose_inverse_overflows_is_argmax(dtype: str, temperature: float) -> None:
-    # 1/T (or logits/T) overflows the dtype: sampling must still be the T -> 0 limit
+def test_a_low_temperature_is_argmax(dtype: str, temperature: float) -> None:
+    # 1e-3; or 1/T (or logits/T) overflows the dtype: sampling must still be the T -> 0 limit
     params = _params(dtype=dtype, seed=2)
     greedy = "".join(TOKENIZER.chars[i] for i in _greedy(params))
-    assert sample(params, TOKENIZER, 5, temperature=temperature, seed=0) == [greedy] * 5
+    assert sample(params, TOKENIZER, 30, temperature=temperature, seed=0) == [greedy] * 30
     if np.float32(temperature) > 0:  # 5e-324 is 0 in float32
         as_float32 = np.float32(temperature)
         assert sample(params, TOKENIZER, 5, temperature=as_float32, seed=0) == [greedy] * 5
@@ -216,34 +209,6 @@ def test_a_temperature_whose_inverse_overflows_is_argmax_on_every_backend(
     params = _params(backend, dtype=dtype, seed=2)
     greedy = "".join(TOKENIZER.chars[i] for i in _greedy(_params(dtype=dtype, seed=2)))
     assert sample(params, TOKENIZER, N, temperature=temperature, seed=0) == [greedy] * N
-
-
-def test_a_tie_at_zero_temperature_is_drawn_among() -> None:
-    # every lm_head row equal: every id ties for the largest logit at every position,
-    # so the uniforms choose among all of them (not always the first id)
-    params = _params(seed=2)
-    head = np.broadcast_to(params.lm_head[:1], params.lm_head.shape).copy()
-    tied = Params(**{**params.arrays(), "lm_head": head}, config=CONFIG)
-    names = sample(tied, TOKENIZER, 40, temperature=1e-320, seed=0)
-    assert len(set(names)) > 10 and set("".join(names)) == set(TOKENIZER.chars)
-
-
-@pytest.mark.parametrize(
-    "temperature", [np.float32(0.5), np.float64(0.5), 1, np.int64(1), fractions.Fraction(1, 2)]
-)
-def test_temperature_of_any_real_number_type(temperature: Any) -> None:
-    params = _params(dtype="float32")
-    want = sample(params, TOKENIZER, 6, temperature=float(temperature), seed=4)
-    assert sample(params, TOKENIZER, 6, temperature=temperature, seed=4) == want
-
-
-def test_lower_temperature_fewer_distinct_samples() -> None:
-    params = _params(seed=0)
-    distinct = [
-        len(set(sample(params, TOKENIZER, 40, temperature=t, seed=7))) for t in (1.0, 0.05, 1e-3)
-    ]
-    assert distinct[0] > distinct[1] > distinct[2] == 1
-    assert distinct[0] >= 20
 
 
 # -- choose --------------------------------------------------------------------------------
@@ -267,11 +232,8 @@ def test_choose_matches_random_choices(backend: Any) -> None:
     ]
     assert want == [_stdlib_draw(probs[i].tolist(), u[i]) for i in range(b)]
     got = backend.to_numpy(choose(backend.asarray(probs), backend.asarray(u)))
-    assert got.shape == (b,)
-    assert got.tolist() == want
-
-
-def test_choose_edges() -> None:
+    assert got.shape == (b,) and got.tolist() == want
+    # choose edges
     probs = np.array(
         [
             [0.0, 0.0, 1.0, 0.0],  # one-hot: always index 2
@@ -283,30 +245,22 @@ def test_choose_edges() -> None:
     )
     u = np.array([0.0, math.nextafter(1.0, 0.0), 0.0, math.nextafter(1.0, 0.0), 0.5])
     want = [_stdlib_draw(p.tolist(), x) for p, x in zip(probs, u, strict=True)]
-    assert want == [2, 2, 1, 3, 2]
-    assert choose(probs, u).tolist() == want
+    assert want == [2, 2, 1, 3, 2] and choose(probs, u).tolist() == want
 
 
 # -- errors ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("num_samples", [0, -1, 2.0, True])
-def test_bad_num_samples(num_samples: Any) -> None:
-    with pytest.raises(ValueError, match="num_samples must be a positive int") as info:
-        sample(_params(), TOKENIZER, num_samples)
-    assert info.value.param == "num_samples"  # type: ignore[attr-defined]
-
-
 @pytest.mark.parametrize(
-    "temperature", [0, 0.0, -0.5, math.nan, math.inf, "1", True, np.bool_(True), 1j, None]
-)
-def test_bad_temperature(temperature: Any) -> None:
-    with pytest.raises(ValueError, match="temperature"):
-        sample(_params(), TOKENIZER, 2, temperature=temperature)
-
-
-@pytest.mark.parametrize("bos", [-1, CONFIG.vocab_size])
-def test_bad_bos(bos: int) -> None:
-    with pytest.raises(ValueError, match="bos"):
-        sample_tokens(_params(), bos, 2)
+    ("kwargs", "match", "param"),
+    [*[({"num_samples": v}, "num_samples must be a positive int", "num_samples")
+       for v in (0, -1, 2.0, True)],
+     *[({"temperature": v}, "temperature", None)
+       for v in (0, 0.0, -0.5, math.nan, math.inf, "1", True, np.bool_(True), 1j, None)],
+     *[({"length": v}, "length", "length") for v in (0, -1, 2.0, True, "3")]],
+)  # fmt: skip
+def test_bad_arguments(kwargs: dict[str, Any], match: str, param: str | None) -> None:
+    with pytest.raises(ValueError, match=match) as info:
+        sample(_params(), TOKENIZER, **{"num_samples": 2, **kwargs})
+    assert param is None or info.value.param == param  # type: ignore[attr-defined]
 
 
 # -- streams of text (length=N) ---------------------------------------------------------------
@@ -336,19 +290,17 @@ def _reference_stream(
     return out
 
 
-@pytest.mark.parametrize("prompt", ["", "ab"])
-def test_a_stream_is_the_naive_window_rule(prompt: str) -> None:
+@pytest.mark.parametrize(("prompt", "other"), [("", ""), ("ab", "cd")])
+def test_a_stream_is_the_naive_window_rule_and_begins_with_a_document(
+    prompt: str, other: str
+) -> None:
     params = _params(seed=1)
     length = 5 * CONFIG.block_size  # several slides, and drawn BOS (random weights) restart
     got = sample(params, TOKENIZER, 1, length=length, seed=7, temperature=0.9, prompt=prompt)
-    ids = TOKENIZER.encode(prompt)
-    want = _reference_stream(params, 7, length, 0.9, ids)
-    assert got == [prompt + TOKENIZER.decode(want)]
-    assert len(got[0]) == len(prompt) + length
-
-
-@pytest.mark.parametrize("prompt", ["", "cd"])
-def test_a_stream_begins_with_the_document_of_the_same_uniforms(prompt: str) -> None:
+    want = _reference_stream(params, 7, length, 0.9, TOKENIZER.encode(prompt))
+    assert got == [prompt + TOKENIZER.decode(want)] and len(got[0]) == len(prompt) + length
+    # a stream begins with the document of the same uniforms
+    prompt = other
     params = _params(seed=3)
     names = sample(params, TOKENIZER, 12, temperature=1.0, seed=4, prompt=prompt)
     streams = sample(params, TOKENIZER, 12, temperature=1.0, seed=4, prompt=prompt, length=30)
@@ -370,9 +322,9 @@ def test_streams_are_reproducible_by_seed_and_prefixes_of_longer_ones() -> None:
     assert all(len(s) == 50 and set(s) <= set(TOKENIZER.chars) for s in one)
     ids = sample_tokens(params, BOS, 3, length=50, seed=5, temperature=0.8, top_k=3)
     assert ids.shape == (3, 50) and [TOKENIZER.decode(r) for r in ids] == one
-
-
-def test_iter_samples_streams_pieces_as_they_are_drawn() -> None:
+    got = sample(params, TOKENIZER, 2, length=40, temperature=1e-3, seed=0)
+    assert got[0] == got[1]  # greedy through slides: no uniform matters
+    # iter samples streams pieces as they are drawn
     params = _params()
     pieces = iter_samples(params, TOKENIZER, 2, length=20, seed=1, prompt="e")
     assert next(pieces) == "e"  # the prompt first, before anything is drawn
@@ -381,25 +333,6 @@ def test_iter_samples_streams_pieces_as_they_are_drawn() -> None:
     assert "e" + "".join(rest) == "".join(
         sample(params, TOKENIZER, 2, length=20, seed=1, prompt="e")
     )
-
-
-def test_a_low_temperature_stream_is_greedy_through_slides() -> None:
-    params = _params(seed=2)
-    got = sample(params, TOKENIZER, 2, length=40, temperature=1e-3, seed=0)
-    assert got[0] == got[1]  # no uniform matters
-
-
-@pytest.mark.parametrize("length", [0, -1, 2.0, True, "3"])
-def test_bad_length(length: Any) -> None:
-    with pytest.raises(ValueError, match="length") as info:
-        sample(_params(), TOKENIZER, 1, length=length)
-    assert info.value.param == "length"  # type: ignore[attr-defined]
-
-
-def test_a_stream_is_drawn_in_this_process() -> None:
-    with pytest.raises(ValueError, match="in this process") as info:
-        iter_samples(_params(), TOKENIZER, 2, length=5, workers=2)
-    assert info.value.param == "length"  # type: ignore[attr-defined]
 
 
 # -- the command line ---------------------------------------------------------------------------
@@ -429,25 +362,7 @@ def test_cli_length_streams_a_passage(capsys: Any, monkeypatch: Any, checkpoints
     assert got["samples"] == sample(checkpoints["params"], TOKENIZER, 2, length=9, seed=3)
 
 
-def test_cli_length_on_a_document_checkpoint_is_a_usage_error(
-    capsys: Any, checkpoints: Any
-) -> None:
-    rc = main(["sample", "--checkpoint", str(checkpoints["docs"]), "--length", "10"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "--length" in err and "documents" in err and err.count("\n") == 1
-
-
-def test_a_stream_on_every_backend(backend: Any) -> None:
-    params, kw = _params(backend), dict(length=3 * CONFIG.block_size, seed=2, prompt="a")
-    if backend.name == "dask":  # a stream is drawn in this process, not as Dask tasks
-        with pytest.raises(ValueError, match="in this process"):
-            sample(params, TOKENIZER, 2, **kw)  # type: ignore[arg-type]
-        return
-    want = sample(_params(), TOKENIZER, 2, **kw)  # type: ignore[arg-type]
-    assert sample(params, TOKENIZER, 2, **kw) == want  # type: ignore[arg-type]
-
-
-def test_cli_length_out_writes_the_passages(capsys: Any, tmp_path: Any, checkpoints: Any) -> None:
+def test_cli_length_out_and_usage_errors(capsys: Any, tmp_path: Any, checkpoints: Any) -> None:
     out = tmp_path / "passages.txt"
     argv = ["sample", "--checkpoint", str(checkpoints["text"]), "--length", "12", "--seed", "1"]
     assert main([*argv, "--num-samples", "3", "--out", str(out)]) == 0
@@ -456,3 +371,7 @@ def test_cli_length_out_writes_the_passages(capsys: Any, tmp_path: Any, checkpoi
     assert capsys.readouterr().out == f"wrote 3 passages of 12 characters to {out}\n"
     assert main([*argv, "--workers", "2"]) == 2
     assert "--workers" in capsys.readouterr().err
+    # --length on a document checkpoint is a usage error
+    rc = main(["sample", "--checkpoint", str(checkpoints["docs"]), "--length", "10"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--length" in err and "documents" in err and err.count("\n") == 1

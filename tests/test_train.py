@@ -1,5 +1,5 @@
-"""Tests of microgpt_xp.train: determinism, callbacks, resuming, non-finite losses, argument
-errors, and (slow) that a short run on names.txt learns."""
+"""microgpt_xp.train: determinism, callbacks, resuming, non-finite losses, argument errors,
+and (slow) that a short run on names.txt learns."""
 
 from __future__ import annotations
 
@@ -9,18 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from xp_testing import assert_params_equal
+from xp_testing import assert_params_equal, host_arrays
 
-from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, score
+from microgpt_xp import GPTConfig, Params, Tokenizer, init_params, loss_and_grads, read_docs, score
 from microgpt_xp.checkpoint import load
-from microgpt_xp.data import (
-    DataError,
-    Tokenizer,
-    batch_indices,
-    encode_docs,
-    read_docs,
-    take_batch,
-)
+from microgpt_xp.data import DataError, batch_indices, encode_docs, take_batch
 from microgpt_xp.train import ResumeError, TrainingError, TrainResult, train
 
 # Every document has the same length, so every batch has the same shape: backends that
@@ -41,10 +34,6 @@ def _run(backend: Any = None, docs: list[str] = DOCS, **kwargs: Any) -> TrainRes
     return train(docs, **args)
 
 
-def _host(p: Params) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in p.to("numpy").arrays().items()}
-
-
 # -- determinism ------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_deterministic_for_a_seed(backend: Any, dtype: str) -> None:
@@ -54,48 +43,31 @@ def test_deterministic_for_a_seed(backend: Any, dtype: str) -> None:
     assert all(isinstance(x, float) and math.isfinite(x) for x in r1.losses)
     assert r1.losses == r2.losses
     assert_params_equal(r1.params, r2.params)
-    assert r1.params.backend == backend.name
-    assert str(r1.params.dtype).endswith(dtype)
+    assert r1.params.backend == backend.name and str(r1.params.dtype).endswith(dtype)
     assert r1.step == STEPS and r1.start_step == 0 and r1.adam.t == STEPS
-    assert r1.adam.num_steps == STEPS
-    assert r1.tokenizer == TOKENIZER
+    assert r1.adam.num_steps == STEPS and r1.tokenizer == TOKENIZER
     # training moved the weights
-    init = _host(init_params(CONFIG, seed=1, dtype=dtype))
-    assert any(not np.array_equal(init[k], v) for k, v in _host(r1.params).items())
+    init = host_arrays(init_params(CONFIG, seed=1, dtype=dtype))
+    assert any(not np.array_equal(init[k], v) for k, v in host_arrays(r1.params).items())
+    # the same seed gives the same run on every backend (float64, to rounding)
+    if backend.name != "numpy" and dtype == "float64":
+        np.testing.assert_allclose(r1.losses, _run().losses, rtol=1e-12, atol=0)
 
 
-def test_backend_matches_numpy(backend: Any) -> None:
-    """The same seed gives the same run on every backend (float64, to rounding)."""
-    if backend.name == "numpy":
-        pytest.skip("NumPy is the reference here: it would be compared with itself")
-    got = _run(backend).losses
-    want = _run().losses
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
-
-
-def test_seed_changes_the_run() -> None:
-    assert _run(seed=1).losses != _run(seed=2).losses
-
-
-def test_first_loss_is_before_the_update() -> None:
-    """losses[0] is the batch loss of the initial weights on step 0's documents."""
-    result = _run()
+def test_callback_and_first_loss() -> None:
+    """The callback gets (step, loss); losses[0] is the batch loss of the initial weights
+    on step 0's documents; another seed gives another run."""
+    calls: list[tuple[int, float]] = []
+    result = _run(callback=lambda step, loss: calls.append((step, loss)))
+    assert [s for s, _ in calls] == list(range(1, STEPS + 1))
+    assert all(isinstance(s, int) and isinstance(x, float) for s, x in calls)
+    assert [x for _, x in calls] == result.losses and _run(seed=2).losses != result.losses
     params = init_params(CONFIG, seed=1, dtype="float64")
     tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
     tok, lens = take_batch(tokens, lengths, batch_indices(len(DOCS), BATCH, 0, seed=1))
     loss, _ = loss_and_grads(params, tok, lens)
     assert result.losses[0] == float(loss)
-
-
-def test_callback_gets_step_and_loss() -> None:
-    calls: list[tuple[int, float]] = []
-    result = _run(callback=lambda step, loss: calls.append((step, loss)))
-    assert [s for s, _ in calls] == list(range(1, STEPS + 1))
-    assert all(isinstance(s, int) and isinstance(x, float) for s, x in calls)
-    assert [x for _, x in calls] == result.losses
-
-
-def test_default_corpus_and_tokenizer() -> None:
+    # default corpus and tokenizer
     result = train(steps=1, batch_size=2, dtype="float64")
     assert set(result.tokenizer.chars) <= set("abcdefghijklmnopqrstuvwxyz")
     assert result.params.config == GPTConfig(result.tokenizer.vocab_size)
@@ -115,7 +87,8 @@ def _interrupt_at(step_to_fail: int) -> Any:
     return callback
 
 
-def _resume_matches(backend: Any, tmp_path: Path, k: int) -> None:
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_resume_gives_the_uninterrupted_run(backend: Any, tmp_path: Path, k: int) -> None:
     full = _run(backend)
     path = tmp_path / "run.ckpt"
     # checkpoint every step; the interrupt comes in step k + 1, before its save
@@ -127,8 +100,7 @@ def _resume_matches(backend: Any, tmp_path: Path, k: int) -> None:
         backend, checkpoint=path, resume=True, callback=lambda step, loss: seen.append(step)
     )
     assert resumed.start_step == k and resumed.step == STEPS
-    assert seen == list(range(k + 1, STEPS + 1))
-    assert resumed.losses == full.losses[k:]
+    assert seen == list(range(k + 1, STEPS + 1)) and resumed.losses == full.losses[k:]
     assert_params_equal(resumed.params, full.params)
     assert resumed.adam.t == STEPS
     final = load(path)
@@ -136,34 +108,17 @@ def _resume_matches(backend: Any, tmp_path: Path, k: int) -> None:
     assert_params_equal(final.params, full.params.to("numpy"))
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_resume_gives_the_uninterrupted_run(tmp_path: Path, k: int) -> None:
-    _resume_matches(None, tmp_path, k)
-
-
-def test_resume_on_backend(backend: Any, tmp_path: Path) -> None:
-    _resume_matches(backend, tmp_path, 2)
-
-
-def test_resume_without_a_checkpoint_file_starts_fresh(tmp_path: Path) -> None:
+def test_resume_without_a_file_starts_fresh_and_a_finished_run_is_done(tmp_path: Path) -> None:
     path = tmp_path / "new.ckpt"
     result = _run(checkpoint=path, resume=True)
-    assert result.start_step == 0
-    assert result.losses == _run().losses
+    assert result.start_step == 0 and result.losses == _run().losses
     saved = load(path)
     assert saved.step == STEPS and saved.tokenizer == TOKENIZER
     assert_params_equal(saved.params, result.params)
-
-
-def test_resume_a_finished_run(tmp_path: Path) -> None:
-    path = tmp_path / "done.ckpt"
-    first = _run(checkpoint=path)
     again = _run(checkpoint=path, resume=True)
     assert again.losses == [] and again.start_step == again.step == STEPS
-    assert_params_equal(again.params, first.params)
-
-
-def test_checkpoint_every(tmp_path: Path) -> None:
+    assert_params_equal(again.params, result.params)
+    # checkpoint every
     path = tmp_path / "every.ckpt"
     seen: list[int | None] = []
 
@@ -172,8 +127,7 @@ def test_checkpoint_every(tmp_path: Path) -> None:
         seen.append(load(path).step if path.exists() else None)
 
     _run(checkpoint=path, checkpoint_every=2, callback=callback)
-    assert seen == [None, None, 2, 2]
-    assert load(path).step == STEPS
+    assert seen == [None, None, 2, 2] and load(path).step == STEPS
 
 
 def _interrupted(path: Path, k: int = 2) -> None:
@@ -185,15 +139,11 @@ def _interrupted(path: Path, k: int = 2) -> None:
 
 @pytest.mark.parametrize(
     ("change", "option", "saved", "given"),
-    [
-        ({"seed": 2}, "seed", 1, 2),
-        ({"batch_size": 2}, "batch_size", BATCH, 2),
-        ({"lr": 0.02}, "lr", 0.05, 0.02),
-        ({"dtype": "float32"}, "dtype", "float64", "float32"),
-        ({"reduction": "token_mean"}, "reduction", "mean", "token_mean"),
-        ({"steps": STEPS + 1}, "steps", STEPS, STEPS + 1),
-    ],
-)
+    [({"seed": 2}, "seed", 1, 2), ({"batch_size": 2}, "batch_size", BATCH, 2),
+     ({"lr": 0.02}, "lr", 0.05, 0.02), ({"dtype": "float32"}, "dtype", "float64", "float32"),
+     ({"reduction": "token_mean"}, "reduction", "mean", "token_mean"),
+     ({"steps": STEPS + 1}, "steps", STEPS, STEPS + 1)],
+)  # fmt: skip
 def test_resume_refuses_to_change_the_run(
     tmp_path: Path, change: dict[str, Any], option: str, saved: Any, given: Any
 ) -> None:
@@ -207,24 +157,7 @@ def test_resume_refuses_to_change_the_run(
     assert load(path).step == 2  # the checkpoint is left as it was
 
 
-def test_resume_refuses_another_corpus_or_config(tmp_path: Path) -> None:
-    path = tmp_path / "run.ckpt"
-    _interrupted(path)
-    with pytest.raises(ResumeError, match="with docs='sha256:") as info:
-        _run(docs=list(reversed(DOCS)), checkpoint=path, resume=True)
-    assert info.value.option == "docs"
-    other = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=4, n_head=2, block_size=8)
-    with pytest.raises(ResumeError, match=r"with config=GPTConfig.*n_embd=4") as info:
-        _run(checkpoint=path, resume=True, config=other)
-    assert info.value.option == "config" and info.value.saved == CONFIG
-    # other characters in a tokenizer of the same size: the same config
-    other_docs = [d.replace("d", "e") for d in DOCS]
-    with pytest.raises(ResumeError, match=r"chars 'abce'.*has tokenizer=.chars 'abcd'") as info:
-        _run(docs=other_docs, checkpoint=path, resume=True)
-    assert info.value.option == "tokenizer"
-
-
-def test_resume_extends_a_finished_run(tmp_path: Path) -> None:
+def test_resume_extends_a_finished_run_and_refuses_what_would_mix_runs(tmp_path: Path) -> None:
     path = tmp_path / "run.ckpt"
     _run(checkpoint=path)
     before = load(path)
@@ -243,16 +176,29 @@ def test_resume_extends_a_finished_run(tmp_path: Path) -> None:
         params = adam.step(params, grads)
     assert adam.lr_at(STEPS) == pytest.approx(0.05 * 3 / (STEPS + 3))
     assert_params_equal(longer.params, params)
-
-
-def test_an_existing_checkpoint_is_not_overwritten(tmp_path: Path) -> None:
-    path = tmp_path / "run.ckpt"
+    # an existing checkpoint is not overwritten
+    path = tmp_path / "other.ckpt"
     first = _run(checkpoint=path)
     with pytest.raises(FileExistsError, match=r"resume=True.*overwrite=True"):
         _run(checkpoint=path, seed=7)
     assert_params_equal(load(path).params, first.params)
     other = _run(checkpoint=path, seed=7, overwrite=True)
     assert_params_equal(load(path).params, other.params)
+    # resume refuses another corpus or config
+    path = tmp_path / "refused.ckpt"
+    _interrupted(path)
+    with pytest.raises(ResumeError, match="with docs='sha256:") as info:
+        _run(docs=list(reversed(DOCS)), checkpoint=path, resume=True)
+    assert info.value.option == "docs"
+    other = GPTConfig(TOKENIZER.vocab_size, n_layer=1, n_embd=4, n_head=2, block_size=8)
+    with pytest.raises(ResumeError, match=r"with config=GPTConfig.*n_embd=4") as info:
+        _run(checkpoint=path, resume=True, config=other)
+    assert info.value.option == "config" and info.value.saved == CONFIG
+    # other characters in a tokenizer of the same size: the same config
+    other_docs = [d.replace("d", "e") for d in DOCS]
+    with pytest.raises(ResumeError, match=r"chars 'abce'.*has tokenizer=.chars 'abcd'") as info:
+        _run(docs=other_docs, checkpoint=path, resume=True)
+    assert info.value.option == "tokenizer"
 
 
 # -- non-finite losses --------------------------------------------------------------------------
@@ -261,36 +207,27 @@ DIVERGING = dict(lr=1e20, dtype="float32", steps=30)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_non_finite_loss_raises() -> None:
+def test_non_finite_losses_and_weights(tmp_path: Path) -> None:
     with pytest.raises(TrainingError, match="the loss is nan at step 3") as info:
         _run(**DIVERGING)
     assert "checkpoint" not in str(info.value)
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_a_diverging_run_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
-    path = tmp_path / "run.ckpt"
+    path = tmp_path / "run.ckpt"  # non-finite weights are never saved
+    with pytest.raises(TrainingError, match="not finite after step 2"):
+        _run(**DIVERGING, checkpoint=path, checkpoint_every=2)
+    assert list(tmp_path.iterdir()) == []
+    # a diverging run keeps the last good checkpoint
     seen: list[int] = []
     with pytest.raises(TrainingError, match="not finite after step 2") as info:
         _run(**DIVERGING, checkpoint=path, checkpoint_every=1, callback=lambda s, _: seen.append(s))
-    assert str(path) in str(info.value)
-    assert seen == [1, 2]
+    assert str(path) in str(info.value) and seen == [1, 2]
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     saved = load(path)
     assert saved.step == 1 and saved.adam is not None and saved.adam.t == 1
-    assert all(np.isfinite(a).all() for a in _host(saved.params).values())
+    assert all(np.isfinite(a).all() for a in host_arrays(saved.params).values())
     # the kept checkpoint is the good one: resuming from it fails the same way
     with pytest.raises(TrainingError, match="not finite after step 2"):
         _run(**DIVERGING, checkpoint=path, checkpoint_every=1, resume=True)
     assert load(path).step == 1
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_non_finite_weights_are_never_saved(tmp_path: Path) -> None:
-    path = tmp_path / "run.ckpt"
-    with pytest.raises(TrainingError, match="not finite after step 2"):
-        _run(**DIVERGING, checkpoint=path, checkpoint_every=2)
-    assert list(tmp_path.iterdir()) == []
 
 
 # -- argument errors -----------------------------------------------------------------------------
@@ -307,6 +244,12 @@ _BAD = [
     ({"eval_tokens": 50}, ValueError, r"eval_tokens= needs held-out data"),
     ({"checkpoint_every": 2}, ValueError, r"checkpoint_every= needs a checkpoint"),
     ({"overwrite": True}, ValueError, r"overwrite= needs a checkpoint"),
+    ({"batch_size": len(DOCS) + 1}, DataError, "8 documents, fewer than the batch size 9"),
+    (
+        {"docs": [*DOCS, "abce"], "steps": 1, "batch_size": 1, "tokenizer": TOKENIZER},
+        ValueError,
+        "'e'",
+    ),
 ]
 
 
@@ -322,16 +265,6 @@ def test_bad_arguments(args: dict[str, Any], error: type, match: str) -> None:
         _run(**args)
     if "every" in match or "overwrite" in match:
         assert info.value.param == match.split("=")[0]  # type: ignore[attr-defined]
-
-
-def test_corpus_smaller_than_batch() -> None:
-    with pytest.raises(DataError, match=f"{len(DOCS)} documents, fewer than the batch size 9"):
-        _run(batch_size=len(DOCS) + 1)
-
-
-def test_unknown_character_for_tokenizer() -> None:
-    with pytest.raises(ValueError, match="'e'"):
-        train([*DOCS, "abce"], steps=1, batch_size=1, tokenizer=TOKENIZER, config=CONFIG)
 
 
 # -- it learns -----------------------------------------------------------------------------------

@@ -1,8 +1,5 @@
-"""Bad inputs fail with a clear ``ValueError`` / ``TypeError`` that names the problem.
-
-Value checks on lazy (Dask) arrays may only fire when the result is computed, so every
-call goes through :func:`realize`, which computes what the call returned.
-"""
+"""Bad inputs fail with a clear ``ValueError`` / ``TypeError`` that names the problem; every
+call goes through :func:`realize` (lazy Dask checks fire when computed)."""
 
 from __future__ import annotations
 
@@ -51,8 +48,8 @@ CALLS: dict[str, Any] = {"forward": forward, "loss_and_grads": loss_and_grads, "
 DOCS = ("loss_and_grads", "score")  # the calls whose rows are documents (targets included)
 
 
-def test_good_inputs_pass(backend: Any) -> None:
-    """The baseline the other tests perturb is accepted."""
+def test_good_inputs_pass_bad_reductions_and_decode_steps_fail(backend: Any) -> None:
+    """The baseline the other tests perturb is accepted; an unknown reduction is not."""
     params = params_on(backend)
     tokens, lengths = ints(backend, GOOD_TOKENS), ints(backend, GOOD_LENGTHS)
     assert realize(backend, forward(params, tokens, lengths)).shape == (2, 4, 7)
@@ -61,6 +58,24 @@ def test_good_inputs_pass(backend: Any) -> None:
     for call in DOCS:  # documents of block_size + 1 tokens fit
         fits = np.zeros((2, CONFIG.block_size + 1), dtype=np.int64)
         realize(backend, CALLS[call](params, ints(backend, fits), ints(backend, [6, 2])))
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'token_mean'"):
+        loss_and_grads(params, tokens, lengths, reduction="sum")  # type: ignore[arg-type]
+    # decode step errors
+    cache = KVCache()
+    ids = ints(backend, [1, 2])
+    for _ in range(CONFIG.block_size):
+        _, cache = decode_step(params, ids, cache)
+    assert cache.pos == CONFIG.block_size
+    with pytest.raises(ValueError, match=r"cache is full: position 5 is past block_size 5"):
+        decode_step(params, ids, cache)
+    with pytest.raises(ValueError, match="token_ids must be 1-d"):
+        decode_step(params, ints(backend, [[1, 2]]), KVCache())
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        decode_step(params, ints(backend, [1, 2]), None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tokens must have an integer dtype"):
+        decode_step(params, backend.asarray([1.0, 2.0], "float64"), KVCache())
+    with pytest.raises(ValueError, match=r"token id.*\[0, 7\)"):
+        realize(backend, decode_step(params, ints(backend, [1, 7]), KVCache())[0])
 
 
 def _bad_id(bad: int) -> np.ndarray:
@@ -114,17 +129,6 @@ def test_bad_batches(
             realize(backend, CALLS[call](*args))
 
 
-def test_tokens_must_be_an_array() -> None:
-    with pytest.raises(TypeError, match="tokens must be an array"):
-        forward(init_params(CONFIG), GOOD_TOKENS)
-
-
-def test_unknown_reduction(backend: Any) -> None:
-    tokens, lengths = ints(backend, GOOD_TOKENS), ints(backend, GOOD_LENGTHS)
-    with pytest.raises(ValueError, match="reduction must be 'mean' or 'token_mean'"):
-        loss_and_grads(params_on(backend), tokens, lengths, reduction="sum")  # type: ignore[arg-type]
-
-
 # -- namespaces and devices ----------------------------------------------------------------------
 def test_tokens_of_another_namespace(backend: Any) -> None:
     """NumPy tokens with the backend's params (array-api-strict ones on the NumPy backend)."""
@@ -149,7 +153,7 @@ def test_numpy_tokens_with_torch_params() -> None:
         decode_step(params, np.array([1, 2]), KVCache())
 
 
-def test_array_api_strict_tokens_on_another_device() -> None:
+def test_array_api_strict_tokens_and_params_on_other_devices() -> None:
     strict = pytest.importorskip("array_api_strict")
     params = init_params(CONFIG, backend="array_api_strict", device="device1")
     cpu = strict.Device("CPU_DEVICE")
@@ -160,48 +164,27 @@ def test_array_api_strict_tokens_on_another_device() -> None:
     lengths = strict.asarray(np.array(GOOD_LENGTHS), device=cpu)
     with pytest.raises(ValueError, match=r"lengths is on device .*CPU_DEVICE"):
         loss_and_grads(params, on_params_device, lengths)
-
-
-# -- decode_step ---------------------------------------------------------------------------------
-def test_decode_step_past_block_size(backend: Any) -> None:
-    params = params_on(backend)
-    cache = KVCache()
-    ids = ints(backend, [1, 2])
-    for _ in range(CONFIG.block_size):
-        _, cache = decode_step(params, ids, cache)
-    assert cache.pos == CONFIG.block_size
-    with pytest.raises(ValueError, match=r"cache is full: position 5 is past block_size 5"):
-        decode_step(params, ids, cache)
-
-
-def test_decode_step_bad_arguments(backend: Any) -> None:
-    params = params_on(backend)
-    with pytest.raises(ValueError, match="token_ids must be 1-d"):
-        decode_step(params, ints(backend, [[1, 2]]), KVCache())
-    with pytest.raises(TypeError, match="cache must be a KVCache"):
-        decode_step(params, ints(backend, [1, 2]), None)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="tokens must have an integer dtype"):
-        decode_step(params, backend.asarray([1.0, 2.0], "float64"), KVCache())
-    with pytest.raises(ValueError, match=r"token id.*\[0, 7\)"):
-        realize(backend, decode_step(params, ints(backend, [1, 7]), KVCache())[0])
+    # Params of mixed namespaces or devices
+    arrays = init_params(CONFIG).arrays()
+    with pytest.raises(TypeError, match="Params fields must be arrays of one namespace"):
+        Params(CONFIG, **{**arrays, "lm_head": strict.asarray(arrays["lm_head"])})
+    other = init_params(CONFIG, backend="array_api_strict")
+    with pytest.raises(ValueError, match="Params fields must share one device"):
+        Params(CONFIG, **{**params.arrays(), "wpe": other.wpe})
 
 
 # -- state dicts -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("changes", "match"),
-    [
-        ({"layer0.mlp_fc2": None}, r"missing keys \['layer0.mlp_fc2'\]"),
-        ({"layer0.attn_bias": (8,)}, r"extra keys \['layer0.attn_bias'\]"),
-        ({"ln_f": (8,)}, r"extra keys \['ln_f'\]"),
-        ({"wte": (7, 9)}, r"'wte' has shape \(7,"),
-        ({"wpe": (4, 8)}, r"'wpe' has shape \(4,"),
-        ({"layer0.mlp_fc1": (8, 32)}, r"'layer0.mlp_fc1' has shape \(8,"),
-        ({"lm_head": (7,)}, r"'lm_head' has shape \(7,"),
-    ],
-)
+    [({"layer0.mlp_fc2": None}, r"missing keys \['layer0.mlp_fc2'\]"),
+     ({"layer0.attn_bias": (8,)}, r"extra keys \['layer0.attn_bias'\]"),
+     ({"ln_f": (8,)}, r"extra keys \['ln_f'\]"), ({"wte": (7, 9)}, r"'wte' has shape \(7,"),
+     ({"wpe": (4, 8)}, r"'wpe' has shape \(4,"), ({"lm_head": (7,)}, r"'lm_head' has shape \(7,"),
+     ({"layer0.mlp_fc1": (8, 32)}, r"'layer0.mlp_fc1' has shape \(8,")],
+)  # fmt: skip
 def test_state_dict_keys_and_shapes(changes: dict[str, Any], match: str) -> None:
     """A missing key (None), an extra key or a wrong shape (a shape) is named."""
-    sd = init_params(CONFIG, dtype="float64").to_state_dict()
+    sd = _sd()
     for key, shape in changes.items():
         if shape is None:
             del sd[key]
@@ -209,17 +192,6 @@ def test_state_dict_keys_and_shapes(changes: dict[str, Any], match: str) -> None
             sd[key] = np.zeros(shape)
     with pytest.raises(ValueError, match=match):
         Params.from_state_dict(sd, config=CONFIG)
-
-
-def test_state_dict_layer_count_must_match_config() -> None:
-    sd = init_params(GPTConfig(7, n_layer=2, n_embd=8, n_head=2, block_size=5)).to_state_dict()
-    with pytest.raises(ValueError, match=r"extra keys \['layer1.attn_wq'"):
-        Params.from_state_dict(sd, config=CONFIG)
-
-
-def test_state_dict_must_be_a_mapping() -> None:
-    with pytest.raises(TypeError, match="state_dict must be a mapping"):
-        Params.from_state_dict([("wte", np.zeros((7, 8)))])  # type: ignore[arg-type]
 
 
 # -- GPTConfig and Params ----------------------------------------------------------------------------
@@ -235,18 +207,47 @@ def test_config_fields_are_positive_ints(field: str, value: Any) -> None:
         GPTConfig(**{"vocab_size": 27, field: value})
 
 
-def test_config_heads_must_divide_width() -> None:
-    with pytest.raises(ValueError, match=r"n_embd \(16\) must be divisible by n_head \(3\)"):
-        GPTConfig(vocab_size=27, n_head=3)
+def _sd(config: GPTConfig = CONFIG) -> dict[str, Any]:
+    return init_params(config, dtype="float64").to_state_dict()
 
 
-def test_config_from_dict_unknown_key() -> None:
-    with pytest.raises(ValueError, match=r"unknown GPTConfig keys: \['dropout'\]"):
-        GPTConfig.from_dict({"vocab_size": 27, "dropout": 0.1})
+#: (call, error, match) of calls outside the batch checks
+CALL_ERRORS = [
+    (lambda: forward(init_params(CONFIG), GOOD_TOKENS), TypeError, "tokens must be an array"),
+    (lambda: Params.from_state_dict(_sd(GPTConfig(7, n_layer=2, n_embd=8, n_head=2, block_size=5)),
+                                    config=CONFIG), ValueError, r"extra keys \['layer1.attn_wq'"),
+    (lambda: Params.from_state_dict([("wte", np.zeros((7, 8)))]), TypeError,
+     "state_dict must be a mapping"),
+    (lambda: GPTConfig(vocab_size=27, n_head=3), ValueError,
+     r"n_embd \(16\) must be divisible by n_head \(3\)"),
+    (lambda: GPTConfig.from_dict({"vocab_size": 27, "dropout": 0.1}), ValueError,
+     r"unknown GPTConfig keys: \['dropout'\]"),
+    (lambda: init_params({"vocab_size": 27}), TypeError, "config must be a GPTConfig"),
+    *[(lambda kw=kw: init_params(CONFIG, **kw), ValueError, m) for kw, m in (
+        ({"backend": "tensorflow"}, "unknown backend 'tensorflow'"),
+        ({"dtype": "float16"}, "unsupported dtype 'float16'"))],
+    *[(lambda kw=kw: init_params(CONFIG).to(**kw), ValueError, m) for kw, m in (
+        ({"backend": "tensorflow"}, "unknown backend 'tensorflow'"),
+        ({"dtype": "float16"}, "unsupported dtype 'float16'"))],
+]  # fmt: skip
 
 
-def test_params_config_does_not_match_arrays(backend: Any) -> None:
-    arrays = params_on(backend).arrays()
+@pytest.mark.parametrize(("call", "error", "match"), CALL_ERRORS)
+def test_call_errors(call: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_params_checks(backend: Any) -> None:
+    """A wrong shape in any one field (not only the first), another config, mixed dtypes and
+    integer or float16 weights are refused."""
+    p = params_on(backend)
+    for name in FIELDS:
+        a = getattr(p, name)
+        smaller = a[..., :-1] if a.shape[-1] > 1 else a[:0]
+        with pytest.raises(ValueError, match=rf"Params.{name} has shape"):
+            Params(CONFIG, **{**p.arrays(), name: smaller})
+    arrays = p.arrays()
     narrower = GPTConfig(vocab_size=7, n_layer=1, n_embd=4, n_head=2, block_size=5)
     with pytest.raises(ValueError, match=r"Params.wte has shape \(7, 8\), but the config needs"):
         Params(narrower, **arrays)
@@ -255,66 +256,17 @@ def test_params_config_does_not_match_arrays(backend: Any) -> None:
         Params(deeper, **arrays)
     with pytest.raises(TypeError, match=r"Params\.config must be a GPTConfig"):
         Params(CONFIG.to_dict(), **arrays)  # type: ignore[arg-type]
-
-
-def test_params_mixed_dtypes_and_integer_weights(backend: Any) -> None:
-    p64 = params_on(backend)
     p32 = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float32")
     with pytest.raises(TypeError, match="Params fields must share one dtype"):
-        Params(CONFIG, **{**p64.arrays(), "wte": p32.wte})
-    as_int = {k: backend.asarray(np.zeros(a.shape), dtype="int64") for k, a in p64.arrays().items()}
+        Params(CONFIG, **{**p.arrays(), "wte": p32.wte})
+    as_int = {k: backend.asarray(np.zeros(a.shape), dtype="int64") for k, a in p.arrays().items()}
     with pytest.raises(TypeError, match=r"Params must be float32 or float64, got .*int64"):
         Params(CONFIG, **as_int)
     # float16 weights could not be checkpointed: they are refused where they are made
     if not hasattr(backend.xp, "float16"):
         return  # array-api-strict has no float16
     as_half = {
-        k: backend.asarray(np.zeros(a.shape), dtype="float16") for k, a in p64.arrays().items()
+        k: backend.asarray(np.zeros(a.shape), dtype="float16") for k, a in p.arrays().items()
     }
     with pytest.raises(TypeError, match=r"Params must be float32 or float64, got .*float16"):
         Params(CONFIG, **as_half)
-
-
-def test_params_mixed_namespaces() -> None:
-    strict = pytest.importorskip("array_api_strict")
-    arrays = init_params(CONFIG).arrays()
-    arrays["lm_head"] = strict.asarray(arrays["lm_head"])
-    with pytest.raises(TypeError, match="Params fields must be arrays of one namespace"):
-        Params(CONFIG, **arrays)
-
-
-def test_params_mixed_devices() -> None:
-    pytest.importorskip("array_api_strict")
-    p = init_params(CONFIG, backend="array_api_strict", device="device1")
-    other = init_params(CONFIG, backend="array_api_strict")
-    with pytest.raises(ValueError, match="Params fields must share one device"):
-        Params(CONFIG, **{**p.arrays(), "wpe": other.wpe})
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"backend": "tensorflow"}, "unknown backend 'tensorflow'"),
-        ({"dtype": "float16"}, "unsupported dtype 'float16'"),
-    ],
-)
-def test_init_params_bad_backend_or_dtype(kwargs: dict[str, str], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        init_params(CONFIG, **kwargs)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=match):
-        init_params(CONFIG).to(**kwargs)
-
-
-def test_init_params_needs_a_config() -> None:
-    with pytest.raises(TypeError, match="config must be a GPTConfig"):
-        init_params({"vocab_size": 27})  # type: ignore[arg-type]
-
-
-def test_every_field_is_checked(backend: Any) -> None:
-    """A wrong shape in any one field is caught (not only in the first)."""
-    p = params_on(backend)
-    for name in FIELDS:
-        a = getattr(p, name)
-        smaller = a[..., :-1] if a.shape[-1] > 1 else a[:0]
-        with pytest.raises(ValueError, match=rf"Params.{name} has shape"):
-            Params(CONFIG, **{**p.arrays(), name: smaller})

@@ -24,21 +24,12 @@ def xp_assert_close(
     what: str = "",
     elementwise: bool = False,
 ) -> None:
-    """Assert that ``actual`` is an array like ``like`` and close to ``desired``.
-
-    ``actual`` is a result of the library, compared as it is (not a host copy), so that a
-    result on the wrong namespace, dtype or device fails. ``like`` (default: ``desired``
-    itself) is an array whose namespace, dtype and device ``actual`` must share; it is
-    required when ``desired`` is not an array (a list or a number), and is how a host
-    (NumPy or list) reference is compared with a result of another backend.
-
-    Values are compared on the host, in float64, with equal shapes. By default the
-    error is norm-wise relative: ``max|actual - desired| <= atol + rtol * max|desired|``
-    (a relative error that does not blow up at entries near zero). ``elementwise=True``
-    checks every entry alone, ``|actual - desired| <= atol + rtol * |desired|``
-    (``numpy.testing.assert_allclose``'s rule). ``rtol=0`` (and ``atol=0``) asks for
-    equal values. Either way NaNs and infinities must stand where the desired ones do.
-    """
+    """Assert that ``actual`` (a library result, as it is) shares the namespace, dtype and
+    device of ``like`` (default ``desired``; required when ``desired`` is a host list, number
+    or NumPy array for another backend) and has ``desired``'s shape and values: on the host
+    in float64, ``max|a - d| <= atol + rtol * max|d|``, or with ``elementwise=True`` per entry
+    ``|a - d| <= atol + rtol * |d|``. ``rtol=0`` asks for equal values; NaNs and infinities
+    must stand where the desired ones do."""
     label = f"{what}: " if what else ""
     if like is None:
         if not array_api_compat.is_array_api_obj(desired):
@@ -91,10 +82,14 @@ def assert_params_equal(actual: Params, desired: Params) -> None:
         xp_assert_close(a, getattr(desired, name), rtol=0, what=name)
 
 
+def host_arrays(params: Params) -> dict[str, np.ndarray]:
+    """``params``' fields as NumPy arrays on the host."""
+    return {k: np.asarray(v) for k, v in params.to("numpy").arrays().items()}
+
+
 def state_dict_arrays(params: Params) -> dict[str, Any]:
-    """``params`` in the original's state-dict keys (``"wte"``, …, ``"layer0.attn_wq"``, …)
-    as arrays of its own namespace and device: the layer fields sliced, not copied to
-    the host, so that they can be compared with :func:`xp_assert_close`."""
+    """``params`` in the original's state-dict keys (``"wte"``, ``"layer0.attn_wq"``, …) as
+    arrays of its own namespace and device (layers sliced, not copied to the host)."""
     out = {}
     for key in reference.state_dict_keys(params.config.n_layer):
         layer, _, name = key.rpartition(".")
