@@ -53,7 +53,7 @@ from ._version import __version__
 from .data import Tokenizer, check_tokenizer
 from .model import KVCache, decode_step, forward, train_step
 from .optim import AdamConfig, AdamState, adam_init
-from .params import Params
+from .params import Params, flatten, unflatten
 from .sample import _position
 
 #: protobuf cannot serialize a message of 2 GiB or more (ONNX's single-file limit).
@@ -352,11 +352,12 @@ def _train_step_graph(
         for k, a in _state(params).items()
     }
     weights = {k: state[k] for k in params.arrays()}
-    adam = AdamState(state["adam_m"], state["adam_v"], state["adam_step"])
+    m, v = (unflatten(state[k], cfg) for k in ("adam_m", "adam_v"))
+    adam = AdamState(m, v, state["adam_step"])
     new_params, new_state, loss = train_step(
         Params.trusted(cfg, weights), adam, tokens, lengths, optimizer=optimizer
     )
-    new = {**new_params.arrays(), "adam_m": new_state.m, "adam_v": new_state.v}
+    new = {**new_params.arrays(), "adam_m": flatten(new_state.m), "adam_v": flatten(new_state.v)}
     new["adam_step"] = new_state.step
     outputs = {"loss": loss, **{f"new_{k}": new[k] for k in state}}
     shapes = {"loss": (), **{f"new_{k}": tuple(a.shape) for k, a in state.items()}}
@@ -365,8 +366,9 @@ def _train_step_graph(
 
 def _state(params: Params) -> dict[str, Any]:
     """The train_step graph's initial state (NumPy arrays or ndonnx constants)."""
-    adam = adam_init(params)
-    state = {**params.arrays(), "adam_m": adam.m, "adam_v": adam.v, "adam_step": adam.step}
+    adam = adam_init(params)  # the moments as one vector each, in flatten's layout
+    m, v = flatten(adam.m), flatten(adam.v)
+    state = {**params.arrays(), "adam_m": m, "adam_v": v, "adam_step": adam.step}
     return {k: state[k] for k in STATE}
 
 
