@@ -74,8 +74,9 @@ def test_weights_go_there_by_every_door_and_train_as_on_numpy(
         close(loss, want_loss, what="loss")
     for name, a in params.arrays().items():
         close(a, getattr(want_params, name), what=name)
-    close(state.m, want_state.m, what="m")
-    close(state.v, want_state.v, what="v")
+    for name in params.arrays():
+        close(getattr(state.m, name), getattr(want_state.m, name), what=f"m.{name}")
+        close(getattr(state.v, name), getattr(want_state.v, name), what=f"v.{name}")
     assert int(state.step) == 3
     _, grads = mx.loss_and_grads(params, xp.asarray(tokens), xp.asarray(lengths))
     updated, _ = mx.adam_update(params, grads, state)
@@ -172,4 +173,4 @@ def test_ndonnx_lazy_arrays_build_the_forward_with_unknown_batch_and_time(
         state = mx.adam_init(params)
         new, new_state, loss = mx.train_step(params, state, tokens, lengths, reduction=reduction)
         assert loss.ndim == 0 and tuple(new.wpe.shape) == (8, 8)
-        assert tuple(new_state.m.shape) == tuple(state.m.shape)
+        assert tuple(new_state.m.mlp_fc2.shape) == tuple(state.m.mlp_fc2.shape)
