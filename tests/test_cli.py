@@ -155,10 +155,17 @@ def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
     on_call(monkeypatch, train_module._Loop, "step", raise_at(stop + 1, KeyboardInterrupt()))
 
 
+def sigint_as_from_a_terminal() -> None:
+    """A child's Ctrl-C as a terminal gives it, whatever this process inherited (a shell's
+    background job, CI's for instance, starts with SIGINT ignored, and its children too)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
     """``python -m module argv`` (``-c`` where ``module`` is code), stdout and stderr piped."""
     how = ["-c" if "\n" in module else "-m", module, *map(str, argv)]
     pipe = subprocess.PIPE
+    popen.setdefault("preexec_fn", sigint_as_from_a_terminal)
     return subprocess.Popen([sys.executable, *how], stdout=pipe, stderr=pipe, **popen)
 
 

@@ -192,7 +192,13 @@ def _port_free(port: int) -> bool:
 def _serve(argv: list[str], cwd: Path) -> tuple[str, str]:
     """The web page's server: it starts, serves its page, and stops on Ctrl-C (SIGINT)."""
     with subprocess.Popen(
-        argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv,
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
     ) as proc:
         try:
             assert proc.stdout is not None
