@@ -173,7 +173,7 @@ class WorkerPool:
         once (the pool stopped, the next call starts new workers)."""
         bounds = shard_bounds(int(rows[0].shape[0]), self.processes)
         shards = [tuple(r[a:b] for r in rows) for a, b in bounds]
-        if len(shards) == 1:
+        if len(shards) < 2:  # nothing for the workers
             return [(bounds[0], fn(params, *shards[0], *args))]
         workers = self._start()[: len(shards) - 1]
         try:
