@@ -1,7 +1,6 @@
 """Dask tasks as a runner (:class:`DaskTasks`, needs the ``dask`` extra): one task per chunk
-of a batch, the weights one key of the graph, the chunks' results added by a tree fixed by
-the chunk count, on the active scheduler (threads, or a cluster from :func:`~microgpt_xp.cluster.connect`).
-"""
+of a batch, the weights one key of the graph, the chunks' results added by a tree fixed by the
+chunk count, on the active scheduler (threads, or a cluster from ``cluster.connect``)."""
 
 from __future__ import annotations
 
