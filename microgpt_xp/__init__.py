@@ -1,10 +1,6 @@
-"""microgpt on the Python Array API: one GPT, its hand-written backward pass, Adam and
-sampling, written once and run on NumPy, CuPy, Dask, PyTorch, JAX or array-api-strict.
-
-The model code takes its namespace and device from its inputs; choose an array type
-with ``backend=`` where arrays are created (``init_params``, ``train``) or by passing
-arrays of that type.
-"""
+"""microgpt on the Python Array API: one GPT, its hand-written backward pass, Adam and sampling,
+written once and run on NumPy, CuPy, Dask, PyTorch, JAX or array-api-strict (``backend=`` where
+arrays are created, else the namespace and device of the arrays given)."""
 
 from __future__ import annotations
 

@@ -21,11 +21,9 @@ from ._backends import install_extra
 from ._errors import ArgumentValueError
 from ._xp import check_nonnegative_int, check_positive_int
 
-#: The address that means "start a LocalCluster on this machine".
-LOCAL = "local"
+LOCAL = "local"  # the address that starts a LocalCluster on this machine
 _TIMEOUTS = (OSError, asyncio.TimeoutError, concurrent.futures.TimeoutError)
-#: The level of the ``distributed`` logger in worker processes started during :func:`quiet`.
-_WORKER_LOG_LEVEL = "DASK_LOGGING__DISTRIBUTED"
+_WORKER_LOG_LEVEL = "DASK_LOGGING__DISTRIBUTED"  # the level of workers started during quiet()
 
 
 class ClusterError(RuntimeError):
@@ -51,15 +49,10 @@ def connect(
     timeout: float = 10.0,
     min_workers: int = 1,
 ) -> Any:
-    """A ``distributed.Client`` (Dask's default scheduler until closed) for ``address``.
-
-    ``address``: ``"tcp://host:8786"``, ``"host:8786"``, a scheduler file (``.json``, from
-    ``dask scheduler --scheduler-file``), or ``None``/``"local"`` for a new ``LocalCluster``
-    shaped by ``n_workers``, ``threads_per_worker``, ``processes`` (closed with the client).
-    ``timeout``: seconds for the scheduler's handshake and ``min_workers`` workers.
-    :class:`ClusterError` (one line) for a scheduler unreachable, not one, or short of
-    workers, or an unreadable scheduler file; ``ValueError`` for bad arguments.
-    """
+    """A ``distributed.Client`` (Dask's default scheduler until closed) for ``address``:
+    ``"tcp://host:8786"``, ``"host:8786"``, a scheduler file (``.json``), or ``None``/``"local"``
+    for a new ``LocalCluster`` of ``n_workers``, ``threads_per_worker``, ``processes``. Within
+    ``timeout`` s, or one-line :class:`ClusterError`; ``ValueError`` for bad arguments."""
     distributed = _distributed()
     if not timeout > 0:
         raise ArgumentValueError("timeout", f"timeout must be positive, got {timeout!r}")
@@ -87,10 +80,6 @@ def connect(
         _handshake(distributed, target, timeout, where)
     try:
         client = _client_class()(target, timeout=timeout, **kwargs)
-    except ValueError as exc:  # a malformed address: no port, an unknown scheme
-        if target is None:
-            raise
-        raise ValueError(f"invalid Dask scheduler address {target!r}: {exc}") from exc
     except _TIMEOUTS as exc:
         if target is None:
             raise ClusterError(f"could not start a local Dask cluster: {exc}") from exc
@@ -111,8 +100,8 @@ def connect(
 @functools.cache
 def _client_class() -> type:
     class Client(_distributed().Client):  # type: ignore[misc,name-defined]
-        """Closed at once when its start fails: left to ``__del__``, that close would stop
-        the event loop all clients share whenever the garbage collector ran it."""
+        """Closed at once when its start fails (left to ``__del__``, that close would stop
+        the event loop all clients share whenever the collector ran it)."""
 
         def start(self, **kwargs: Any) -> Any:
             try:
@@ -142,8 +131,8 @@ def _read_scheduler_file(path: str) -> str:
 
 
 def _handshake(distributed: Any, address: str, timeout: float, where: str) -> None:
-    """Complete Dask's handshake with ``address`` within ``timeout`` (+1 s: a connection
-    that never opens is unreachable), on a thread of its own (works in a running loop)."""
+    """Dask's handshake with ``address`` within ``timeout`` (+1 s: a connection that never
+    opens is unreachable), on a thread of its own (works in a running loop)."""
 
     async def shake() -> None:
         comm = await distributed.comm.connect(address, timeout=timeout)

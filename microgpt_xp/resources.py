@@ -1,15 +1,6 @@
-"""What a run takes of the machine: BLAS threads for a model's size, and how many documents
-are scored at once within a memory budget.
-
-**Threads**: a second BLAS thread pays from ``tokens * n_embd**2`` of about 2**20 (measured
-on 2 cores) and costs dearly beside a busy core. A library call changes thread pools only
-given ``threads=``; ``--threads auto`` (:func:`auto_threads`) leaves out the busy cores.
-
-**Memory** (:func:`activation_bytes`): scoring a document of ``T = block_size`` tokens keeps
-``T*C*(2 + 12*L) + (L+1)*H*T**2 + max(5*T*C, 4*V*T)`` elements plus ``32*(T + 1)`` bytes of
-ids and masks (tracemalloc's peak within 10 %, tests/test_resources.py). Scoring is fastest
-near 16 MB a chunk (:func:`score_chunk`).
-"""
+"""What a run takes of the machine: BLAS threads for a model's size (changed by a library call
+only given ``threads=``; ``--threads auto`` leaves out the busy cores), and how many documents
+are scored at once within a memory budget."""
 
 from __future__ import annotations
 
@@ -25,16 +16,11 @@ from ._errors import ArgumentValueError
 from ._xp import NATIVE_INT_MAX, check_dtype, check_positive_int
 from .config import GPTConfig
 
-#: The workloads the thread policy knows: a training step, scoring, a decoding position.
-WORKLOADS = ("train", "score", "decode")
-#: ``tokens * n_embd**2`` of a step per BLAS thread: a second thread from 2**20 (measured).
-WORK_PER_THREAD = 1 << 19
-#: Seconds over which :func:`busy_cpus` watches the other processes.
-LOAD_WINDOW = 0.1
-#: The default memory budget of a chunk's activations, in bytes (~500 MB).
-DEFAULT_BUDGET = 500_000_000
-#: Activation bytes of a scoring chunk at its fastest (measured: the best held 15-17 MB).
-FAST_SCORE_BYTES = 16 << 20
+WORKLOADS = ("train", "score", "decode")  # a training step, scoring, a decoding position
+WORK_PER_THREAD = 1 << 19  # ``tokens * n_embd**2`` per BLAS thread (measured on 2 cores)
+LOAD_WINDOW = 0.1  # seconds over which :func:`busy_cpus` watches the other processes
+DEFAULT_BUDGET = 500_000_000  # the default memory budget of a chunk's activations, bytes
+FAST_SCORE_BYTES = 16 << 20  # activation bytes of a scoring chunk at its fastest (measured)
 
 
 class CpuSample(NamedTuple):
@@ -171,7 +157,9 @@ def use_threads(
 
 
 def activation_bytes(config: GPTConfig, docs: int, *, dtype: str = "float32") -> int:
-    """Peak activation bytes of scoring ``docs`` documents at once (the module's formula)."""
+    """Peak activation bytes of scoring ``docs`` documents of ``T = block_size`` tokens at once:
+    ``T*C*(2 + 12*L) + (L+1)*H*T**2 + max(5*T*C, 4*V*T)`` elements and ``32*(T + 1)`` bytes of
+    ids and masks each (within 10 % of tracemalloc's peak, tests/test_resources.py)."""
     check_positive_int(docs, "docs")
     t, c, layers = config.block_size, config.n_embd, config.n_layer
     elements = t * c * (2 + 12 * layers) + (layers + 1) * config.n_head * t * t

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+from importlib.util import resolve_name
 from pathlib import Path
 
 import pytest
@@ -25,39 +26,27 @@ BACKEND_NAMES = {"numpy", "dask", "cupy", "torch", "jax", "array_api_strict"}
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE).with_suffix("")
-    parts = [p for p in rel.parts if p != "__init__"]
-    return ".".join(parts) if parts else ""
+    parts = [p for p in path.relative_to(PACKAGE).with_suffix("").parts if p != "__init__"]
+    return ".".join(["microgpt_xp", *parts])
 
 
 def _imports(path: Path) -> set[str]:
     """Every module ``path`` imports, anywhere in it (function bodies included), as
     absolute names; this package's modules as ``microgpt_xp.x``."""
-    tree = ast.parse(path.read_text())
-    here = _module_name(path).split(".")
-    package = here if path.name == "__init__.py" else here[:-1]
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - node.level + 1] if node.level > 1 else package
-                stem = ".".join(["microgpt_xp", *[p for p in base if p]])
-                if node.module:
-                    found.add(f"{stem}.{node.module}")
-                else:  # from . import x, y
-                    found.update(f"{stem}.{alias.name}" for alias in node.names)
-            elif node.module:
-                found.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and (node.level or node.module):
+            base = resolve_name("." * node.level + (node.module or ""), package)
+            found.update([base] if node.module else [f"{base}.{a.name}" for a in node.names])
     return found
 
 
 def _graph() -> dict[str, set[str]]:
-    modules = {
-        "microgpt_xp" + (f".{_module_name(p)}" if _module_name(p) else ""): p
-        for p in PACKAGE.rglob("*.py")
-    }
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps = set()

@@ -5,19 +5,25 @@ threads of this process. (The tests with a real cluster are in test_dask_scale.p
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("distributed")
 
-from microgpt_xp.cluster import ClusterError, connect
+import microgpt_xp as mx
+from microgpt_xp.cluster import _WORKER_LOG_LEVEL, ClusterError, connect, quiet
+from microgpt_xp.runners import DaskTasks
 
 TIMEOUT = 2.0
 
@@ -117,43 +123,17 @@ def test_a_closed_port_is_unreachable_within_the_timeout() -> None:
     _refused(address, "cannot reach", address)
 
 
-def _run_scheduler(check: Callable[[str], None]) -> None:
-    """Run ``check(address)`` with a real in-process scheduler (no workers)."""
-    import asyncio
-
-    from distributed import Scheduler
-
-    ready = threading.Event()
-    done = threading.Event()
-    box: list[str] = []
-
-    async def main() -> None:
-        async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as s:
-            box.append(s.address)
-            ready.set()
-            while not done.is_set():
-                await asyncio.sleep(0.05)
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    try:
-        check(box[0])
-    finally:
-        done.set()
-        thread.join(30)
-
-
 def test_a_real_scheduler_still_connects(tmp_path: Path) -> None:
-    def check(address: str) -> None:
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=":0") as c:
+        address = c.scheduler_address
         with connect(address, timeout=10, min_workers=0) as client:
             assert client.scheduler.address == address
         path = tmp_path / "scheduler.json"
         path.write_text(f'{{"address": "{address}"}}')
         with connect(str(path), timeout=10, min_workers=0) as client:
             assert client.scheduler.address == address
-
-    _run_scheduler(check)
 
 
 def _fails(params: Any, rows: Any) -> None:
@@ -163,16 +143,6 @@ def _fails(params: Any, rows: Any) -> None:
 def test_quiet_silences_distributed_then_restores_it(capfd: pytest.CaptureFixture[str]) -> None:
     """Issue 31: under quiet() a failing task is one error (the task's own), with none of
     distributed's logs; outside it, logging and warnings are as they were."""
-    import logging
-    import os
-    import warnings
-
-    import numpy as np
-
-    import microgpt_xp as mx
-    from microgpt_xp.cluster import _WORKER_LOG_LEVEL, quiet
-    from microgpt_xp.runners import DaskTasks
-
     names = ("distributed", "distributed.client", "distributed.worker", "asyncio", "tornado")
     before = [logging.getLogger(n).getEffectiveLevel() for n in names]
     env = os.environ.get(_WORKER_LOG_LEVEL)

@@ -95,10 +95,7 @@ def test_jitted_train_step_equals_eager_numpy() -> None:
         got, want = np.asarray(getattr(params, name)), getattr(numpy_params, name)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
         np.testing.assert_allclose(
-            np.asarray(getattr(state.m, name)),
-            getattr(adam.m, name),
-            rtol=1e-10,
-            atol=1e-14,
+            np.asarray(getattr(state.m, name)), getattr(adam.m, name), rtol=1e-10, atol=1e-14
         )
 
 

@@ -1,7 +1,6 @@
 """Dask: the model builds graphs without computing anything, the results equal NumPy's,
 chunking along the batch does not change them, and the weights enter the graph once
-(single-chunk arrays shared by every batch chunk) instead of being copied per chunk.
-"""
+(single-chunk arrays shared by every batch chunk) instead of being copied per chunk."""
 
 from __future__ import annotations
 
@@ -18,14 +17,7 @@ dask = pytest.importorskip("dask")
 
 from array_api_extra.testing import lazy_xp_function, patch_lazy_xp_functions  # noqa: E402
 
-from microgpt_xp import (  # noqa: E402
-    GPTConfig,
-    Params,
-    forward,
-    init_params,
-    loss_and_grads,
-    score,
-)
+from microgpt_xp import GPTConfig, Params, forward, init_params, loss_and_grads, score  # noqa: E402
 
 # under patch_lazy_xp_functions these must not call dask.compute / persist at all
 lazy_xp_function(forward)

@@ -82,15 +82,27 @@ def _chunk_tasks_seen(dask_scheduler: Any) -> int:
     return sum("microgpt-chunk" in str(msg) for msg in dask_scheduler.transition_log)
 
 
-def test_a_cluster_trains_as_threads_do_and_the_result_outlives_it() -> None:
+def test_a_cluster_trains_and_scores_as_threads_do_and_the_result_outlives_it() -> None:
+    from microgpt_xp.corpus import ShuffledRepeat
+    from microgpt_xp.scoring import score_docs
+
     _register_this_module()
-    threads = mx.train(DOCS, backend="dask", chunk_size=8, **ARGS)
+    params = mx.init_params(CONFIG, dtype="float64")
+    corpus = ShuffledRepeat(tuple(DOCS), 6000, seed=1)
+
+    def scores() -> Any:
+        return score_docs(params, TOKENIZER, corpus, chunk_size=500, runner=DaskTasks(500))
+
+    threads, scored = mx.train(DOCS, backend="dask", chunk_size=8, **ARGS), scores()
     with connect(None, n_workers=2, threads_per_worker=1, processes=True, timeout=60) as c:
         on_cluster = mx.train(DOCS, backend="dask", chunk_size=8, **ARGS)
         again = mx.train(DOCS, backend="dask", chunk_size=8, **ARGS)
         ran = c.run_on_scheduler(_chunk_tasks_seen)
+        runs = [scores() for _ in range(3)]  # corpus means repeat bit for bit
     assert ran >= 2 * ARGS["steps"] * 5  # the chunk tasks did run on the cluster
     assert on_cluster.losses == threads.losses == again.losses
+    assert {r.mean for r in runs} == {scored.mean}
+    assert {r.token_mean for r in runs} == {scored.token_mean}
     # the client is closed: the weights are still there, and the model runs on them
     tokens, lengths = encode_docs(TOKENIZER, DOCS[:4], CONFIG.block_size)
     tok, lens = da.from_array(tokens), da.from_array(lengths)
@@ -116,24 +128,6 @@ def test_a_worker_lost_mid_training_does_not_change_the_losses() -> None:
         )
         assert pids[0] not in c.run(os.getpid).values()
     assert got.losses == want.losses
-
-
-def test_corpus_means_repeat_bit_for_bit_on_a_cluster() -> None:
-    from microgpt_xp.corpus import ShuffledRepeat
-    from microgpt_xp.scoring import score_docs
-
-    _register_this_module()
-    params = mx.init_params(CONFIG, dtype="float64")
-    corpus = ShuffledRepeat(tuple(DOCS), 6000, seed=1)
-
-    def scores() -> Any:
-        return score_docs(params, TOKENIZER, corpus, chunk_size=500, runner=DaskTasks(500))
-
-    threads = scores()
-    with connect(None, n_workers=2, threads_per_worker=1, processes=True, timeout=60):
-        runs = [scores() for _ in range(3)]
-    assert {r.mean for r in runs} == {threads.mean}
-    assert {r.token_mean for r in runs} == {threads.token_mean}
 
 
 # -- chunks of another array type ----------------------------------------------------------------
@@ -177,7 +171,9 @@ def test_the_model_graph_keeps_the_chunks_type() -> None:
             np.testing.assert_allclose(got.get(), want, rtol=1e-12, atol=1e-15, err_msg=name)
 
 
-def test_scoring_on_dask_tasks_is_one_graph_of_the_local_chunks() -> None:
+def test_scoring_on_dask_tasks_is_one_graph_of_the_local_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """score_docs on DaskTasks: one task per chunk of documents, all in one graph, each
     chunk padded as one process pads it, so the losses are the local ones bit for bit."""
     from microgpt_xp.scoring import score_docs
@@ -191,10 +187,7 @@ def test_scoring_on_dask_tasks_is_one_graph_of_the_local_chunks() -> None:
         calls.append(1)
         return original(self, *args, **kwargs)
 
-    DaskTasks.map = counted  # type: ignore[method-assign]
-    try:
-        tasks = score_docs(params, TOKENIZER, DOCS, chunk_size=64, runner=DaskTasks(64))
-    finally:
-        DaskTasks.map = original  # type: ignore[method-assign]
+    monkeypatch.setattr(DaskTasks, "map", counted)
+    tasks = score_docs(params, TOKENIZER, DOCS, chunk_size=64, runner=DaskTasks(64))
     assert calls == [1]
     assert np.array_equal(tasks.losses, local.losses) and tasks.mean == local.mean

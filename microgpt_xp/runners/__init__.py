@@ -1,23 +1,10 @@
-"""How a batch's rows are spread over workers: one interface (:class:`Runner`), three
-implementations: here (:class:`Local`), worker processes (:class:`Processes`), Dask tasks
-(:class:`DaskTasks`). Every driver calls ``runner.map``; results come back in row order
-or added by a fixed-shape tree (:func:`tree_sum`), whoever finishes first. The functions
-run are the drivers'; this package knows nothing of the model.
-"""
+"""How a batch's rows are spread over workers: one interface (:class:`Runner`, whose ``map``
+every driver calls) run here (:class:`Local`), in worker processes (:class:`Processes`) or as
+Dask tasks (:class:`DaskTasks`); results in row order or added by :func:`tree_sum`."""
 
 from .. import _xp
 from .._errors import ArgumentTypeError, ArgumentValueError
-from ._base import (
-    Combine,
-    Local,
-    Runner,
-    chunk_bounds,
-    host_params,
-    run_on,
-    shard_bounds,
-    tree_pairs,
-    tree_sum,
-)
+from ._base import Combine, Local, Runner, chunk_bounds, host_params, run_on, shard_bounds, tree_sum
 from .dask import DaskTasks
 from .processes import Processes, WorkerDied, check_workers
 
@@ -67,18 +54,9 @@ def pick(
     return Local(jit)
 
 
+# fmt: off
 __all__ = [
-    "Combine",
-    "DaskTasks",
-    "Local",
-    "Processes",
-    "Runner",
-    "WorkerDied",
-    "chunk_bounds",
-    "host_params",
-    "pick",
-    "run_on",
-    "shard_bounds",
-    "tree_pairs",
-    "tree_sum",
+    "Combine", "DaskTasks", "Local", "Processes", "Runner", "WorkerDied", "chunk_bounds",
+    "host_params", "pick", "run_on", "shard_bounds", "tree_sum",
 ]
+# fmt: on

@@ -19,10 +19,6 @@ class Runner:
 
     jit: bool | None = False
 
-    def bounds(self, rows: int) -> list[tuple[int, int]]:
-        """The ``(start, stop)`` row ranges of the shards of a batch of ``rows`` rows."""
-        return [(0, rows)]
-
     def place(self, params: Params) -> Params:
         """``params`` where this runner's tasks run them (Dask-array weights: on their
         chunks' namespace; others unchanged)."""
@@ -40,8 +36,8 @@ class Runner:
         (split alike along their first axis), on ``params``' backend and device. Returns
         the results in shard order, or, with ``combine``, their :func:`tree_sum`. ``fn``
         must be a module-level function (it may be pickled by name)."""
-        results = [fn(params, *(r[a:b] for r in rows), *args) for a, b in self.bounds(len(rows[0]))]
-        return results if combine is None else tree_sum(results, combine)
+        result = fn(params, *rows, *args)
+        return result if combine is not None else [result]
 
     def close(self) -> None:
         """Release what the runner started (worker processes); reusable until then."""
@@ -79,24 +75,13 @@ def chunk_bounds(rows: int, chunk_size: int | None) -> list[tuple[int, int]]:
     return [(s, min(s + size, rows)) for s in range(0, rows, size)]
 
 
-def tree_pairs(count: int) -> list[list[tuple[int, int]]]:
-    """The levels of the fixed-shape tree that adds ``count`` values pairwise, neighbours
-    first (``((v0 + v1) + (v2 + v3)) + v4``): for each level, the pairs of positions of
-    the level below that are added; an odd last value goes up alone."""
-    levels, width = [], count
-    while width > 1:
-        levels.append([(i, i + 1) for i in range(0, width - 1, 2)])
-        width = (width + 1) // 2
-    return levels
-
-
 def tree_sum(values: Sequence[Any], add: Combine) -> Any:
-    """``values`` added pairwise along :func:`tree_pairs` (the order does not depend on
-    which value was computed first)."""
+    """``values`` added pairwise, neighbours first (``((v0 + v1) + (v2 + v3)) + v4``): the
+    order depends on their count only, never on which value was computed first."""
     level = list(values)
-    for pairs in tree_pairs(len(level)):
-        odd = [level[-1]] if len(level) % 2 else []
-        level = [add(level[i], level[j]) for i, j in pairs] + odd
+    while len(level) > 1:
+        sums = [add(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        level = sums + level[2 * len(sums) :]
     return level[0]
 
 

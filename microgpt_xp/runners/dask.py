@@ -1,18 +1,10 @@
-"""Dask tasks as a runner: :class:`DaskTasks`, one task per chunk of a batch, running the
-drivers' own functions on the weights' namespace (NumPy, CuPy on GPU workers, ...).
-
-A Dask array program of the model is a few dozen tasks per chunk per step, whose
-scheduling costs more than the arithmetic at these sizes; here a chunk is one task, the
-weights enter each graph once (one key, or one scattered future), and the chunks'
-results are added by a tree whose shape is fixed by the chunk count
-(:func:`~microgpt_xp.runners.tree_pairs`), so the sums do not depend on which worker
-finishes first. The graphs run on the active Dask scheduler: threads, or a
-``dask.distributed`` cluster after :func:`microgpt_xp.cluster.connect`. Needs the
-``dask`` extra.
-"""
+"""Dask tasks as a runner (:class:`DaskTasks`, needs the ``dask`` extra): one task per chunk
+of a batch, the weights one key of the graph, the chunks' results added by a tree fixed by the
+chunk count, on the active scheduler (threads, or a cluster from ``cluster.connect``)."""
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -22,17 +14,7 @@ import numpy as np
 from .. import _xp
 from .._errors import ArgumentValueError
 from ..params import Params
-from ._base import Combine, Runner, chunk_bounds, host_params, run_on, tree_pairs
-
-
-def dask_modules() -> tuple[Any, Any]:
-    """``(dask, dask.array)``, or ``ImportError`` saying what to install."""
-    try:
-        import dask
-        import dask.array as da
-    except ImportError as exc:
-        raise ImportError(f"this needs Dask: {_xp.entry('dask').install} ({exc})") from exc
-    return dask, da
+from ._base import Combine, Runner, chunk_bounds, host_params, run_on, tree_sum
 
 
 def _task(fn: Callable[..., Any], backend: str, device: Any, host: Params, *rest: Any) -> Any:
@@ -65,9 +47,6 @@ class DaskTasks(Runner):
             )
         self.chunk_size, self.weights, self.client = chunk_size, weights, client
 
-    def bounds(self, rows: int) -> list[tuple[int, int]]:
-        return chunk_bounds(rows, self.chunk_size)
-
     def place(self, params: Params) -> Params:
         meta = _xp.entry(params.backend).chunk_meta
         return params if meta is None else params.to(_xp.backend_of(meta(params.wte)))
@@ -86,8 +65,8 @@ class DaskTasks(Runner):
                     "weights",
                     "weights='scatter' needs a distributed client (microgpt_xp.cluster.connect)",
                 ) from exc
-        return client.scatter(host, broadcast=True, hash=False)  # a hashed key dropped by
-        # the last map may still be in release when the same weights come again
+        # unhashed: a hashed key dropped by the last map may still be in release now
+        return client.scatter(host, broadcast=True, hash=False)
 
     def graph(
         self,
@@ -104,22 +83,19 @@ class DaskTasks(Runner):
         weights_key = f"microgpt-weights-{tag}"
         graph: dict[Any, Any] = {weights_key: self._weights(host_params(params))}
         keys = []
-        for i, (a, b) in enumerate(self.bounds(int(rows[0].shape[0]))):
-            key = f"microgpt-chunk-{tag}-{i}"
+        for i, (a, b) in enumerate(chunk_bounds(int(rows[0].shape[0]), self.chunk_size)):
             chunk = (r[a:b] for r in rows)
+            keys.append(key := f"microgpt-chunk-{tag}-{i}")
             graph[key] = (_task, fn, params.backend, params.device, weights_key, *chunk, *args)
-            keys.append(key)
         if combine is None:
             return graph, keys
-        level = keys
-        for depth, pairs in enumerate(tree_pairs(len(keys))):
-            odd = [level[-1]] if len(level) % 2 else []
-            nxt = [f"microgpt-sum-{tag}-{depth}-{i // 2}" for i, _ in pairs]
-            graph.update(
-                {k: (combine, level[i], level[j]) for k, (i, j) in zip(nxt, pairs, strict=True)}
-            )
-            level = nxt + odd
-        return graph, level
+        counter = itertools.count()
+
+        def add(x: str, y: str) -> str:
+            graph[key := f"microgpt-sum-{tag}-{next(counter)}"] = (combine, x, y)
+            return key
+
+        return graph, [tree_sum(keys, add)]
 
     def map(
         self,
@@ -129,13 +105,16 @@ class DaskTasks(Runner):
         *args: Any,
         combine: Combine | None = None,
     ) -> Any:
-        dask, _ = dask_modules()
+        try:
+            import dask.array
+            import dask.threaded
+        except ImportError as exc:
+            raise ImportError(f"this needs Dask: {_xp.entry('dask').install} ({exc})") from exc
         from ..cluster import computing
 
         graph, keys = self.graph(fn, params, rows, *args, combine=combine)
-        get = dask.base.get_scheduler() or dask.threaded.get
         with computing():
-            results = get(graph, keys)
+            results = (dask.base.get_scheduler() or dask.threaded.get)(graph, keys)
         return results[0] if combine is not None else list(results)
 
     def __repr__(self) -> str:

@@ -1,12 +1,6 @@
-"""Worker processes that share the rows of a batch: :class:`Processes`, a runner.
-
-``Processes(N)`` (``workers=N``) splits each batch into ``N`` row shards: this process
-computes the first, ``N - 1`` *spawned* workers (safe with threads, Jupyter, CUDA) the
-others, combined in a fixed order. Each worker holds its BLAS to one thread and exits as
-soon as its parent ends (``SIGKILL`` included). A worker that dies mid-step makes the
-step raise one :class:`WorkerDied`; the next step starts a fresh pool. Weights and rows
-travel pickled with each shard (see ``docs/training.md`` for when that pays).
-"""
+"""Worker processes that share the rows of a batch (:class:`Processes`, ``workers=N``): this
+process computes the first shard, ``N - 1`` *spawned* workers the others, combined in a fixed
+order. A worker that dies mid-step makes the step raise one :class:`WorkerDied`."""
 
 from __future__ import annotations
 
@@ -46,8 +40,7 @@ def check_workers(workers: Any) -> int | None:
         return None
     from ..resources import usable_cpus
 
-    most = 4 * usable_cpus()
-    return check_positive_int(workers, "workers", most=most)
+    return check_positive_int(workers, "workers", most=4 * usable_cpus())
 
 
 def _serve(conn: Connection) -> None:
@@ -114,7 +107,7 @@ class WorkerPool:
             self._blas = None
 
     def _stop(self, wait: float) -> None:
-        """Ask every worker to end, kill those still running after ``wait`` seconds."""
+        """Ask every worker to end; kill those still running after ``wait`` seconds."""
         for _, conn in self._workers:
             with contextlib.suppress(OSError):
                 conn.send(None)
@@ -152,44 +145,6 @@ class WorkerPool:
             self._workers.append((proc, here))
         return self._workers
 
-    def _run(self, first: Callable[[], Any], calls: list[tuple[Any, ...]]) -> list[Any]:
-        """``calls`` on the workers while ``first()`` runs here; the results in order,
-        first's first. A worker's error is raised here once every shard is back; a lost
-        worker raises one :class:`WorkerDied` at once (its pool stopped, the next call
-        starts new workers); nothing waits on a dead worker."""
-        if not calls:
-            return [first()]
-        workers = self._start()[: len(calls)]
-        try:
-            for (_, conn), call in zip(workers, calls, strict=True):
-                conn.send(call)
-        except OSError:  # a worker that is gone
-            self._died()
-        try:
-            here = first()
-        except BaseException:
-            self._stop(wait=0.0)  # Ctrl-C, or an error here: the workers' replies are not awaited
-            raise
-        results: dict[int, tuple[bool, Any]] = {}
-        try:
-            while len(results) < len(workers):
-                waiting = {i: w for i, w in enumerate(workers) if i not in results}
-                ready = multiprocessing.connection.wait(
-                    [x for p, c in waiting.values() for x in (c, p.sentinel)]
-                )
-                for i, (proc, conn) in waiting.items():
-                    if conn in ready or proc.sentinel in ready:
-                        results[i] = conn.recv()  # EOFError once the worker is gone
-        except (OSError, EOFError):
-            self._died()
-        except BaseException:
-            self._stop(wait=0.0)
-            raise
-        for ok, value in (results[i] for i in range(len(workers))):
-            if not ok:
-                raise value
-        return [here, *(results[i][1] for i in range(len(workers)))]
-
     def _died(self) -> NoReturn:
         # a worker's pipe closes just before it exits: give the exit codes a moment (1 s in
         # all, the live workers are stopped next) so that the reason is the worker's own
@@ -212,13 +167,45 @@ class WorkerPool:
     def map(
         self, fn: Callable[..., R], params: Params, rows: Sequence[np.ndarray], *args: Any
     ) -> list[tuple[tuple[int, int], R]]:
-        """:meth:`Runner.map` without ``combine``, the first shard here: returns
-        ``[((start, stop), result), ...]`` in shard order."""
+        """:meth:`Runner.map` without ``combine``, the first shard here, the others on the
+        workers: ``[((start, stop), result), ...]`` in shard order. A worker's error is
+        raised once every shard is back; a lost worker raises one :class:`WorkerDied` at
+        once (the pool stopped, the next call starts new workers)."""
         bounds = shard_bounds(int(rows[0].shape[0]), self.processes)
         shards = [tuple(r[a:b] for r in rows) for a, b in bounds]
-        calls = [(fn, params, *shard, *args) for shard in shards[1:]]
-        results = self._run(lambda: fn(params, *shards[0], *args), calls)
-        return list(zip(bounds, results, strict=True))
+        if len(shards) < 2:  # nothing for the workers
+            return [(bounds[0], fn(params, *shards[0], *args))]
+        workers = self._start()[: len(shards) - 1]
+        try:
+            for (_, conn), shard in zip(workers, shards[1:], strict=True):
+                conn.send((fn, params, *shard, *args))
+        except OSError:  # a worker that is gone
+            self._died()
+        try:
+            here = fn(params, *shards[0], *args)
+        except BaseException:
+            self._stop(wait=0.0)  # Ctrl-C, or an error here: the workers' replies are not awaited
+            raise
+        results: dict[int, tuple[bool, Any]] = {}
+        try:
+            while len(results) < len(workers):
+                waiting = {i: w for i, w in enumerate(workers) if i not in results}
+                ready = multiprocessing.connection.wait(
+                    [x for p, c in waiting.values() for x in (c, p.sentinel)]
+                )
+                for i, (proc, conn) in waiting.items():
+                    if conn in ready or proc.sentinel in ready:
+                        results[i] = conn.recv()  # EOFError once the worker is gone
+        except (OSError, EOFError):
+            self._died()
+        except BaseException:
+            self._stop(wait=0.0)
+            raise
+        for ok, value in (results[i] for i in range(len(workers))):
+            if not ok:
+                raise value
+        values = [here, *(results[i][1] for i in range(len(workers)))]
+        return list(zip(bounds, values, strict=True))
 
 
 class Processes(Runner):
@@ -231,9 +218,6 @@ class Processes(Runner):
         self.processes = processes
         self._pool = WorkerPool(processes)
 
-    def bounds(self, rows: int) -> list[tuple[int, int]]:
-        return shard_bounds(rows, self.processes)
-
     def map(
         self,
         fn: Callable[..., Any],
@@ -242,10 +226,8 @@ class Processes(Runner):
         *args: Any,
         combine: Combine | None = None,
     ) -> Any:
-        host = host_params(params)
         task = functools.partial(run_on, fn, params.backend, params.device)
-        parts = self._pool.map(task, host, rows, *args)
-        results = [result for _, result in parts]
+        results = [r for _, r in self._pool.map(task, host_params(params), rows, *args)]
         return tree_sum(results, combine) if combine is not None else results
 
     def close(self) -> None:
