@@ -110,49 +110,29 @@ def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params
     assert load(path, config=CONFIG).config == CONFIG and issubclass(CheckpointError, ValueError)
 
 
-# -- atomic saves ---------------------------------------------------------------------------
-class HalfWriter:
-    """Writes half of what it is given, then fails like a full disk or a Ctrl-C."""
-
-    def __init__(self, f: Any, exc: BaseException) -> None:
-        self.f, self.exc = f, exc
-
-    def __enter__(self) -> HalfWriter:
-        return self
-
-    def __exit__(self, *args: Any) -> None:
-        self.f.close()
-
-    def write(self, b: bytes) -> int:
-        self.f.write(b[: len(b) // 2])
-        self.f.flush()
-        raise self.exc
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.f, name)
-
-
-@pytest.mark.parametrize(
-    "crash",
-    [OSError("simulated crash in rename"), OSError("disk full"), KeyboardInterrupt()],
-    ids=["rename", "disk-full", "ctrl-c"],
-)
-def test_a_crashed_save_keeps_the_previous_file(
-    saved: tuple[Path, Params, Adam], monkeypatch: pytest.MonkeyPatch, crash: BaseException
+# -- atomic saves (a crash mid-write: test_files.py's test_a_failed_block_leaves_the_old_file) ---
+@pytest.mark.parametrize("crash", ["replace", "fsync"])
+def test_a_crashed_save_keeps_the_previous_file_or_leaves_nothing(
+    saved: tuple[Path, Params, Adam], monkeypatch: pytest.MonkeyPatch, crash: str
 ) -> None:
     path, params, adam = saved
-    before = path.read_bytes()
-    if "rename" in str(crash):
-        monkeypatch.setattr(os, "replace", mock.Mock(side_effect=crash))
-    else:
-        real_fdopen = os.fdopen
-        monkeypatch.setattr(os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k), crash))
-    with pytest.raises(type(crash)):
-        save(path, init_params(CONFIG, seed=99, dtype="float64"), adam=adam, step=3)
+    before, new = path.read_bytes(), path.parent / "new.ckpt"
+    monkeypatch.setattr(os, crash, mock.Mock(side_effect=OSError(f"simulated crash in {crash}")))
+    for target in (path, new):
+        with pytest.raises(OSError, match="simulated"):
+            save(target, init_params(CONFIG, seed=99, dtype="float64"), adam=adam, step=3)
     monkeypatch.undo()
-    assert path.read_bytes() == before
-    assert [p for p in path.parent.iterdir() if p != path] == [] and load(path).step == 2
+    assert path.read_bytes() == before and list(path.parent.iterdir()) == [path]
+    assert load(path).step == 2
     assert_params_equal(load(path).params, params)
+
+
+def test_weights_that_load_would_refuse_are_not_saved(tmp_path: Path) -> None:
+    params = init_params(CONFIG, dtype="float32")
+    half = Params.trusted(CONFIG, {k: v.astype(np.float16) for k, v in params.arrays().items()})
+    with pytest.raises(TypeError, match="float16"):
+        save(tmp_path / "half.ckpt", half)
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- refusals ----------------------------------------------------------------------------
@@ -375,19 +355,3 @@ def test_a_deflated_or_version_1_checkpoint_loads_with_the_same_checks(
     _rewrite(path, "adam_m/wpe", lambda a: a.view(a.dtype.newbyteorder()))
     with pytest.raises(CheckpointError, match="adam_m/wpe"):
         load(path)
-
-
-def test_a_failed_first_save_leaves_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A crash in fsync, or weights that load would refuse (float16)."""
-    params = init_params(CONFIG, dtype="float32")
-    half = Params.trusted(CONFIG, {k: v.astype(np.float16) for k, v in params.arrays().items()})
-    with pytest.raises(TypeError, match="float16"):
-        save(tmp_path / "half.ckpt", half)
-    assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(os, "fsync", mock.Mock(side_effect=OSError("simulated crash in fsync")))
-    with pytest.raises(OSError, match="simulated"):
-        save(tmp_path / "new.ckpt", init_params(CONFIG))
-    monkeypatch.undo()
-    assert list(tmp_path.iterdir()) == []
