@@ -136,17 +136,52 @@ def load(
     check_placement(backend, device, dtype)
     name = repr(str(path))
     try:
-        return _load(Path(path), name, backend, device, dtype, config)
+        header, saved, hp, tokenizer, data = _read_file(Path(path), name, config)
+        records = [
+            from_host(
+                {k: data[f"{prefix}/{k}"] for k in FIELDS},
+                saved,
+                backend=backend,
+                device=device,
+                dtype=header["dtype"] if dtype is None else dtype,
+            )
+            for prefix in _PREFIXES[: 1 if hp is None else 3]
+        ]
     except MemoryError as exc:  # a valid file too large for this machine is not corrupt
         raise MemoryError(
             f"checkpoint {name} does not fit in this machine's memory (it is not corrupt): "
             "free memory, or load it where there is more"
         ) from exc
+    adam = None
+    if hp is not None:
+        adam = Adam(records[0], hp[0])
+        adam.restore(records[1], records[2], hp[1])
+    return Checkpoint(records[0], adam, header["step"], tokenizer, header["meta"])
 
 
-def _load(
-    path: Path, name: str, backend: str, device: Any, dtype: str | None, config: GPTConfig | None
-) -> Checkpoint:
+class Header(NamedTuple):
+    """What :func:`peek` returns: a checkpoint's ``config``, ``tokenizer``, ``step``, ``meta``."""
+
+    config: GPTConfig
+    tokenizer: Tokenizer | None
+    step: int
+    meta: dict[str, Any]
+
+
+def peek(path: str | Path) -> Header:
+    """A checkpoint's header without its arrays (none read): what a run needs to know before
+    :func:`load`; the same checks of the header, the same :class:`CheckpointError`."""
+    header, config, _, tokenizer, _ = _read_file(Path(path), repr(str(path)), None, arrays=False)
+    return Header(config, tokenizer, header["step"], header["meta"])
+
+
+def _read_file(
+    path: Path, name: str, config: GPTConfig | None, arrays: bool = True
+) -> tuple[
+    dict[str, Any], GPTConfig, tuple[AdamConfig, int] | None, Tokenizer | None, dict[str, Any]
+]:
+    """``(header, config, (Adam's config, step) or None, tokenizer, arrays)`` of a checkpoint,
+    each checked (``arrays=False``: no array read, ``{}``)."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint {name} does not exist")
     with path.open("rb") as f:
@@ -173,7 +208,8 @@ def _load(
                     f"checkpoint {name} is incomplete: arrays do not match its header (missing "
                     f"{sorted(listed - have)}, unexpected {sorted(have - listed)})"
                 )
-            data = {k: _read(archive, members[f"{k}.npy"], name, r) for k, r in table.items()}
+            read = table.items() if arrays else ()
+            data = {k: _read(archive, members[f"{k}.npy"], name, r) for k, r in read}
     except (CheckpointError, MemoryError):
         raise
     except Exception as exc:  # zipfile, zlib and the .npy reader raise many kinds on damage
@@ -184,21 +220,7 @@ def _load(
     bad = [k for k, a in data.items() if not np.isfinite(a).all()]
     if bad:
         raise CheckpointError(f"checkpoint {name} holds non-finite values in {bad}")
-    records = [
-        from_host(
-            {k: data[f"{prefix}/{k}"] for k in FIELDS},
-            saved,
-            backend=backend,
-            device=device,
-            dtype=header["dtype"] if dtype is None else dtype,
-        )
-        for prefix in _PREFIXES[: 1 if hp is None else 3]
-    ]
-    adam = None
-    if hp is not None:
-        adam = Adam(records[0], hp[0])
-        adam.restore(records[1], records[2], hp[1])
-    return Checkpoint(records[0], adam, header["step"], tokenizer, header["meta"])
+    return header, saved, hp, tokenizer, data
 
 
 def _read(

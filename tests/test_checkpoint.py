@@ -22,7 +22,7 @@ from xp_testing import assert_params_equal, host_arrays, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads
 from microgpt_xp._errors import ArgumentValueError
-from microgpt_xp.checkpoint import CheckpointError, load, save
+from microgpt_xp.checkpoint import CheckpointError, load, peek, save
 from microgpt_xp.data import Tokenizer, encode_docs
 from microgpt_xp.optim import Adam, AdamConfig
 from microgpt_xp.params import materialize
@@ -108,6 +108,18 @@ def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params
         load(path, config=other)
     assert "n_layer=2" in str(info.value) and "n_layer=1" in str(info.value)
     assert load(path, config=CONFIG).config == CONFIG and issubclass(CheckpointError, ValueError)
+
+
+def test_peek_reads_the_header_only(saved: tuple[Path, Params, Adam]) -> None:
+    """What a run needs before it loads (``train --resume``): no array is read, so a damaged
+    array does not show, and a damaged header does."""
+    path, params, adam = saved
+    save(path, params, adam=adam, step=4, tokenizer=TOKENIZER, meta={"run": {"mode": "text"}})
+    _rewrite(path, "adam_v/attn_wk", _flip_bit)
+    assert tuple(peek(path)) == (CONFIG, TOKENIZER, 4, {"run": {"mode": "text"}})
+    _rewrite(path, "__header__", {"step": -1})
+    with pytest.raises(CheckpointError, match="invalid step -1"):
+        peek(path)
 
 
 # -- atomic saves (a crash mid-write: test_files.py's test_a_failed_block_leaves_the_old_file) ---
