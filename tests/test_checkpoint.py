@@ -157,22 +157,18 @@ def _npz(path: Path, header: Any = None, **arrays: Any) -> None:
     path.write_bytes(buf.getvalue())
 
 
-def _as_version_1(header: dict[str, Any]) -> dict[str, Any]:
-    """A header as version 1 wrote it: a SHA-256 per array of its bytes, one dtype name for
-    every array, no record of each array's dtype and shape."""
-    arrays = header.pop("arrays")
-    return {**header, "version": 1, "sha256": {k: rec["sha256"] for k, rec in arrays.items()}}
-
-
 def _rewrite(path: Path, member: str, edit: Any) -> None:
     """Rewrite an .npz, member ``member`` passed through ``edit`` (``None`` drops it; a dict
-    updates the JSON header, ``{"arrays": "version 1"}`` makes it :func:`_as_version_1`'s),
-    with the header's checksum recomputed as a file written that way would have it."""
+    updates the JSON header, ``{"arrays": "version 1"}`` makes it version 1's: a SHA-256 per
+    array, no dtype or shape), the header's checksum recomputed as its writer would have it."""
     with np.load(path) as z:
         out = {k: z[k] for k in z.files}
     if isinstance(edit, dict):
         header = json.loads(out[member].tobytes().decode())
-        header = _as_version_1(header) if "arrays" in edit else {**header, **edit}
+        if "arrays" in edit:
+            arrays = header.pop("arrays")
+            edit = {"version": 1, "sha256": {k: rec["sha256"] for k, rec in arrays.items()}}
+        header = {**header, **edit}
         out[member] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     elif edit is None:
         del out[member]
