@@ -87,7 +87,7 @@ def test_round_trip(backend: Any, tmp_path: Path, dtype: str) -> None:
 
 
 def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params, Adam]) -> None:
-    path, params, _ = saved
+    path, params, adam = saved
     got = load(path, dtype="float32")
     assert str(got.params.dtype) == "float32"
     float32_on_numpy = np.zeros((), dtype=np.float32)
@@ -95,7 +95,6 @@ def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params
         want = a.astype(np.float32)
         xp_assert_close(getattr(got.params, k), want, rtol=0, like=float32_on_numpy, what=k)
     # save over it, a bare checkpoint
-    path, params, adam = saved
     save(path, params, adam=adam, step=5, meta={"second": True})
     assert (load(path).step, load(path).meta) == (5, {"second": True})
     bare = init_params(CONFIG, seed=1)
