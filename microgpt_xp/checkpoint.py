@@ -126,12 +126,9 @@ def load(
     dtype: str | None = None,
     config: GPTConfig | None = None,
 ) -> Checkpoint:
-    """Read a checkpoint onto ``backend``/``device`` (``dtype=None``: the saved dtype).
-
-    A bad ``backend``, ``device`` or ``dtype`` is an ``ArgumentValueError``;
-    :class:`CheckpointError` for a missing, truncated, corrupt or foreign file, non-finite
-    weights or a config other than ``config`` (the header is checked against its SHA-256,
-    each array's size before it is inflated, its dtype, shape and SHA-256 against the header);
+    """Read a checkpoint onto ``backend``/``device`` (``dtype=None``: the saved dtype): an
+    ``ArgumentValueError`` for a bad one of those; :class:`CheckpointError` for a missing,
+    damaged or foreign file, non-finite weights or a config other than ``config``;
     ``MemoryError`` for a valid file too large for this machine."""
     check_placement(backend, device, dtype)
     name = repr(str(path))
@@ -180,8 +177,9 @@ def _read_file(
 ) -> tuple[
     dict[str, Any], GPTConfig, tuple[AdamConfig, int] | None, Tokenizer | None, dict[str, Any]
 ]:
-    """``(header, config, (Adam's config, step) or None, tokenizer, arrays)`` of a checkpoint,
-    each checked (``arrays=False``: no array read, ``{}``)."""
+    """``(header, config, (Adam's config, step) or None, tokenizer, arrays)`` of a checkpoint:
+    the header against its SHA-256, each array's declared size before it is inflated, then its
+    dtype, shape and SHA-256 against the header (``arrays=False``: none read, ``{}``)."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint {name} does not exist")
     with path.open("rb") as f:
