@@ -283,14 +283,13 @@ def _header(
         dtype = np.dtype(_xp.check_dtype(header["dtype"]))
         prefixes = _PREFIXES[: 1 if header["adam"] is None else 3]
         want = {f"{p}/{f}": shapes[f] for p in prefixes for f in FIELDS}
-        listed = (
-            header["arrays"]
-            if header["version"] > 1
-            else {  # version 1: SHA-256s only
+        if header["version"] == 1:  # a SHA-256 per array; the dtype and config imply the rest
+            listed = {
                 k: {"dtype": dtype.str, "shape": want.get(k), "sha256": v}
                 for k, v in header["sha256"].items()
             }
-        )
+        else:
+            listed = header["arrays"]
         if set(listed) != set(want):
             raise ValueError(f"it lists arrays {sorted(listed)}, its config needs {sorted(want)}")
         table = {}
