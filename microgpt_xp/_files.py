@@ -1,11 +1,6 @@
-"""Files the project writes: atomic writes, a claim on an output, checks before the work.
-
-A write goes to ``.NAME.<16 hex>.tmp`` beside the target, locked (``flock``) by its writer
-until after it is renamed over the target. A lock dies with its process: a temporary file
-whose lock can be taken is stale, and each write removes those of its target. A writer
-checks, once it holds the lock, that the name still leads to its file, so a cleaner never
-removes a live writer's file. :func:`claim` locks ``.NAME.lock`` while a run lives.
-"""
+"""Files the project writes: atomic writes (a locked ``.NAME.<16 hex>.tmp`` renamed over the
+target; one whose ``flock`` can be taken is stale), claims on outputs (``.NAME.lock`` locked
+while a run lives) and writability checked before the work."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ import os
 import re
 import secrets
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,8 +19,8 @@ try:
 except ImportError:  # Windows: no flock, and no other writer's file is removed
     fcntl = None  # type: ignore[assignment]
 
-#: ``(st_dev, st_ino)`` of the files this process holds locked: skipped unopened (closing
-#: any descriptor drops a process's POSIX locks, which ``flock`` is over NFS).
+#: ``(st_dev, st_ino)`` of the files this process holds locked, never opened again (closing any
+#: descriptor drops a process's POSIX locks, which ``flock`` is over NFS).
 _HELD: set[tuple[int, int]] = set()
 
 
@@ -110,10 +106,10 @@ def _atomic_open(path: Path, mode: str, make_parents: bool) -> Iterator[IO[Any]]
     try:
         dir_fd = os.open(path.parent, os.O_RDONLY)
     except OSError:  # folders cannot be opened on Windows
-        dir_fd = -1
-    if dir_fd >= 0:
+        pass
+    else:
         try:
-            os.fsync(dir_fd)
+            os.fsync(dir_fd)  # the rename is on disk
         finally:
             os.close(dir_fd)
     _remove_stale_temps(path)
@@ -191,12 +187,13 @@ def _release(fd: int) -> None:
     os.close(fd)
 
 
+@dataclass(repr=False, eq=False)
 class Claim:
     """A claim on ``path`` (:func:`claim`), given up by :meth:`release`, ``with`` or death."""
 
-    def __init__(self, path: Path, lock_path: Path, fd: int) -> None:
-        self.path, self._lock_path = path, lock_path
-        self._fd: int | None = fd
+    path: Path
+    _lock_path: Path
+    _fd: int | None
 
     @property
     def held(self) -> bool:

@@ -1,8 +1,6 @@
-"""Atomic checkpoints: params, Adam state, step, config and tokenizer in one ``.npz`` file:
-``.npy`` members, a JSON header (``__header__``: format version, config, dtype, tokenizer,
-step, Adam's hyperparameters and each array's dtype with byte order, shape and SHA-256)
-and the header's SHA-256 (``__header_sha256__``). Version 1 (still read) recorded one dtype
-and a SHA-256 per array; its config fixes the shapes, so the same checks apply."""
+"""Atomic checkpoints: one ``.npz`` of ``.npy`` arrays (weights, Adam's moments), a JSON header
+(``__header__``: config, dtype, step, Adam, tokenizer, meta, each array's dtype, shape and
+SHA-256) and its SHA-256 (``__header_sha256__``); version 1 (still read) had no shapes."""
 
 from __future__ import annotations
 
@@ -11,8 +9,6 @@ import io
 import json
 import math
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,9 +28,9 @@ VERSION = 2
 READS = (1, 2)
 #: The largest header :func:`load` inflates (config, tokenizer and meta are far smaller).
 MAX_HEADER_BYTES = 64 << 20
-#: Room for an ``.npy`` member's own header, before its data.
-_NPY_HEADER_BYTES = 1 << 16
+_NPY_HEADER_BYTES = 1 << 16  # room for an .npy member's own header, before its data
 _HEADERS = ("__header__.npy", "__header_sha256__.npy")
+_PREFIXES = ("params", "adam_m", "adam_v")
 
 
 class CheckpointError(ValueError):
@@ -59,26 +55,23 @@ class Checkpoint:
 
     @property
     def mode(self) -> str:
-        """What the run trained on: ``"text"`` (a stream) or ``"docs"`` (also for files
-        that predate the record)."""
+        """What the run trained on: ``"text"`` (a stream) or ``"docs"`` (also for older files)."""
         run = self.meta.get("run") if isinstance(self.meta, dict) else None
         return run.get("mode", "docs") if isinstance(run, dict) else "docs"
 
 
-class _Record(NamedTuple):
-    """One array in the header: ``numpy.dtype.str`` (e.g. ``'<f8'``), shape, SHA-256."""
-
-    dtype: str
+class _Record(NamedTuple):  # one array as the header lists it
+    dtype: str  # numpy.dtype.str, e.g. '<f8'
     shape: tuple[int, ...]
     sha256: str
-
-    @property
-    def nbytes(self) -> int:
-        return np.dtype(self.dtype).itemsize * math.prod(self.shape)
 
 
 def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def _bytes(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype=np.uint8)
 
 
 def save(
@@ -95,7 +88,7 @@ def save(
     records = materialize(*([params] if adam is None else [params, adam.m, adam.v]))
     arrays = {
         f"{prefix}/{k}": _xp.to_numpy(a)
-        for prefix, record in zip(("params", "adam_m", "adam_v"), records, strict=False)
+        for prefix, record in zip(_PREFIXES, records, strict=False)
         for k, a in record.arrays().items()
     }
     dtypes = sorted({a.dtype.name for a in arrays.values()})
@@ -120,12 +113,8 @@ def save(
     }
     raw = json.dumps(header).encode()
     buf = io.BytesIO()
-    np.savez(
-        buf,
-        __header__=np.frombuffer(raw, dtype=np.uint8),
-        __header_sha256__=np.frombuffer(hashlib.sha256(raw).hexdigest().encode(), dtype=np.uint8),
-        **arrays,  # type: ignore[arg-type]
-    )
+    digest = hashlib.sha256(raw).hexdigest().encode()
+    np.savez(buf, __header__=_bytes(raw), __header_sha256__=_bytes(digest), **arrays)  # type: ignore[arg-type]
     return atomic_write(Path(path), buf.getvalue())
 
 
@@ -137,68 +126,29 @@ def load(
     dtype: str | None = None,
     config: GPTConfig | None = None,
 ) -> Checkpoint:
-    """Read a checkpoint onto ``backend``/``device`` (``dtype=None``: the saved dtype).
-
-    A bad ``backend``, ``device`` or ``dtype`` is an ``ArgumentValueError``;
-    :class:`CheckpointError` for a missing, truncated, corrupt or foreign file, non-finite
-    weights or a config other than ``config``: the header must match its SHA-256, the
-    members be the arrays it lists (sizes checked before inflating) with its dtypes, shapes
-    and SHA-256s. ``MemoryError`` for a valid file too large for this machine."""
+    """Read a checkpoint onto ``backend``/``device`` (``dtype=None``: the saved dtype): an
+    ``ArgumentValueError`` for a bad one of those; :class:`CheckpointError` for a missing,
+    damaged or foreign file, non-finite weights or a config other than ``config``;
+    ``MemoryError`` for a valid file too large for this machine."""
     check_placement(backend, device, dtype)
     name = repr(str(path))
     try:
-        return _load(Path(path), name, backend, device, dtype, config)
+        header, saved, hp, tokenizer, data = _read_file(Path(path), name, config)
+        records = [
+            from_host(
+                {k: data[f"{prefix}/{k}"] for k in FIELDS},
+                saved,
+                backend=backend,
+                device=device,
+                dtype=header["dtype"] if dtype is None else dtype,
+            )
+            for prefix in _PREFIXES[: 1 if hp is None else 3]
+        ]
     except MemoryError as exc:  # a valid file too large for this machine is not corrupt
         raise MemoryError(
             f"checkpoint {name} does not fit in this machine's memory (it is not corrupt): "
             "free memory, or load it where there is more"
         ) from exc
-
-
-def _load(
-    path: Path, name: str, backend: str, device: Any, dtype: str | None, config: GPTConfig | None
-) -> Checkpoint:
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {name} does not exist")
-    with path.open("rb") as f:
-        if f.read(4) != b"PK\x03\x04":
-            raise CheckpointError(f"{name} is not a microgpt-xp checkpoint (not an .npz archive)")
-    with _reading(name), zipfile.ZipFile(path) as archive:
-        infos = archive.infolist()
-        members = {i.filename: i for i in infos}
-        if len(members) != len(infos):
-            raise CheckpointError(f"checkpoint {name} is corrupt: a member appears twice")
-        raw, stored = (
-            _read(archive, members[k], name, None, most).tobytes() if k in members else None
-            for k, most in zip(_HEADERS, (MAX_HEADER_BYTES, 64), strict=True)
-        )
-        header = _header(raw, stored, name)
-        saved, table, hp, tokenizer = _parse(header, name)
-        if config is not None and config != saved:
-            raise CheckpointError(f"checkpoint {name} holds {saved}, not the requested {config}")
-        listed, have = {f"{k}.npy" for k in table}, set(members) - set(_HEADERS)
-        if have != listed:
-            raise CheckpointError(
-                f"checkpoint {name} is incomplete: arrays do not match its header (missing "
-                f"{sorted(listed - have)}, unexpected {sorted(have - listed)})"
-            )
-        data = {k: _read(archive, members[f"{k}.npy"], name, rec) for k, rec in table.items()}
-    bad = [k for k, a in data.items() if _digest(a) != table[k].sha256]
-    if bad:
-        raise CheckpointError(f"checkpoint {name} is corrupt: array {bad[0]!r} fails its checksum")
-    bad = [k for k, a in data.items() if not np.isfinite(a).all()]
-    if bad:
-        raise CheckpointError(f"checkpoint {name} holds non-finite values in {bad}")
-    records = [
-        from_host(
-            {k: data[f"{prefix}/{k}"] for k in FIELDS},
-            saved,
-            backend=backend,
-            device=device,
-            dtype=header["dtype"] if dtype is None else dtype,
-        )
-        for prefix in ("params", "adam_m", "adam_v")[: 1 if hp is None else 3]
-    ]
     adam = None
     if hp is not None:
         adam = Adam(records[0], hp[0])
@@ -206,15 +156,69 @@ def _load(
     return Checkpoint(records[0], adam, header["step"], tokenizer, header["meta"])
 
 
-@contextmanager
-def _reading(name: str) -> Iterator[None]:
-    """Turn the errors of reading a damaged archive into one :class:`CheckpointError`."""
+class Header(NamedTuple):
+    """What :func:`peek` returns: a checkpoint's ``config``, ``tokenizer``, ``step``, ``meta``."""
+
+    config: GPTConfig
+    tokenizer: Tokenizer | None
+    step: int
+    meta: dict[str, Any]
+
+
+def peek(path: str | Path) -> Header:
+    """A checkpoint's header without its arrays (none read): what a run needs to know before
+    :func:`load`; the same checks of the header, the same :class:`CheckpointError`."""
+    header, config, _, tokenizer, _ = _read_file(Path(path), repr(str(path)), None, arrays=False)
+    return Header(config, tokenizer, header["step"], header["meta"])
+
+
+def _read_file(
+    path: Path, name: str, config: GPTConfig | None, arrays: bool = True
+) -> tuple[
+    dict[str, Any], GPTConfig, tuple[AdamConfig, int] | None, Tokenizer | None, dict[str, Any]
+]:
+    """``(header, config, (Adam's config, step) or None, tokenizer, arrays)`` of a checkpoint:
+    the header against its SHA-256, each array's declared size before it is inflated, then its
+    dtype, shape and SHA-256 against the header (``arrays=False``: none read, ``{}``)."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {name} does not exist")
+    with path.open("rb") as f:
+        if f.read(4) != b"PK\x03\x04":
+            raise CheckpointError(f"{name} is not a microgpt-xp checkpoint (not an .npz archive)")
     try:
-        yield
+        with zipfile.ZipFile(path) as archive:
+            infos = archive.infolist()
+            members = {i.filename: i for i in infos}
+            if len(members) != len(infos):
+                raise CheckpointError(f"checkpoint {name} is corrupt: a member appears twice")
+            raw, stored = (
+                _read(archive, members[k], name, None, most).tobytes() if k in members else None
+                for k, most in zip(_HEADERS, (MAX_HEADER_BYTES, 64), strict=True)
+            )
+            header, saved, table, hp, tokenizer = _header(raw, stored, name)
+            if config is not None and config != saved:
+                raise CheckpointError(
+                    f"checkpoint {name} holds {saved}, not the requested {config}"
+                )
+            listed, have = {f"{k}.npy" for k in table}, set(members) - set(_HEADERS)
+            if have != listed:
+                raise CheckpointError(
+                    f"checkpoint {name} is incomplete: arrays do not match its header (missing "
+                    f"{sorted(listed - have)}, unexpected {sorted(have - listed)})"
+                )
+            read = table.items() if arrays else ()
+            data = {k: _read(archive, members[f"{k}.npy"], name, r) for k, r in read}
     except (CheckpointError, MemoryError):
         raise
     except Exception as exc:  # zipfile, zlib and the .npy reader raise many kinds on damage
         raise CheckpointError(f"checkpoint {name} is corrupt or truncated: {exc!r}") from exc
+    bad = [k for k, a in data.items() if _digest(a) != table[k].sha256]
+    if bad:
+        raise CheckpointError(f"checkpoint {name} is corrupt: array {bad[0]!r} fails its checksum")
+    bad = [k for k, a in data.items() if not np.isfinite(a).all()]
+    if bad:
+        raise CheckpointError(f"checkpoint {name} holds non-finite values in {bad}")
+    return header, saved, hp, tokenizer, data
 
 
 def _read(
@@ -222,7 +226,9 @@ def _read(
 ) -> np.ndarray:
     """A member's array once its declared size, dtype and shape are ``rec``'s; without
     ``rec``, a byte string of at most ``most`` bytes."""
-    least, most = (rec.nbytes, rec.nbytes) if rec else (0, most)
+    if rec is not None:
+        most = np.dtype(rec.dtype).itemsize * math.prod(rec.shape)
+    least = 0 if rec is None else most
     if not least <= info.file_size <= most + _NPY_HEADER_BYTES:
         raise CheckpointError(
             f"checkpoint {name} is corrupt: member {info.filename!r} declares a size of "
@@ -248,8 +254,13 @@ def _read(
     return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)  # type: ignore[no-any-return]
 
 
-def _header(raw: bytes | None, stored: bytes | None, name: str) -> dict[str, Any]:
-    """The JSON header, once its format, SHA-256 (which must be there) and version pass."""
+def _header(
+    raw: bytes | None, stored: bytes | None, name: str
+) -> tuple[
+    dict[str, Any], GPTConfig, dict[str, _Record], tuple[AdamConfig, int] | None, Tokenizer | None
+]:
+    """``(header, config, records, (Adam's config, step) or None, tokenizer)`` of the JSON
+    header, once its format, SHA-256 (which must be there), version and content pass."""
     not_ours = f"{name} is not a microgpt-xp checkpoint"
     try:
         header = json.loads(raw.decode()) if raw is not None else None
@@ -266,20 +277,13 @@ def _header(raw: bytes | None, stored: bytes | None, name: str) -> dict[str, Any
             f"checkpoint {name} has format version {header.get('version')!r}; this microgpt-xp "
             f"reads versions {', '.join(map(str, READS))} (was it written by a newer release?)"
         )
-    return header
-
-
-def _parse(
-    header: dict[str, Any], name: str
-) -> tuple[GPTConfig, dict[str, _Record], tuple[AdamConfig, int] | None, Tokenizer | None]:
-    """``(config, records, (Adam's config, step) or None, tokenizer)`` of a header."""
     try:
         config = GPTConfig.from_dict(header["config"])
         shapes = field_shapes(config)
         dtype = np.dtype(_xp.check_dtype(header["dtype"]))
-        prefixes = ("params",) if header["adam"] is None else ("params", "adam_m", "adam_v")
+        prefixes = _PREFIXES[: 1 if header["adam"] is None else 3]
         want = {f"{p}/{f}": shapes[f] for p in prefixes for f in FIELDS}
-        if header["version"] == 1:
+        if header["version"] == 1:  # a SHA-256 per array; the dtype and config imply the rest
             listed = {
                 k: {"dtype": dtype.str, "shape": want.get(k), "sha256": v}
                 for k, v in header["sha256"].items()
@@ -305,7 +309,7 @@ def _parse(
             _count("Adam's step", t, hp[0].num_steps)
         _count("step", header["step"], math.inf)
         tok = header["tokenizer"]
-        return config, table, hp, None if tok is None else Tokenizer.from_dict(tok)
+        return header, config, table, hp, None if tok is None else Tokenizer.from_dict(tok)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         why = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
         raise CheckpointError(f"checkpoint {name} has an invalid header: {why}") from exc

@@ -1,7 +1,6 @@
-"""microgpt-exact mode: replay the original script's run step for step on any array type:
-``random.Random(42)`` shuffles the documents, draws the initial weights in the original's
-order and each sampled token (``choices``); training takes one document per step in
-float64 with the spec's Adam, so the printed losses and names are the original's."""
+"""microgpt-exact mode: the original script's run step for step on any array type, one
+document a step in float64 with the spec's Adam, ``random.Random(42)`` shuffling the documents
+and drawing the weights and each sampled token in the original's order."""
 
 from __future__ import annotations
 
@@ -76,12 +75,11 @@ def sample_exact(
         raise ArgumentValueError(
             "temperature", f"temperature must be positive, got {temperature!r}"
         )
-    cfg = params.config
-    ids = range(cfg.vocab_size)
+    ids = range(params.config.vocab_size)
     names = []
     for _ in range(num_samples):
         cache, token, chars = KVCache(), tokenizer.bos, []
-        for _pos in range(cfg.block_size):
+        for _pos in range(params.config.block_size):
             tok = _xp.asarray([token], params.backend, device=params.device, dtype="int64")
             logits, cache = decode_step(params, tok, cache)
             probs = _xp.to_numpy(softmax(logits[0, :] * temperature**-1)).tolist()
@@ -149,7 +147,7 @@ def run_exact(
             "\n" if newlines else "\r",
         )
     if print_fn is not None:
-        print_fn("", "\n")
+        print_fn("", "\n")  # ends the last step's line
     emit(INFERENCE_HEADER)
     run.samples = sample_exact(params, tokenizer, rng, num_samples, temperature)
     for i, name in enumerate(run.samples, start=1):

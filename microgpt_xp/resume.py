@@ -1,10 +1,11 @@
-"""Resuming a run from its checkpoint: the record of what fixes a run's losses, and the
-check that a resumed run is the run it continues."""
+"""Resuming a run: the record of the settings that fix a run's losses, and the check that a
+resumed run is the run its checkpoint holds."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,16 @@ from .data import Tokenizer
 from .optim import Adam, AdamConfig
 from .params import Params
 
+#: The lists of a run's history (``meta["history"]``).
+HISTORY = ("losses", "val_losses", "val_token_losses")
+#: The optimizer's settings beyond ``lr`` that a resumed run must share with its checkpoint
+#: (an older file's :class:`~microgpt_xp.AdamConfig` has the spec's for those it predates).
+OPTIMIZER_FIELDS = tuple(f.name for f in fields(AdamConfig) if f.name not in ("lr", "num_steps"))
+
 
 class ResumeError(ValueError):
     """A resumed run would not be the run its checkpoint holds: ``option`` (a
-    :func:`~microgpt_xp.train` argument) is ``given`` here but was ``saved`` in the
-    checkpoint."""
+    :func:`~microgpt_xp.train` argument) is ``given`` here but was ``saved``."""
 
     def __init__(self, option: str, saved: Any, given: Any, checkpoint: str) -> None:
         self.option, self.saved, self.given = option, saved, given
@@ -30,33 +36,12 @@ class ResumeError(ValueError):
         )
 
 
-#: The lists of a run's history (``meta["history"]``).
-HISTORY = ("losses", "val_losses", "val_token_losses")
-
-
 def corpus_digest(docs: Sequence[str]) -> str:
     """A SHA-256 of the documents in order (what a checkpoint records of its corpus)."""
     h = hashlib.sha256()
     for d in docs:
-        h.update(d.encode("utf-8"))
-        h.update(b"\n")
+        h.update(d.encode("utf-8") + b"\n")
     return h.hexdigest()
-
-
-#: The optimizer's settings beyond ``lr`` that a resumed run must share with its checkpoint
-#: (checked against the checkpoint's own :class:`~microgpt_xp.AdamConfig`, which an older
-#: file holds with the spec's values for the fields it predates).
-OPTIMIZER_FIELDS = (
-    "beta1",
-    "beta2",
-    "eps",
-    "warmup",
-    "decay",
-    "min_lr",
-    "weight_decay",
-    "grad_clip",
-    "init_std",
-)
 
 
 def run_record(
@@ -72,11 +57,10 @@ def run_record(
     optimizer: dict[str, Any] | None = None,
     eval_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """What a checkpoint records of the settings that fix a run's losses (JSON-able):
-    ``mode`` (``"docs"``, or ``"text"`` where ``docs`` is ``[text]``), the ``optimizer``'s
-    settings of :data:`OPTIMIZER_FIELDS` and the held-out
-    bound ``eval_tokens`` (informative: not checked on resume)."""
-    record = {
+    """The JSON-able record of the settings that fix a run's losses: ``mode`` (``"docs"``, or
+    ``"text"`` where ``docs`` is ``[text]``), the ``optimizer``'s :data:`OPTIMIZER_FIELDS` and
+    the held-out bound ``eval_tokens`` (informative: not checked on resume)."""
+    return {
         "mode": mode,
         "seed": seed,
         "batch_size": batch_size,
@@ -88,7 +72,6 @@ def run_record(
         **{k: (optimizer or {}).get(k, getattr(AdamConfig(), k)) for k in OPTIMIZER_FIELDS},
         "eval_tokens": eval_tokens,
     }
-    return record
 
 
 def resume(
@@ -101,9 +84,9 @@ def resume(
     device: Any,
     params: Params | None,
 ) -> tuple[Params, Adam, dict[str, list[Any]]]:
-    """The params, optimizer and history (``{"losses": [...], "val_losses": [[step, loss],
-    ...], "val_token_losses": [[step, loss], ...]}``) of the run in ``checkpoint``, after
-    checking that the arguments continue that run (:class:`ResumeError` otherwise)."""
+    """The params, optimizer and history (:data:`HISTORY`'s lists, the held-out ones of
+    ``[step, loss]`` pairs) of the run in ``checkpoint``, once the arguments are found to
+    continue that run (:class:`ResumeError` otherwise)."""
     name = str(checkpoint)
     if params is not None:
         raise ArgumentValueError(
@@ -124,28 +107,33 @@ def resume(
     if saved.tokenizer is not None and saved.tokenizer != tokenizer:
         chars = "".join(saved.tokenizer.chars), "".join(tokenizer.chars)
         raise ResumeError("tokenizer", f"chars {chars[0]!r}", f"chars {chars[1]!r}", name)
-    if saved.adam is None:
+    adam = saved.adam
+    if adam is None:
         raise ValueError(f"checkpoint {name!r} holds no optimizer state to resume")
-    saved_dtype = _xp.dtype_name(saved.params.wte)
-    if saved_dtype != run["dtype"]:
-        raise ResumeError("dtype", saved_dtype, run["dtype"], name)
-    saved_mode = saved_run.get("mode", "docs")
-    if saved_mode != run["mode"]:
-        raise ResumeError("mode", saved_mode, run["mode"], name)
-    for option in ("seed", "batch_size", "lr", "reduction"):
-        if option in saved_run and saved_run[option] != run[option]:
-            raise ResumeError(option, saved_run[option], run[option], name)
-    for option in OPTIMIZER_FIELDS:
-        if getattr(saved.adam.config, option) != run[option]:
-            raise ResumeError(option, getattr(saved.adam.config, option), run[option], name)
-    names = ("text", "val_text") if run["mode"] == "text" else ("docs", "val_docs")
-    for option, key in zip(names, ("corpus", "val_corpus"), strict=True):
-        was, now = saved_run.get(key), run[key]
-        if key in saved_run and was != now:  # corpora are shown by their digests
-            raise ResumeError(option, _short(was), _short(now), name)
-    adam, start = saved.adam, saved.step
+    # (option, saved, given) in the order checked; an older run's record may lack a setting
+    corpora = ("text", "val_text") if run["mode"] == "text" else ("docs", "val_docs")
+    checks: list[tuple[str, Any, Any]] = [
+        ("dtype", _xp.dtype_name(saved.params.wte), run["dtype"]),
+        ("mode", saved_run.get("mode", "docs"), run["mode"]),
+        *(
+            (k, saved_run[k], run[k])
+            for k in ("seed", "batch_size", "lr", "reduction")
+            if k in saved_run
+        ),
+        *((k, getattr(adam.config, k), run[k]) for k in OPTIMIZER_FIELDS),
+        *(
+            (o, saved_run[k], run[k])
+            for o, k in zip(corpora, ("corpus", "val_corpus"), strict=True)
+            if k in saved_run
+        ),
+    ]
+    for option, was, now in checks:
+        if was != now:
+            if option in corpora:  # a corpus is shown by its digest
+                was, now = _short(was), _short(now)
+            raise ResumeError(option, was, now, name)
     if steps != adam.num_steps:
-        if start < adam.num_steps or steps < adam.num_steps:
+        if saved.step < adam.num_steps or steps < adam.num_steps:
             raise ResumeError("steps", adam.num_steps, steps, name)
         adam.extend(steps)  # a finished run, extended (see train's docstring)
     history = meta.get("history")

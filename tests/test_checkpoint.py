@@ -22,7 +22,7 @@ from xp_testing import assert_params_equal, host_arrays, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads
 from microgpt_xp._errors import ArgumentValueError
-from microgpt_xp.checkpoint import CheckpointError, load, save
+from microgpt_xp.checkpoint import CheckpointError, load, peek, save
 from microgpt_xp.data import Tokenizer, encode_docs
 from microgpt_xp.optim import Adam, AdamConfig
 from microgpt_xp.params import materialize
@@ -87,7 +87,7 @@ def test_round_trip(backend: Any, tmp_path: Path, dtype: str) -> None:
 
 
 def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params, Adam]) -> None:
-    path, params, _ = saved
+    path, params, adam = saved
     got = load(path, dtype="float32")
     assert str(got.params.dtype) == "float32"
     float32_on_numpy = np.zeros((), dtype=np.float32)
@@ -95,7 +95,6 @@ def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params
         want = a.astype(np.float32)
         xp_assert_close(getattr(got.params, k), want, rtol=0, like=float32_on_numpy, what=k)
     # save over it, a bare checkpoint
-    path, params, adam = saved
     save(path, params, adam=adam, step=5, meta={"second": True})
     assert (load(path).step, load(path).meta) == (5, {"second": True})
     bare = init_params(CONFIG, seed=1)
@@ -110,49 +109,41 @@ def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params
     assert load(path, config=CONFIG).config == CONFIG and issubclass(CheckpointError, ValueError)
 
 
-# -- atomic saves ---------------------------------------------------------------------------
-class HalfWriter:
-    """Writes half of what it is given, then fails like a full disk or a Ctrl-C."""
-
-    def __init__(self, f: Any, exc: BaseException) -> None:
-        self.f, self.exc = f, exc
-
-    def __enter__(self) -> HalfWriter:
-        return self
-
-    def __exit__(self, *args: Any) -> None:
-        self.f.close()
-
-    def write(self, b: bytes) -> int:
-        self.f.write(b[: len(b) // 2])
-        self.f.flush()
-        raise self.exc
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.f, name)
+def test_peek_reads_the_header_only(saved: tuple[Path, Params, Adam]) -> None:
+    """What a run needs before it loads (``train --resume``): no array is read, so a damaged
+    array does not show, and a damaged header does."""
+    path, params, adam = saved
+    save(path, params, adam=adam, step=4, tokenizer=TOKENIZER, meta={"run": {"mode": "text"}})
+    _rewrite(path, "adam_v/attn_wk", _flip_bit)
+    assert tuple(peek(path)) == (CONFIG, TOKENIZER, 4, {"run": {"mode": "text"}})
+    _rewrite(path, "__header__", {"step": -1})
+    with pytest.raises(CheckpointError, match="invalid step -1"):
+        peek(path)
 
 
-@pytest.mark.parametrize(
-    "crash",
-    [OSError("simulated crash in rename"), OSError("disk full"), KeyboardInterrupt()],
-    ids=["rename", "disk-full", "ctrl-c"],
-)
-def test_a_crashed_save_keeps_the_previous_file(
-    saved: tuple[Path, Params, Adam], monkeypatch: pytest.MonkeyPatch, crash: BaseException
+# -- atomic saves (a crash mid-write: test_files.py's test_a_failed_block_leaves_the_old_file) ---
+@pytest.mark.parametrize("crash", ["replace", "fsync"])
+def test_a_crashed_save_keeps_the_previous_file_or_leaves_nothing(
+    saved: tuple[Path, Params, Adam], monkeypatch: pytest.MonkeyPatch, crash: str
 ) -> None:
     path, params, adam = saved
-    before = path.read_bytes()
-    if "rename" in str(crash):
-        monkeypatch.setattr(os, "replace", mock.Mock(side_effect=crash))
-    else:
-        real_fdopen = os.fdopen
-        monkeypatch.setattr(os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k), crash))
-    with pytest.raises(type(crash)):
-        save(path, init_params(CONFIG, seed=99, dtype="float64"), adam=adam, step=3)
+    before, new = path.read_bytes(), path.parent / "new.ckpt"
+    monkeypatch.setattr(os, crash, mock.Mock(side_effect=OSError(f"simulated crash in {crash}")))
+    for target in (path, new):
+        with pytest.raises(OSError, match="simulated"):
+            save(target, init_params(CONFIG, seed=99, dtype="float64"), adam=adam, step=3)
     monkeypatch.undo()
-    assert path.read_bytes() == before
-    assert [p for p in path.parent.iterdir() if p != path] == [] and load(path).step == 2
+    assert path.read_bytes() == before and list(path.parent.iterdir()) == [path]
+    assert load(path).step == 2
     assert_params_equal(load(path).params, params)
+
+
+def test_weights_that_load_would_refuse_are_not_saved(tmp_path: Path) -> None:
+    params = init_params(CONFIG, dtype="float32")
+    half = Params.trusted(CONFIG, {k: v.astype(np.float16) for k, v in params.arrays().items()})
+    with pytest.raises(TypeError, match="float16"):
+        save(tmp_path / "half.ckpt", half)
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- refusals ----------------------------------------------------------------------------
@@ -165,22 +156,18 @@ def _npz(path: Path, header: Any = None, **arrays: Any) -> None:
     path.write_bytes(buf.getvalue())
 
 
-def _as_version_1(header: dict[str, Any]) -> dict[str, Any]:
-    """A header as version 1 wrote it: a SHA-256 per array of its bytes, one dtype name for
-    every array, no record of each array's dtype and shape."""
-    arrays = header.pop("arrays")
-    return {**header, "version": 1, "sha256": {k: rec["sha256"] for k, rec in arrays.items()}}
-
-
 def _rewrite(path: Path, member: str, edit: Any) -> None:
     """Rewrite an .npz, member ``member`` passed through ``edit`` (``None`` drops it; a dict
-    updates the JSON header, ``{"arrays": "version 1"}`` makes it :func:`_as_version_1`'s),
-    with the header's checksum recomputed as a file written that way would have it."""
+    updates the JSON header, ``{"arrays": "version 1"}`` makes it version 1's: a SHA-256 per
+    array, no dtype or shape), the header's checksum recomputed as its writer would have it."""
     with np.load(path) as z:
         out = {k: z[k] for k in z.files}
     if isinstance(edit, dict):
         header = json.loads(out[member].tobytes().decode())
-        header = _as_version_1(header) if "arrays" in edit else {**header, **edit}
+        if "arrays" in edit:
+            arrays = header.pop("arrays")
+            edit = {"version": 1, "sha256": {k: rec["sha256"] for k, rec in arrays.items()}}
+        header = {**header, **edit}
         out[member] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     elif edit is None:
         del out[member]
@@ -375,19 +362,3 @@ def test_a_deflated_or_version_1_checkpoint_loads_with_the_same_checks(
     _rewrite(path, "adam_m/wpe", lambda a: a.view(a.dtype.newbyteorder()))
     with pytest.raises(CheckpointError, match="adam_m/wpe"):
         load(path)
-
-
-def test_a_failed_first_save_leaves_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A crash in fsync, or weights that load would refuse (float16)."""
-    params = init_params(CONFIG, dtype="float32")
-    half = Params.trusted(CONFIG, {k: v.astype(np.float16) for k, v in params.arrays().items()})
-    with pytest.raises(TypeError, match="float16"):
-        save(tmp_path / "half.ckpt", half)
-    assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(os, "fsync", mock.Mock(side_effect=OSError("simulated crash in fsync")))
-    with pytest.raises(OSError, match="simulated"):
-        save(tmp_path / "new.ckpt", init_params(CONFIG))
-    monkeypatch.undo()
-    assert list(tmp_path.iterdir()) == []

@@ -23,7 +23,7 @@ from microgpt_xp.exact import (
 
 
 def _quiet(text: str, end: str) -> None:
-    pass
+    """Prints nothing."""
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +50,8 @@ def test_first_steps_and_samples_print_the_references_lines(backend, small_docs)
     expected = reference.run_microgpt(
         small_docs, max_steps=4, num_samples=3, print_fn=lambda s: None
     )
-    run = run_exact(
-        small_docs,
-        backend=backend.name,
-        device=backend.device,
-        max_steps=4,
-        num_samples=3,
-        print_fn=_quiet,
-    )
+    on = {"backend": backend.name, "device": backend.device}
+    run = run_exact(small_docs, **on, max_steps=4, num_samples=3, print_fn=_quiet)
     assert run.lines == expected
     assert run.lines[0] == f"num docs: {len(small_docs)}"
     assert run.lines[-4] == INFERENCE_HEADER
@@ -101,8 +95,7 @@ def test_trained_weights_match_the_reference(small_docs, run5) -> None:
 
 
 def test_sample_exact_uses_one_draw_per_token(run5) -> None:
-    run = run5
-    rng = random.Random()
+    run, rng = run5, random.Random()
     rng.setstate(run.sample_rng_state)
     again = sample_exact(run.params, run.tokenizer, rng, num_samples=2)
     assert again == run.samples

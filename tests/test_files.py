@@ -1,7 +1,5 @@
-"""Tests of microgpt_xp._files: atomic writes that concurrent writers cannot break, claims
-that let one run of several write a new output, and writability checked before the work.
-
-The concurrent cases run real processes (``python -c``) started together."""
+"""microgpt_xp._files: atomic writes that concurrent writers (real processes started together)
+cannot break, claims that let one run of several write a new output, writability checked first."""
 
 from __future__ import annotations
 

@@ -90,34 +90,6 @@ def test_every_damaged_byte_is_a_checkpoint_error(tmp_path: Path) -> None:
     assert refused > 0.9 * len(good)
 
 
-def test_a_damaged_checkpoint_is_one_line_in_the_cli(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from microgpt_xp.cli import main
-
-    path = _checkpoint(tmp_path)
-    raw = bytearray(path.read_bytes())
-    raw[len(raw) - 30] ^= 0xFF  # inside the zip's central directory
-    path.write_bytes(bytes(raw))
-    assert main(["sample", "--checkpoint", str(path), "--num-samples", "2"]) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("microgpt-xp: error: checkpoint")
-
-
-def test_stale_temporaries_are_removed_by_the_next_save(tmp_path: Path) -> None:
-    path = _checkpoint(tmp_path)
-    # the temporaries that crashed saves left (named as a save names them; no writer
-    # holds their lock); the concurrent cases are in test_files.py
-    stale = [tmp_path / f".{path.name}.{i:016x}.tmp" for i in range(3)]
-    for f in stale:
-        f.write_bytes(b"half a checkpoint")
-    other = tmp_path / f".{path.name}.x.{0:016x}.tmp"  # the file run.ckpt.x's, not ours
-    other.write_bytes(b"")
-    loaded = mx.load(path)
-    mx.save(path, loaded.params, adam=loaded.adam, step=loaded.step, tokenizer=loaded.tokenizer)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, other.name])
-
-
 def test_non_finite_weights_are_refused_at_the_edges(tmp_path: Path) -> None:
     state = {k: np.asarray(v) for k, v in ref_state(CONFIG, 0).items()}
     for bad in (np.nan, np.inf):
@@ -174,7 +146,6 @@ def test_a_vocabulary_needs_two_ids() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"lr": float("inf")}, ValueError, "lr must be finite"),
         ({"lr": "0.01"}, TypeError, "lr must be a real number"),
         ({"eps": float("nan")}, ValueError, "eps must be finite"),
     ],
