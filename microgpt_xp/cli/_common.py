@@ -122,32 +122,24 @@ def flag(help: str) -> dict[str, Any]:
 #: differ): the keywords of ``add_argument``.
 ARGUMENTS: dict[str, dict[str, Any]] = {
     "checkpoint": opt(
-        "checkpoint to load (from 'train --checkpoint PATH': shape, weights, tokenizer)",
-        metavar="PATH",
-        required=True,
+        "checkpoint to load (from 'train --checkpoint')", metavar="PATH", required=True
     ),
     "checkpoint/save": opt(
-        "save the run here at the end, every --checkpoint-every steps and at Ctrl-C or SIGTERM "
-        "(replay: at the end, with the random state 'sample --microgpt-exact' continues); an "
-        "existing file needs --resume or --overwrite (default: no checkpoint)",
+        "save the run here at the end, every --checkpoint-every steps and at Ctrl-C or SIGTERM; "
+        "an existing file needs --resume or --overwrite (default: no checkpoint)",
         metavar="PATH",
     ),
     "data": opt("UTF-8 file, one document a line (default: the embedded names)", metavar="FILE"),
-    "text": opt(
-        "UTF-8 file read as one stream of characters: each row of a batch is a random window "
-        "of --block-size + 1 characters, the samples are passages (not with --data)",
-        metavar="FILE",
-    ),
+    "text": opt("UTF-8 file read as one stream of characters (not with --data)", metavar="FILE"),
     "val_data": opt("held-out documents (with --text: held-out text)", metavar="FILE"),
     "val_fraction": opt(
-        "hold out this fraction of --data (a split fixed by --seed, kept on --resume); with "
-        "--text, the last fraction of the text",
+        "hold out this fraction of --data (fixed by --seed), or the end of --text",
         type=positive_float,
         metavar="F",
     ),
     "eval_tokens": opt(
-        "score at most N predicted held-out tokens an evaluation (default: 0.3 times the "
-        "tokens trained between two, at least 512: about a tenth of the run's time)",
+        "predicted held-out tokens scored an evaluation, at most (default: about a tenth of "
+        "the run's time)",
         type=positive_int,
     ),
     "eval_every": opt(
@@ -157,12 +149,7 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "backend": opt("array backend", "numpy", choices=BACKENDS),
     "device": opt("device of the backend, e.g. 'cpu', 'cuda:0' (default: the backend's)"),
     "dtype": opt("floating dtype of the weights", "float32", choices=DTYPES),
-    "steps": opt(
-        "Adam steps, the length of the learning-rate decay (--resume: more extend a finished run)",
-        1000,
-        positive_int,
-        metavar="STEPS",
-    ),
+    "steps": opt("Adam steps, the length of the decay", 1000, positive_int, metavar="STEPS"),
     "batch_size": opt("documents per step", 32, positive_int, metavar="BATCH_SIZE"),
     "batch_size/sample": opt(
         "samples generated at once: memory grows with it, the names do not depend on it",
@@ -171,75 +158,52 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     ),
     "lr": opt("initial learning rate (the peak, after --warmup)", 0.01, positive_float),
     "warmup": opt("steps of linear rise to --lr (default: 0, none)", type=nonnegative_int),
-    "decay": opt(
-        "decay after --warmup, to --min-lr (default: linear, the spec's)",
-        choices=("linear", "cosine"),
-    ),
+    "decay": opt("decay to --min-lr (default: linear)", choices=("linear", "cosine")),
     "min_lr": opt("where the decay ends (default: 0)", type=nonnegative_float, metavar="LR"),
     "weight_decay": opt(
-        "decoupled weight decay, as AdamW: p -= lr_t * WD * p before each step (default: 0)",
-        type=nonnegative_float,
-        metavar="WD",
+        "decoupled weight decay, as AdamW (default: 0)", type=nonnegative_float, metavar="WD"
     ),
     "grad_clip": opt(
-        "scale the gradients to a global L2 norm of at most NORM (default: 0, no clipping)",
+        "clip the gradients' global L2 norm (default: 0, none)",
         type=nonnegative_float,
         metavar="NORM",
     ),
     "init_std": opt(
-        "standard deviation of the initial weights (default: 0.08, the spec's)",
-        type=positive_float,
-        metavar="STD",
+        "std of the initial weights (default: 0.08)", type=positive_float, metavar="STD"
     ),
     "beta1": opt("Adam's first-moment decay, in [0, 1) (default: 0.85)", type=decay_rate),
     "beta2": opt("Adam's second-moment decay, in [0, 1) (default: 0.99)", type=decay_rate),
     "seed": opt("seed of the weights, batch order and sampling (sample: of its draws)", 0, int),
-    "checkpoint_every": opt(
-        "also save every N steps; 0: only at the end (and at an interrupt)", 0, nonnegative_int
-    ),
-    "resume": flag(
-        "continue the run in --checkpoint if that file exists, with its corpus, --seed, "
-        "--batch-size, --lr, --dtype and shape (an option given must match); its --steps, or "
-        "more to extend a finished run"
-    ),
+    "checkpoint_every": opt("also save every N steps (0: only at the end)", 0, nonnegative_int),
+    "resume": flag("continue the run in --checkpoint if it exists (its options must match)"),
     "overwrite": flag("replace an existing --checkpoint with a new run"),
     "chunk_size": opt("dask: documents per task (default: one task a batch)", type=positive_int),
     "chunk_size/eval": opt(
-        "documents scored at once, on dask per task (default: the most whose activations fit "
-        "the memory budget, at most the fastest measured size)",
+        "documents scored at once, per task on dask (default: the most whose activations fit "
+        "the memory budget)",
         type=positive_int,
     ),
     "eval_tokens/eval": opt(
-        "a text checkpoint: score at most N predicted tokens, on evenly spaced windows "
-        "(default: all of --data)",
-        type=positive_int,
+        "a text checkpoint: predicted tokens scored, at most (default: all)", type=positive_int
     ),
-    "memory_budget": opt(
-        "megabytes of activations a chunk may take, without --chunk-size",
-        500,
-        positive_int,
-        metavar="MB",
-    ),
+    "memory_budget": opt("MB of activations a chunk may take", 500, positive_int, metavar="MB"),
     "workers": opt(
-        "N processes (not threads) share each batch by rows: this one and N-1 it spawns, at "
-        "most 4 a core (default: this process alone)",
+        "N processes (not threads) share each batch, at most 4 a core (default: this one alone)",
         type=worker_count,
         metavar="N",
     ),
     "threads": opt(
-        "BLAS threads of this process, at most its cores; 'auto' leaves out the cores other "
-        "processes keep busy (default: chosen for the model's size)",
+        "BLAS threads of this process, or 'auto' (the idle cores) (default: for the model)",
         type=thread_count,
         metavar="N",
     ),
     "jit": opt(
-        "compile with the backend's compiler (jax: jax.jit), or run eagerly with --no-jit "
-        "(default: compile where the backend has a compiler)",
+        "compile with the backend's compiler, or not (default: where there is one)",
         action=argparse.BooleanOptionalAction,
     ),
     "scheduler": opt(
-        "dask.distributed scheduler to compute on (tcp://host:8786, a scheduler file, or "
-        "'local'); needs --backend dask (default: Dask's threads here)",
+        "dask.distributed scheduler (tcp://host:8786, a scheduler file, or 'local'); needs "
+        "--backend dask (default: Dask's threads here)",
         metavar="ADDRESS",
     ),
     "verbose": flag("with --scheduler: show dask.distributed's logs (or MICROGPT_XP_VERBOSE=1)"),
@@ -247,48 +211,39 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "n_embd": opt("residual channels, a multiple of --n-head (default: 16)", type=positive_int),
     "n_head": opt("attention heads (default: 4)", type=positive_int),
     "block_size": opt(
-        "positions the model reads: longer documents are cut, with a note (replay: 16 unless "
-        "given) (default: the spec's 16, or the longest document + 1 where that is more)",
+        "positions the model reads (replay: 16 unless given) (default: the spec's 16, or the "
+        "longest document + 1 where that is more)",
         type=positive_int,
     ),
     "plot": opt("save the loss curve to FILE (e.g. loss.png; needs matplotlib)", metavar="FILE"),
-    "num_samples": opt(
-        "names to sample after training (0: none)", DEFAULT_NUM_SAMPLES, nonnegative_int
-    ),
+    "num_samples": opt("names to sample after training", DEFAULT_NUM_SAMPLES, nonnegative_int),
     "num_samples/train": opt(
-        "names to sample after training, 0: none (default: 20; with --text: 1 passage)",
+        "names to sample after training (default: 20; with --text: 1 passage)",
         type=nonnegative_int,
         metavar="NUM_SAMPLES",
     ),
     "length": opt("with --text: characters of each passage (default: 500)", type=positive_int),
     "length/sample": opt(
-        "a text checkpoint only: characters to write after --prompt, streamed as drawn "
-        "(default: 500)",
-        type=positive_int,
+        "a text checkpoint: characters after --prompt (default: 500)", type=positive_int
     ),
     "num_samples/sample": opt(
-        "names to sample (default: 20; on a text checkpoint: 1 passage)",
+        "names (default: 20; on a text checkpoint: 1 passage)",
         type=positive_int,
         metavar="NUM_SAMPLES",
     ),
     "temperature": opt("sampling temperature", 0.5, positive_float),
     "top_k": opt("draw among the K likeliest (default: all)", type=positive_int, metavar="K"),
     "prompt": opt("the start every name continues (printed with it)", metavar="TEXT"),
-    "out/sample": opt(
-        "write the names to FILE, one a line, complete or not at all; stdout then gets one "
-        "summary line (default: stdout)",
-        metavar="FILE",
-    ),
+    "out/sample": opt("write the names to FILE, all or nothing (default: stdout)", metavar="FILE"),
     "out": opt("file to write ('-': stdout, JSON only)", metavar="FILE", required=True),
     "format": opt("what to write", "json", choices=("json", "onnx")),
     "graph": opt(
-        "with --format onnx: the graph to write (see microgpt_xp.export; default: forward)",
+        "with --format onnx: the graph (default: forward)",
         choices=("forward", "decode", "generate", "train_step", "train_init"),
     ),
     "json": flag("print JSON instead of text (train, replay: a summary with the losses)"),
     "microgpt_exact": flag(
-        "train: replay the original script (see 'replay --help'); sample: continue the random "
-        "state that 'replay --checkpoint' saved"
+        "train: replay the original script; sample: continue the random state replay saved"
     ),
     "newlines": flag("with --microgpt-exact: end step lines with a newline instead of '\\r'"),
 }
