@@ -575,9 +575,7 @@ def test_sample_streams_each_batch_as_it_is_made(monkeypatch: MP, checkpoint: Pa
     assert main([*argv, "--batch-size", "3"]) == 0
     # three batches (3 + 3 + 1), each printed before the next one is made
     runs = [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]]
-    assert runs == ["batch", "write"] * 3
-    printed = sys.stdout.getvalue()  # type: ignore[attr-defined]
-    assert samples_of(printed) == library_samples(checkpoint, 7, seed=2)
+    assert runs == ["batch", "write"] * 3  # the names: test_sample_prints_the_librarys_names
 
 
 def test_sample_out_is_atomic(cli: Cli, monkeypatch: MP, tmp_path: Path, checkpoint: Path) -> None:
@@ -1062,9 +1060,7 @@ def test_dask_local_prints_only_the_commands_lines(
 @pytest.fixture(scope="module")
 def big_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """192,000 documents of NAMES: seconds of scoring, whatever the backend."""
-    path = tmp_path_factory.mktemp("big") / "big.txt"
-    path.write_text("\n".join(NAMES * 12000) + "\n")
-    return path
+    return written(tmp_path_factory, "big.txt", "\n".join(NAMES * 12000) + "\n")
 
 
 @pytest.mark.parametrize("delay", [0.1, 0.3, 0.6])
