@@ -149,7 +149,12 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "backend": opt("array backend", "numpy", choices=BACKENDS),
     "device": opt("device of the backend, e.g. 'cpu', 'cuda:0' (default: the backend's)"),
     "dtype": opt("floating dtype of the weights", "float32", choices=DTYPES),
-    "steps": opt("Adam steps, the length of the decay", 1000, positive_int, metavar="STEPS"),
+    "steps": opt(
+        "Adam steps, the length of the decay (--resume: more extend a finished run)",
+        1000,
+        positive_int,
+        metavar="STEPS",
+    ),
     "batch_size": opt("documents per step", 32, positive_int, metavar="BATCH_SIZE"),
     "batch_size/sample": opt(
         "samples generated at once: memory grows with it, the names do not depend on it",

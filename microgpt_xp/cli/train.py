@@ -108,7 +108,8 @@ class _Speed:
 
     def add(self, stats: Any) -> dict[str, str]:
         """Count a step; the progress line's values (``ms/step 3.1``, ``tok/s 10.6k``)."""
-        self.steps, self.tokens = self.steps + 1, self.tokens + int(stats.tokens)
+        self.steps += 1
+        self.tokens += int(stats.tokens)
         self.seconds += float(stats.seconds)
         ms, rate = self.rates()
         shown = {"ms/step": f"{ms:.2f}"}
