@@ -125,8 +125,9 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         "checkpoint to load (from 'train --checkpoint')", metavar="PATH", required=True
     ),
     "checkpoint/save": opt(
-        "save the run here at the end, every --checkpoint-every steps and at Ctrl-C or SIGTERM; "
-        "an existing file needs --resume or --overwrite (default: no checkpoint)",
+        "save the run here at the end, every --checkpoint-every steps and at Ctrl-C or SIGTERM "
+        "(replay: at the end, with its random state); an existing file needs --resume or "
+        "--overwrite (default: no checkpoint)",
         metavar="PATH",
     ),
     "data": opt("UTF-8 file, one document a line (default: the embedded names)", metavar="FILE"),
