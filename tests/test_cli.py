@@ -1,6 +1,5 @@
-"""The ``microgpt-xp`` command, run in-process through ``main([...])`` (and as a child
-process where signals, pipes or the console script are the point): every subcommand's
-output, its files, and one-line errors."""
+"""The ``microgpt-xp`` command, in-process through ``main([...])`` (a child process where
+signals, pipes or the console script are the point): outputs, files, one-line errors."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import reference
 
-from microgpt_xp import AdamConfig, GPTConfig, Params, StepStats, __version__, cluster
+from microgpt_xp import AdamConfig, GPTConfig, Params, __version__, cluster
 from microgpt_xp import _xp as cli_xp
 from microgpt_xp.checkpoint import load
 from microgpt_xp.cli import _progress, main
@@ -65,11 +65,11 @@ needs_distributed = pytest.mark.skipif(
 )
 
 
+@dataclass
 class Cli:
     """``main(argv)`` in-process: ``cli(*argv)`` is its exit status, stdout and stderr."""
 
-    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
-        self.capsys = capsys
+    capsys: pytest.CaptureFixture[str]
 
     def __call__(self, *argv: object) -> tuple[int, str, str]:
         rc = main([str(a) for a in argv])
@@ -155,17 +155,13 @@ def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
     on_call(monkeypatch, train_module._Loop, "step", raise_at(stop + 1, KeyboardInterrupt()))
 
 
-def sigint_as_from_a_terminal() -> None:
-    """A child's Ctrl-C as a terminal gives it, whatever this process inherited (a shell's
-    background job, CI's for instance, starts with SIGINT ignored, and its children too)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
-    """``python -m module argv`` (``-c`` where ``module`` is code), stdout and stderr piped."""
+    """``python -m module argv`` (``-c`` where ``module`` is code), stdout and stderr piped;
+    Ctrl-C as a terminal gives it, whatever this process inherited (a shell's background
+    job, CI's for instance, starts with SIGINT ignored, and its children too)."""
     how = ["-c" if "\n" in module else "-m", module, *map(str, argv)]
     pipe = subprocess.PIPE
-    popen.setdefault("preexec_fn", sigint_as_from_a_terminal)
+    popen.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return subprocess.Popen([sys.executable, *how], stdout=pipe, stderr=pipe, **popen)
 
 
@@ -185,25 +181,25 @@ def signal_when(
         child.wait(timeout=30)
 
 
+def written(factory: pytest.TempPathFactory, name: str, text: str) -> Path:
+    path = factory.mktemp("data") / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
 @pytest.fixture(scope="module")
 def names16(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "names.txt"
-    path.write_text("\n".join(NAMES) + "\n\n", encoding="utf-8")  # a blank line is skipped
-    return path
+    return written(tmp_path_factory, "names.txt", "\n".join(NAMES) + "\n\n")  # blank: skipped
 
 
 @pytest.fixture(scope="module")
 def names24(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("more") / "names.txt"
-    path.write_text("\n".join([*NAMES, *MORE_NAMES]) + "\n", encoding="utf-8")
-    return path
+    return written(tmp_path_factory, "names.txt", "\n".join([*NAMES, *MORE_NAMES]) + "\n")
 
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("text") / "verse.txt"
-    path.write_text(VERSE * 4, encoding="utf-8")
-    return path
+    return written(tmp_path_factory, "verse.txt", VERSE * 4)
 
 
 @pytest.fixture(scope="module")
@@ -456,31 +452,38 @@ def test_resume_with_more_steps_extends_a_run(cli: Cli, tmp_path: Path, names16:
 
 
 @pytest.mark.parametrize(
-    ("change", "fragment"),
+    ("given", "change", "fragment"),
     [
-        ("--seed 4", "with --seed 4: its run has --seed 0"),
-        ("--batch-size 3", "with --batch-size 3: its run has --batch-size 4"),
-        ("--lr 0.02", "with --lr 0.02: its run has --lr 0.01"),
-        ("--dtype float64", "with --dtype float64: its run has --dtype float32"),
-        ("--steps 5", "with --steps 5: its run has --steps 6"),
-        ("--data {other}", "with --data {other}: its run trained on another corpus"),
-        ("--data {alphabet}", "with --data {alphabet}: its run trained on a corpus of other characters"),
-        ("--n-layer 2", "with --n-layer 2: its run has --n-layer 1"),
-        ("--block-size 12", f"with --block-size 12: its run has --block-size {FIT}"),
+        ("", "--seed 4", "with --seed 4: its run has --seed 0"),
+        ("", "--batch-size 3", "with --batch-size 3: its run has --batch-size 4"),
+        ("", "--lr 0.02", "with --lr 0.02: its run has --lr 0.01"),
+        ("", "--dtype float64", "with --dtype float64: its run has --dtype float32"),
+        ("", "--steps 5", "with --steps 5: its run has --steps 6"),
+        ("", "--data {other}", "with --data {other}: its run trained on another corpus"),
+        ("", "--data {alphabet}", "with --data {alphabet}: its run trained on a corpus of other characters"),
+        ("", "--n-layer 2", "with --n-layer 2: its run has --n-layer 1"),
+        ("", "--block-size 12", f"with --block-size 12: its run has --block-size {FIT}"),
+        ("--beta2 0.95", "--beta2 0.9", "with --beta2 0.9: its run has --beta2 0.95"),
+        ("--val-fraction 0.25", "--val-fraction 0.5",
+         "with --data {data} --val-fraction 0.5: its run trained on another corpus or split"),
     ],
 )  # fmt: skip
 def test_resume_errors_name_the_option_and_both_values(
-    cli: Cli, tmp_path: Path, names16: Path, change: str, fragment: str
+    cli: Cli, tmp_path: Path, names16: Path, given: str, change: str, fragment: str
 ) -> None:
     files = {"other": tmp_path / "other.txt", "alphabet": tmp_path / "alphabet.txt"}
     files["other"].write_text("\n".join(reversed(NAMES)), encoding="utf-8")  # same characters
     files["alphabet"].write_text("\n".join(["xyz", "zyx", "qqq", "abc", "ee"]), encoding="utf-8")
+    files["data"] = names16
     ckpt = tmp_path / "run.npz"
     argv = train_cmd(names16, 6, "--checkpoint", ckpt, "--num-samples", 0, "--checkpoint-every", 3)
+    argv = [str(a) for a in [*argv, *given.split()]]
     with pytest.MonkeyPatch.context() as m:
         interrupt_training_after(m, 3)
         assert cli(*argv)[0] == 130  # an unfinished run, saved at step 3
-    options = [str(a) for a in argv]
+    if given.startswith("--beta2"):
+        assert load(ckpt).adam.config.beta2 == 0.95  # type: ignore[union-attr]
+    options = list(argv)
     flag, value = change.format(**files).split()
     if flag in options:
         options[options.index(flag) + 1] = value
@@ -488,32 +491,7 @@ def test_resume_errors_name_the_option_and_both_values(
         options += [flag, value]
     cli.fails([*options, "--resume"], 1, f"cannot resume '{ckpt}'", fragment.format(**files))
     assert load(ckpt).step == 3
-
-
-@pytest.mark.parametrize(
-    ("option", "before", "after", "fragments"),
-    [
-        ("--beta2", 0.95, 0.9, ["with --beta2 0.9: its run has --beta2 0.95"]),
-        ("--val-fraction", 0.25, 0.5, ["with --data {data} --val-fraction 0.5", "another",
-                                       "corpus or split"]),
-    ],
-)  # fmt: skip
-def test_resuming_with_other_betas_or_split_names_the_option(
-    cli: Cli,
-    tmp_path: Path,
-    names24: Path,
-    option: str,
-    before: float,
-    after: float,
-    fragments: list[str],
-) -> None:
-    ckpt = tmp_path / "run.npz"
-    argv = train_cmd(names24, 2, "--num-samples", 0, "--checkpoint", ckpt)
-    cli.ok(*argv, option, before)
-    assert option != "--beta2" or load(ckpt).adam.config.beta2 == 0.95  # type: ignore[union-attr]
-    fragments = [f"cannot resume '{ckpt}'", *(f.format(data=names24) for f in fragments)]
-    cli.fails([*argv, "--resume", "--steps", 4, option, after], 1, *fragments)
-    cli.ok(*argv, "--resume", "--steps", 3, option, before)  # the same value goes on
+    cli.ok(*argv, "--resume")  # the same options go on
 
 
 # -- sample, eval, export ----------------------------------------------------------------------
@@ -597,9 +575,7 @@ def test_sample_streams_each_batch_as_it_is_made(monkeypatch: MP, checkpoint: Pa
     assert main([*argv, "--batch-size", "3"]) == 0
     # three batches (3 + 3 + 1), each printed before the next one is made
     runs = [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]]
-    assert runs == ["batch", "write"] * 3
-    printed = sys.stdout.getvalue()  # type: ignore[attr-defined]
-    assert samples_of(printed) == library_samples(checkpoint, 7, seed=2)
+    assert runs == ["batch", "write"] * 3  # the names: test_sample_prints_the_librarys_names
 
 
 def test_sample_out_is_atomic(cli: Cli, monkeypatch: MP, tmp_path: Path, checkpoint: Path) -> None:
@@ -626,16 +602,6 @@ def test_sigterm_during_sample_out_leaves_no_partial_file(tmp_path: Path, checkp
     _, err = signal_when(lambda: list(tmp_path.glob(".names.out.*.tmp")), child, signal.SIGTERM)
     assert child.returncode == 143, err
     assert not out.exists() and not list(tmp_path.glob(".names.out.*"))
-
-
-def test_a_closed_stdout_stops_quietly(cli: Cli, monkeypatch: MP, checkpoint: Path) -> None:
-    class ClosedPipe(io.StringIO):
-        def write(self, text: str) -> int:
-            raise BrokenPipeError(32, "Broken pipe")
-
-    monkeypatch.setattr(sys, "stdout", ClosedPipe())
-    assert main(["sample", "--checkpoint", str(checkpoint), "--num-samples", "50"]) == 0
-    assert cli.capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(
@@ -1028,17 +994,7 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
         processes=False, n_workers=1, threads_per_worker=1, dashboard_address=":0"
     )
     if command == "train":  # the scheduler goes away after step 2
-        original = train_module.train
-
-        def train_then_lose(*args, on_step, **kwargs):  # type: ignore[no-untyped-def]
-            def step_then_lose(stats: StepStats) -> None:
-                on_step(stats)
-                if stats.step == 2:
-                    lost.close()
-
-            return original(*args, on_step=step_then_lose, **kwargs)
-
-        monkeypatch.setattr(train_module, "train", train_then_lose)
+        on_call(monkeypatch, train_module._Loop, "step", lambda n: lost.close() if n == 3 else 0)
         argv = train_cmd(names16, 20)
     else:  # the scheduler goes away as the scoring is submitted
         on_call(monkeypatch, DaskTasks, "map", lambda n: lost.close())
@@ -1104,9 +1060,7 @@ def test_dask_local_prints_only_the_commands_lines(
 @pytest.fixture(scope="module")
 def big_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """192,000 documents of NAMES: seconds of scoring, whatever the backend."""
-    path = tmp_path_factory.mktemp("big") / "big.txt"
-    path.write_text("\n".join(NAMES * 12000) + "\n")
-    return path
+    return written(tmp_path_factory, "big.txt", "\n".join(NAMES * 12000) + "\n")
 
 
 @pytest.mark.parametrize("delay", [0.1, 0.3, 0.6])

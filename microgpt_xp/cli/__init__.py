@@ -1,14 +1,10 @@
 """The microgpt-xp command: train microgpt, sample names, score a corpus, export weights
 or the model's graph, and replay the original script, on any supported array backend.
 
-Every subcommand has --help. A mistake (a missing file, a bad option value, a corrupt
-checkpoint, ...) or a lost resource (memory, a Dask scheduler, a worker process) prints
-one "microgpt-xp: error: ..." line to stderr and exits with 2 (usage errors) or 1
-(everything else); Ctrl-C exits with 130, SIGTERM with 143 and SIGHUP with 129 (train
-says how to resume). A reader of stdout that goes away (`sample | head`) ends the
-command quietly with 0. Set MICROGPT_XP_TRACEBACK=1 to see the full traceback of such
-an error instead, and MICROGPT_XP_VERBOSE=1 (or --verbose) to see dask.distributed's logs
-and warnings, silenced during a --scheduler run.
+A mistake or a lost resource prints one "microgpt-xp: error: ..." line and exits with 2
+(usage errors) or 1; Ctrl-C exits with 130, SIGTERM with 143, SIGHUP with 129; a reader of
+stdout that goes away ends it with 0. MICROGPT_XP_TRACEBACK=1 shows the traceback instead,
+MICROGPT_XP_VERBOSE=1 (or --verbose) dask.distributed's logs.
 """
 
 from __future__ import annotations
@@ -30,8 +26,8 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``microgpt-xp``: one module of this package per subcommand, whose
-    parsed arguments carry its ``handler``."""
+    """The parser of ``microgpt-xp``: one module per subcommand, whose arguments carry its
+    ``handler``."""
     from . import eval as evaluate
     from . import export, replay, sample, train
     from ._common import PROG, Formatter, Parser
@@ -63,8 +59,8 @@ class Stopped(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`Stopped` inside the block (so that training says
-    how to resume and a partial output file is removed); outside the main thread, nothing."""
+    """SIGTERM and SIGHUP raise :class:`Stopped` inside the block (so that training says how
+    to resume and a partial output is removed); outside the main thread, nothing."""
 
     def stop(signum: int, frame: object) -> None:
         raise Stopped(signum)
@@ -90,9 +86,8 @@ def _silence_stdout() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``microgpt-xp`` console script (``argv`` defaults to
-    ``sys.argv[1:]``); returns the exit status: 2 for usage errors, 1 for other user
-    errors, each after one ``microgpt-xp: error:`` line."""
+    """The ``microgpt-xp`` command on ``argv`` (default ``sys.argv[1:]``); its exit status:
+    2 for usage errors, 1 for other user errors, each after one error line."""
     try:  # the modules every command needs: Ctrl-C while they load is the same one line
         from . import _common
 

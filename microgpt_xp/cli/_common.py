@@ -1,6 +1,6 @@
-"""What the subcommands share: every option, declared once (:data:`ARGUMENTS`), the
-table of library arguments and their options, the checks made before any work, and the
-printing of notes, samples and JSON."""
+"""What the subcommands share: every option, declared once (:data:`ARGUMENTS`), the table
+of library parameters and their options (:data:`OPTIONS`), the checks made before any work,
+and the printing of notes, samples and JSON."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from ..runners.processes import check_workers
 from ..sample import DEFAULT_BATCH_SIZE
 
 PROG = "microgpt-xp"
-
 SPEC_SHAPE = {"n_layer": 1, "n_embd": 16, "n_head": 4, "block_size": 16}  # the defaults
+DEFAULT_NUM_SAMPLES = 20  # names sampled without --num-samples (a text checkpoint: 1 passage)
 
 
 class UsageError(Exception):
@@ -51,11 +51,8 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if (
-            "(default" in text
-            or action.required
-            or any(action.default is v for v in (None, False, argparse.SUPPRESS))
-        ):
+        unsaid = all(action.default is not v for v in (None, False, argparse.SUPPRESS))
+        if "(default" in text or action.required or not unsaid:
             return text
         return f"{text} (default: %(default)s)"
 
@@ -92,8 +89,7 @@ decay_rate = number(float, 0, below=1)  # Adam's beta1, beta2: [0, 1)
 
 
 def worker_count(text: str) -> int:
-    """``--workers``: a positive count, at most 4 processes a core this process may use
-    (the library's bound, :func:`microgpt_xp.runners.processes.check_workers`)."""
+    """``--workers``: a positive count within the library's bound (:func:`check_workers`)."""
     try:
         return check_workers(positive_int(text))  # type: ignore[return-value]
     except ValueError as exc:
@@ -101,13 +97,12 @@ def worker_count(text: str) -> int:
 
 
 def thread_count(text: str) -> int | str:
-    """``--threads``: ``auto``, or a positive count capped (with a note) at the cores this
-    process may use, so that no larger count reaches a native thread pool."""
+    """``--threads``: ``auto``, or a positive count capped (with a note) at this process's
+    cores, so that no larger count reaches a native thread pool."""
     if text == "auto":
         return text
     value: int = positive_int(text)
-    cpus = usable_cpus()
-    if value > cpus:
+    if value > (cpus := usable_cpus()):
         note(f"--threads {value}: this process may use {cpus} cores; using {cpus}")
     return min(value, cpus)
 
@@ -125,62 +120,38 @@ def flag(help: str) -> dict[str, Any]:
 
 #: Every option of every subcommand, by its ``dest`` (``dest/variant`` where subcommands
 #: differ): the keywords of ``add_argument``.
-#: Names sampled when --num-samples is not given (one passage for a text checkpoint).
-DEFAULT_NUM_SAMPLES = 20
-
-
 ARGUMENTS: dict[str, dict[str, Any]] = {
     "checkpoint": opt(
-        "checkpoint to load (written by 'microgpt-xp train --checkpoint PATH'; it holds the "
-        "model's shape, weights and tokenizer)",
-        metavar="PATH",
-        required=True,
+        "checkpoint to load (from 'train --checkpoint')", metavar="PATH", required=True
     ),
     "checkpoint/save": opt(
-        "save the run here at the end, every --checkpoint-every steps and at Ctrl-C or "
-        "SIGTERM (replay: only at the end, with the "
-        "random state that 'sample --microgpt-exact' continues); an existing file needs "
-        "--resume or --overwrite (default: no checkpoint)",
+        "save the run here at the end, every --checkpoint-every steps and at Ctrl-C or SIGTERM "
+        "(replay: at the end, with its random state); an existing file needs --resume or "
+        "--overwrite (default: no checkpoint)",
         metavar="PATH",
     ),
-    "data": opt(
-        "UTF-8 text file, one document per line (default: the embedded corpus of names)",
-        metavar="FILE",
-    ),
-    "text": opt(
-        "UTF-8 text file read as one stream of characters, line breaks included: each row of "
-        "a batch is a random window of --block-size + 1 characters, and the samples are "
-        "passages (not with --data)",
-        metavar="FILE",
-    ),
-    "val_data": opt(
-        "held-out documents, one a line (with --text: held-out text, a second stream)",
-        metavar="FILE",
-    ),
+    "data": opt("UTF-8 file, one document a line (default: the embedded names)", metavar="FILE"),
+    "text": opt("UTF-8 file read as one stream of characters (not with --data)", metavar="FILE"),
+    "val_data": opt("held-out documents (with --text: held-out text)", metavar="FILE"),
     "val_fraction": opt(
-        "hold out this fraction of --data (a split fixed by --seed; a resumed run keeps it); "
-        "with --text, the last fraction of the text",
+        "hold out this fraction of --data (fixed by --seed), or the end of --text",
         type=positive_float,
         metavar="F",
     ),
     "eval_tokens": opt(
-        "score at most N predicted held-out tokens at each evaluation (a stream: evenly "
-        "spaced fixed windows; documents: the first that fit), a fixed cost (default: 0.3 "
-        "times the tokens trained between two evaluations, at least 512: about a tenth of "
+        "predicted held-out tokens scored an evaluation, at most (default: about a tenth of "
         "the run's time)",
         type=positive_int,
     ),
     "eval_every": opt(
-        "score the held-out documents or text every N steps and after the last (default: a "
-        "tenth of the run)",
+        "score the held-out part every N steps and after the last (default: a tenth of the run)",
         type=positive_int,
     ),
     "backend": opt("array backend", "numpy", choices=BACKENDS),
     "device": opt("device of the backend, e.g. 'cpu', 'cuda:0' (default: the backend's)"),
     "dtype": opt("floating dtype of the weights", "float32", choices=DTYPES),
     "steps": opt(
-        "Adam steps, the length of the learning-rate decay (with --resume, more than a "
-        "finished run took extend it)",
+        "Adam steps, the length of the decay (--resume: more extend a finished run)",
         1000,
         positive_int,
         metavar="STEPS",
@@ -192,148 +163,99 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
         positive_int,
     ),
     "lr": opt("initial learning rate (the peak, after --warmup)", 0.01, positive_float),
-    "warmup": opt(
-        "steps over which the learning rate rises linearly to --lr (default: 0, none)",
-        type=nonnegative_int,
-    ),
-    "decay": opt(
-        "the learning rate's decay after --warmup, to --min-lr at the last step (default: "
-        "linear, the spec's)",
-        choices=("linear", "cosine"),
-    ),
-    "min_lr": opt(
-        "the learning rate the decay ends at (default: 0)", type=nonnegative_float, metavar="LR"
-    ),
+    "warmup": opt("steps of linear rise to --lr (default: 0, none)", type=nonnegative_int),
+    "decay": opt("decay to --min-lr (default: linear)", choices=("linear", "cosine")),
+    "min_lr": opt("where the decay ends (default: 0)", type=nonnegative_float, metavar="LR"),
     "weight_decay": opt(
-        "decoupled weight decay, as AdamW: p -= lr_t * WD * p before each step (default: 0)",
-        type=nonnegative_float,
-        metavar="WD",
+        "decoupled weight decay, as AdamW (default: 0)", type=nonnegative_float, metavar="WD"
     ),
     "grad_clip": opt(
-        "scale the gradients down to a global L2 norm of at most NORM (default: 0, no clipping)",
+        "clip the gradients' global L2 norm (default: 0, none)",
         type=nonnegative_float,
         metavar="NORM",
     ),
     "init_std": opt(
-        "standard deviation of the initial weights (default: 0.08, the spec's)",
-        type=positive_float,
-        metavar="STD",
+        "std of the initial weights (default: 0.08)", type=positive_float, metavar="STD"
     ),
     "beta1": opt("Adam's first-moment decay, in [0, 1) (default: 0.85)", type=decay_rate),
     "beta2": opt("Adam's second-moment decay, in [0, 1) (default: 0.99)", type=decay_rate),
     "seed": opt("seed of the weights, batch order and sampling (sample: of its draws)", 0, int),
-    "checkpoint_every": opt(
-        "also save every N steps; 0: only at the end (and at an interrupt)", 0, nonnegative_int
-    ),
-    "resume": flag(
-        "continue the run in --checkpoint if that file exists, with its corpus, --seed, "
-        "--batch-size, --lr, --dtype and shape (an option given must match); its --steps, or "
-        "more to extend a finished run"
-    ),
+    "checkpoint_every": opt("also save every N steps (0: only at the end)", 0, nonnegative_int),
+    "resume": flag("continue the run in --checkpoint if it exists (its options must match)"),
     "overwrite": flag("replace an existing --checkpoint with a new run"),
     "chunk_size": opt("dask: documents per task (default: one task a batch)", type=positive_int),
     "chunk_size/eval": opt(
-        "documents scored at once; on dask, documents per task (default: the most whose "
-        "activations fit the memory budget, at most the fastest measured size)",
+        "documents scored at once, per task on dask (default: the most whose activations fit "
+        "the memory budget)",
         type=positive_int,
     ),
     "eval_tokens/eval": opt(
-        "a text checkpoint: score at most N predicted tokens of --data, on evenly spaced "
-        "windows (default: all of it)",
-        type=positive_int,
+        "a text checkpoint: predicted tokens scored, at most (default: all)", type=positive_int
     ),
-    "memory_budget": opt(
-        "megabytes of activations a chunk may take, without --chunk-size",
-        500,
-        positive_int,
-        metavar="MB",
-    ),
+    "memory_budget": opt("MB of activations a chunk may take", 500, positive_int, metavar="MB"),
     "workers": opt(
-        "N processes (not threads) share each batch by rows: this one and N-1 workers it "
-        "spawns, at most 4 a core (default: this process alone)",
+        "N processes (not threads) share each batch, at most 4 a core (default: this one alone)",
         type=worker_count,
         metavar="N",
     ),
     "threads": opt(
-        "BLAS threads of this process, at most its cores; 'auto' leaves out the cores other "
-        "processes keep busy (default: chosen for the model's size)",
+        "BLAS threads of this process, or 'auto' (the idle cores) (default: for the model)",
         type=thread_count,
         metavar="N",
     ),
     "jit": opt(
-        "compile with the backend's compiler (jax: jax.jit), or run eagerly with --no-jit "
-        "(default: compile where the backend has a compiler)",
+        "compile with the backend's compiler, or not (default: where there is one)",
         action=argparse.BooleanOptionalAction,
     ),
     "scheduler": opt(
-        "a dask.distributed scheduler to compute on (tcp://host:8786, a scheduler file, or "
-        "'local' for a local cluster); needs --backend dask (default: Dask's threads here)",
+        "dask.distributed scheduler (tcp://host:8786, a scheduler file, or 'local'); needs "
+        "--backend dask (default: Dask's threads here)",
         metavar="ADDRESS",
     ),
-    "verbose": flag(
-        "with --scheduler: show dask.distributed's logs and warnings, silenced by default "
-        "(also: MICROGPT_XP_VERBOSE=1)"
-    ),
+    "verbose": flag("with --scheduler: show dask.distributed's logs (or MICROGPT_XP_VERBOSE=1)"),
     "n_layer": opt("transformer blocks (default: 1)", type=positive_int),
     "n_embd": opt("residual channels, a multiple of --n-head (default: 16)", type=positive_int),
     "n_head": opt("attention heads (default: 4)", type=positive_int),
     "block_size": opt(
-        "positions the model reads: longer documents are cut, with a note saying how many "
-        "(replay: 16 unless given) (default: the spec's 16, or the longest document + 1 "
-        "where that is more)",
+        "positions the model reads (replay: 16 unless given) (default: the spec's 16, or the "
+        "longest document + 1 where that is more)",
         type=positive_int,
     ),
     "plot": opt("save the loss curve to FILE (e.g. loss.png; needs matplotlib)", metavar="FILE"),
-    "num_samples": opt(
-        "names to sample after training (0: none)", DEFAULT_NUM_SAMPLES, nonnegative_int
-    ),
+    "num_samples": opt("names to sample after training", DEFAULT_NUM_SAMPLES, nonnegative_int),
     "num_samples/train": opt(
-        "names to sample after training, 0: none (default: 20; with --text: 1 passage)",
+        "names to sample after training (default: 20; with --text: 1 passage)",
         type=nonnegative_int,
         metavar="NUM_SAMPLES",
     ),
-    "length": opt(
-        "with --text: characters of each sample passage (default: 500)",
-        type=positive_int,
-    ),
+    "length": opt("with --text: characters of each passage (default: 500)", type=positive_int),
     "length/sample": opt(
-        "characters of text to write after --prompt, streamed as drawn; only for a text "
-        "checkpoint ('train --text'; default there: 500)",
-        type=positive_int,
+        "a text checkpoint: characters after --prompt (default: 500)", type=positive_int
     ),
     "num_samples/sample": opt(
-        "names to sample (default: 20; on a text checkpoint: 1 passage)",
+        "names (default: 20; on a text checkpoint: 1 passage)",
         type=positive_int,
         metavar="NUM_SAMPLES",
     ),
     "temperature": opt("sampling temperature", 0.5, positive_float),
-    "top_k": opt(
-        "draw among the K most likely next characters (default: among all)",
-        type=positive_int,
-        metavar="K",
-    ),
+    "top_k": opt("draw among the K likeliest (default: all)", type=positive_int, metavar="K"),
     "prompt": opt("the start every name continues (printed with it)", metavar="TEXT"),
-    "out/sample": opt(
-        "write the names to FILE, one a line, complete or not at all (a temporary file "
-        "renamed at the end); stdout then gets one summary line (default: stdout)",
-        metavar="FILE",
-    ),
+    "out/sample": opt("write the names to FILE, all or nothing (default: stdout)", metavar="FILE"),
     "out": opt("file to write ('-': stdout, JSON only)", metavar="FILE", required=True),
     "format": opt("what to write", "json", choices=("json", "onnx")),
     "graph": opt(
-        "with --format onnx: the graph to write (see microgpt_xp.export; default: forward)",
+        "with --format onnx: the graph (default: forward)",
         choices=("forward", "decode", "generate", "train_step", "train_init"),
     ),
     "json": flag("print JSON instead of text (train, replay: a summary with the losses)"),
     "microgpt_exact": flag(
-        "train: replay the original script (see 'microgpt-xp replay --help'); sample: continue "
-        "the random state that 'microgpt-xp replay --checkpoint' saved"
+        "train: replay the original script; sample: continue the random state replay saved"
     ),
     "newlines": flag("with --microgpt-exact: end step lines with a newline instead of '\\r'"),
 }
 
-#: The option that sets each library argument (``param`` of a user error, ``option`` of
-#: a ``ResumeError``): the one place where a library error gets the command line's words.
+#: The option that sets each library parameter (``param`` of a user error, ``option`` of a
+#: ``ResumeError``): the one place where a library error gets the command line's words.
 OPTIONS = {
     **{k.split("/")[0]: "--" + k.split("/")[0].replace("_", "-") for k in ARGUMENTS},
     "docs": "--data",
@@ -346,28 +268,36 @@ OPTIONS = {
 }
 
 
-def add_command(sub: Subcommands, name: str, summary: str, description: str) -> Parser:
-    """Add the subcommand ``name`` with ``summary`` and ``description``."""
-    return sub.add_parser(name, help=summary, description=description, formatter_class=Formatter)
+def add_command(sub: Subcommands, name: str, summary: str, description: str, names: str) -> Parser:
+    """Add the subcommand ``name`` with the options ``names`` (keys of :data:`ARGUMENTS`,
+    space-separated; ``a|b``: mutually exclusive)."""
+    p = sub.add_parser(name, help=summary, description=description, formatter_class=Formatter)
+    add(p, names)
+    return p
 
 
 def add(p: Any, names: str) -> None:
-    """Add the options ``names`` (keys of :data:`ARGUMENTS`, space-separated) to ``p``."""
+    """Add the options ``names`` (as :func:`add_command` takes them) to ``p``."""
     for name in names.split():
-        p.add_argument(OPTIONS[name.split("/")[0]], **ARGUMENTS[name])
+        if "|" in name:
+            add(p.add_mutually_exclusive_group(), name.replace("|", " "))
+        else:
+            p.add_argument(OPTIONS[name.split("/")[0]], **ARGUMENTS[name])
 
 
-def keywords(args: argparse.Namespace, names: str) -> dict[str, Any]:
-    """The options ``names`` (space-separated) as the library keywords of the same name."""
-    return {name: getattr(args, name) for name in names.split()}
+def keywords(args: argparse.Namespace, names: str, given: bool = False) -> dict[str, Any]:
+    """The options ``names`` (space-separated) as the library keywords of the same name;
+    ``given``: only those that are not ``None``."""
+    pairs = {name: getattr(args, name) for name in names.split()}
+    return {k: v for k, v in pairs.items() if not given or v is not None}
 
 
 def shape_of(
     args: argparse.Namespace, block_size: int | None = None, vocab: int = 2
 ) -> dict[str, int]:
-    """The shape the options give (the spec's where not given, ``block_size`` first),
-    refused in the options' words when ``--n-embd`` is not a multiple of ``--n-head`` or
-    when the weights, their gradients and Adam's two moments would not fit in memory."""
+    """The shape the options give (the spec's where not given, ``block_size`` first);
+    :class:`UsageError` when ``--n-embd`` is not a multiple of ``--n-head`` or when the
+    weights, their gradients and Adam's two moments would not fit in memory."""
     shape = {k: getattr(args, k) or SPEC_SHAPE[k] for k in SPEC_SHAPE}
     if args.block_size is None and block_size is not None:
         shape["block_size"] = block_size
@@ -400,7 +330,8 @@ def note_cut(docs: Sequence[str], size: int, what: str, scored: bool = False) ->
             f"(--block-size {data.block_size_for(docs)} fits the longest)"
         )
         note(
-            f"{cut} of {len(docs)} documents are longer than {what} reads whole ({size - 1} characters): {then}"
+            f"{cut} of {len(docs)} documents are longer than {what} reads whole "
+            f"({size - 1} characters): {then}"
         )
 
 
@@ -434,22 +365,22 @@ def check_common(args: argparse.Namespace) -> None:
         ) from exc
 
 
-def check_files(args: argparse.Namespace, out: str | None = None, what: str = "--out") -> None:
-    """Outputs never replace inputs: refuse an ``out`` that is ``--checkpoint`` and a
-    ``--checkpoint`` that is ``--data``/``--text``/``--val-data`` (however spelled); fail now if
-    ``out`` cannot be written."""
+def check_files(args: argparse.Namespace, out: str | None = None) -> None:
+    """Outputs never replace inputs: refuse an ``--out`` that is ``--checkpoint`` and a
+    ``--checkpoint`` that is ``--data``/``--text``/``--val-data`` (however spelled); fail now
+    if ``out`` cannot be written."""
     ckpt = args.checkpoint
     for option in ("data", "text", "val_data"):
         given = getattr(args, option, None)
         if ckpt is not None and given is not None and same_file(ckpt, given):
             raise UsageError(
-                f"--checkpoint {ckpt!r} is {OPTIONS.get(option, '--val-data')} {given!r}: "
-                "the run would replace its corpus"
+                f"--checkpoint {ckpt!r} is {OPTIONS[option]} {given!r}: the run would replace "
+                "its corpus"
             )
     if out is None or out == "-":
         return
     if same_file(out, ckpt):
-        raise UsageError(f"{what} {out!r} is --checkpoint {ckpt!r}: it would replace the model")
+        raise UsageError(f"--out {out!r} is --checkpoint {ckpt!r}: it would replace the model")
     check_writable(out, make_parents=False)
 
 
@@ -462,8 +393,7 @@ def check_plot(path: str | None) -> None:
     except ImportError as exc:
         raise ImportError(f"--plot needs matplotlib: {install_extra('plot')} ({exc})") from exc
     suffix = Path(path).suffix.lstrip(".").lower()
-    formats = FigureCanvasAgg.get_supported_filetypes()
-    if suffix not in formats:
+    if suffix not in (formats := FigureCanvasAgg.get_supported_filetypes()):
         raise ValueError(
             f"--plot {path!r}: unsupported image format {suffix!r}; use one of "
             f"{', '.join(sorted(formats))}"
@@ -483,8 +413,7 @@ def plot_losses(path: str, losses: Sequence[float], first: int, title: str, val:
     ax = fig.add_subplot()
     steps = np.arange(first + 1, first + len(losses) + 1)
     ax.plot(steps, losses, lw=0.6, alpha=0.5, label="batch loss")
-    window = max(1, len(losses) // 50)
-    if window > 1:
+    if (window := max(1, len(losses) // 50)) > 1:
         smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
         ax.plot(steps[window - 1 :], smooth, lw=1.5, label=f"mean of {window} steps")
     if val:
@@ -499,17 +428,12 @@ def plot_losses(path: str, losses: Sequence[float], first: int, title: str, val:
 
 
 # -- work -----------------------------------------------------------------------------------
-VERBOSE = "MICROGPT_XP_VERBOSE"  # set (not 0): distributed's logs as --verbose shows them
-
-
 @contextlib.contextmanager
 def quiet_dask(verbose: bool = False) -> Iterator[None]:
     """:func:`microgpt_xp.cluster.quiet` inside the block, unless ``verbose`` or
-    $MICROGPT_XP_VERBOSE: the command's own lines are the only ones."""
-    if verbose or os.environ.get(VERBOSE, "0") not in ("", "0"):
-        yield
-        return
-    with cluster.quiet():
+    $MICROGPT_XP_VERBOSE (not 0): the command's own lines are the only ones."""
+    loud = verbose or os.environ.get("MICROGPT_XP_VERBOSE", "0") not in ("", "0")
+    with contextlib.nullcontext() if loud else cluster.quiet():
         yield
 
 
@@ -541,34 +465,32 @@ def read_docs(path: str | None) -> list[str]:
     return data.default_docs() if path is None else data.read_docs(path)
 
 
-def load_checkpoint(args: argparse.Namespace, backend: str, device: Any) -> Any:
-    """``--checkpoint``, read once, with its tokenizer (``CheckpointError`` if none)."""
+def load_checkpoint(args: argparse.Namespace) -> Any:
+    """``--checkpoint`` on ``--backend``/``--device``, with its tokenizer (``CheckpointError``
+    if none)."""
     from ..checkpoint import CheckpointError, load
 
-    ck = load(args.checkpoint, backend=backend, device=device)
+    ck = load(args.checkpoint, backend=args.backend, device=args.device)
     if ck.tokenizer is None:
         raise CheckpointError(f"checkpoint {args.checkpoint!r} holds no tokenizer")
     return ck
 
 
 def threads_for(args: argparse.Namespace, config: Any, batch: int, workload: str) -> Any:
-    """The block that runs on ``--threads``: a count, ``auto`` (the load-aware choice), or
-    by default the count that follows from the model, ``batch`` rows of ``workload`` and
-    this machine's cores (never its load, so a command repeats its numbers)."""
-    threads = args.threads
-    if threads is None:
-        threads = default_threads(config, batch, workload=workload)
+    """The block that runs on ``--threads``: a count, ``auto`` (the load-aware choice), or by
+    default the count for the model, ``batch`` rows of ``workload`` and this machine's cores
+    (never its load, so a command repeats its numbers)."""
+    threads = args.threads or default_threads(config, batch, workload=workload)
     return use_threads(threads, config=config, batch_size=batch, workload=workload)
 
 
 # -- output ---------------------------------------------------------------------------------
 def in_option_words(exc: BaseException) -> str:
-    """A library error as one line, led by the option that sets the argument it names
+    """A library error as one line, led by the option that sets the parameter it names
     (``param``): ``seed must be ...`` -> ``--seed must be ...``, else ``--option: ...``."""
     text = one_line(str(exc)) or type(exc).__name__
     param = getattr(exc, "param", None) or ""
-    option = OPTIONS.get(param)
-    if option is None:
+    if (option := OPTIONS.get(param)) is None:
         return text
     for words in (f"{param} ", f"{param.replace('_', ' ')} "):
         if text.startswith(words):
@@ -581,14 +503,14 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def error(message: str) -> None:
-    """Print ``microgpt-xp: error: message`` as one line on stderr."""
-    sys.stderr.write(f"{PROG}: error: {one_line(message)}\n")
+def error(message: str, kind: str = "error") -> None:
+    """Print ``microgpt-xp: error: message`` (or another ``kind``) as one line on stderr."""
+    sys.stderr.write(f"{PROG}: {kind}: {one_line(message)}\n")
 
 
 def note(message: str) -> None:
     """Print ``microgpt-xp: note: message`` as one line on stderr."""
-    sys.stderr.write(f"{PROG}: note: {one_line(message)}\n")
+    error(message, "note")
 
 
 def print_json(obj: Any) -> None:
@@ -596,21 +518,17 @@ def print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2))
 
 
-def print_samples(names: Sequence[str], start: int = 1) -> None:
-    """Print ``sample  i: name`` lines, numbered from ``start``."""
+def print_samples(names: Sequence[str], start: int = 1, passages: bool = False) -> None:
+    """Print ``sample  i: name`` lines numbered from ``start`` (``passages``: each under its
+    ``sample  i:`` line)."""
+    sep = "\n" if passages else " "
     if names:
-        print("\n".join(f"sample {i:2d}: {name}" for i, name in enumerate(names, start=start)))
-
-
-def print_passages(passages: Sequence[str]) -> None:
-    """Print each passage of text under a ``sample i:`` line, as it was drawn."""
-    for i, passage in enumerate(passages, start=1):
-        print(f"sample {i:2d}:\n{passage}")
+        print("\n".join(f"sample {i:2d}:{sep}{name}" for i, name in enumerate(names, start)))
 
 
 def print_json_stream(head: dict[str, Any], key: str, batches: Iterable[Sequence[Any]]) -> None:
-    """Print ``{**head, key: [items of all batches]}`` as :func:`print_json` would,
-    writing each batch as it comes."""
+    """Print ``{**head, key: [items of all batches]}`` as :func:`print_json` would, writing
+    each batch as it comes."""
     opening = json.dumps({**head, key: []}, indent=2)
     sys.stdout.write(opening[: -len("]\n}")])
     first = True

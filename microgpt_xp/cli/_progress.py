@@ -1,6 +1,5 @@
-"""Progress of a long command on stderr: a tqdm bar on a terminal; elsewhere (a pipe, a
-file, ``nohup``, CI) a plain line every ``every`` units and :data:`LINE_SECONDS`
-seconds, whichever is rarer, and one at the end."""
+"""Progress of a long command on stderr: a tqdm bar on a terminal, elsewhere (a pipe, a
+file, ``nohup``, CI) a plain line now and then (:class:`Progress`)."""
 
 from __future__ import annotations
 
@@ -14,11 +13,10 @@ T = TypeVar("T", bound=Sized)
 
 
 class Progress:
-    """Counts ``total`` units (``unit``: "step", "doc", "name") from ``initial``: a tqdm
-    bar with ``postfix`` values on a terminal; elsewhere, :meth:`update` writes ``desc:
-    step 120/1000 | loss 2.3412 | 3.2 s`` once ``every`` units (default: a hundredth of
-    the total) and :data:`LINE_SECONDS` have passed since the last line, and
-    :meth:`close` writes the last one (a run too short to write any stays silent)."""
+    """Counts ``total`` units (``unit``: "step", "doc", "name") from ``initial``: a tqdm bar
+    on a terminal; elsewhere a line ``desc: step 120/1000 | loss 2.3412 | 3.2 s`` once a
+    hundredth of the total and :data:`LINE_SECONDS` have passed since the last, and at
+    :meth:`close` (a run too short to write any stays silent)."""
 
     def __init__(self, total: int, *, desc: str, unit: str, initial: int = 0) -> None:
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial

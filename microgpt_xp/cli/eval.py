@@ -14,24 +14,18 @@ from ._progress import Progress
 
 def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``eval`` subcommand to ``sub``."""
-    e = cli.add_command(
+    cli.add_command(
         sub,
         "eval",
         "mean loss of a checkpoint over a corpus",
-        "Score every document of a corpus with a checkpoint and print the mean of the\n"
-        "per-document losses (mean negative log-likelihood per predicted token) and the\n"
-        "loss per token. A document longer than the checkpoint's block size reads whole is\n"
+        "Score every document of a corpus with a checkpoint and print the mean per-document\n"
+        "loss and the loss per token; a document longer than the block size reads whole is\n"
         "scored on its first block-size characters (a note says how many are).\n\n"
         "A checkpoint of 'train --text' reads --data as one stream of text and prints its\n"
-        "loss per token, on windows of block-size + 1 characters that cover the text (at\n"
-        "most --eval-tokens predicted tokens), as training scores its held-out text.",
-    )
-    cli.add(
-        e,
-        "checkpoint data backend device threads jit chunk_size/eval memory_budget scheduler verbose",
-    )
-    cli.add(e, "eval_tokens/eval json")
-    e.set_defaults(handler=run)
+        "loss per token on windows that cover it, as training scores its held-out text.",
+        "checkpoint data backend device threads jit chunk_size/eval memory_budget scheduler "
+        "verbose eval_tokens/eval json",
+    ).set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from ..scoring import score_docs
 
     with cli.dask_client(args):  # connect first: an unreachable scheduler fails now
-        ck = cli.load_checkpoint(args, args.backend, args.device)
+        ck = cli.load_checkpoint(args)
         budget = args.memory_budget * 10**6
         dtype = _xp.dtype_name(ck.params.wte)
         chunk = args.chunk_size or score_chunk(ck.config, budget_bytes=budget, dtype=dtype)
@@ -51,45 +45,39 @@ def run(args: argparse.Namespace) -> int:
         chunked = _xp.entry(args.backend).chunked
         runner = pick(None, args.backend, chunk_size=chunk if chunked else None, jit=args.jit)
         if ck.mode == "text":
-            return _stream(args, ck, runner, chunk)
-        docs = cli.read_docs(args.data)
-        size = ck.config.block_size
-        cli.note_cut(docs, size, f"the checkpoint's block size {size}", scored=True)
-        with (
-            cli.threads_for(args, ck.config, chunk, "score"),
-            Progress(len(docs), desc="eval", unit="doc") as bar,
-        ):
-            scores = score_docs(
-                ck.params,
-                ck.tokenizer,
-                docs,
-                chunk_size=chunk,
-                callback=lambda done, total: bar.update(done),
-                runner=runner,
+            result, line = _stream(args, ck, runner, chunk)
+        else:
+            docs = cli.read_docs(args.data)
+            size = ck.config.block_size
+            cli.note_cut(docs, size, f"the checkpoint's block size {size}", scored=True)
+            with (
+                cli.threads_for(args, ck.config, chunk, "score"),
+                Progress(len(docs), desc="eval", unit="doc") as bar,
+            ):
+                scores = score_docs(
+                    ck.params,
+                    ck.tokenizer,
+                    docs,
+                    chunk_size=chunk,
+                    callback=lambda done, total: bar.update(done),
+                    runner=runner,
+                )
+            result = {"mean_loss": scores.mean, "token_loss": scores.token_mean, "mode": "docs"}
+            result["num_docs"] = len(docs)
+            line = (
+                f"mean loss {scores.mean:.4f} over {len(docs)} documents "
+                f"({scores.token_mean:.4f} per token)"
             )
     if args.json:
-        cli.print_json(
-            {
-                "mean_loss": scores.mean,
-                "token_loss": scores.token_mean,
-                "mode": "docs",
-                "num_docs": len(docs),
-                "checkpoint": args.checkpoint,
-                "data": args.data,
-                "step": ck.step,
-            }
-        )
+        cli.print_json({**result, **cli.keywords(args, "checkpoint data"), "step": ck.step})
     else:
-        print(
-            f"mean loss {scores.mean:.4f} over {len(docs)} documents "
-            f"({scores.token_mean:.4f} per token)"
-        )
+        print(line)
     return 0
 
 
-def _stream(args: argparse.Namespace, ck: Any, runner: Any, chunk: int) -> int:
-    """Score ``--data`` as one stream of text: the fixed windows of training's held-out
-    scoring (:func:`microgpt_xp.data.eval_windows`), their loss per predicted token."""
+def _stream(args: argparse.Namespace, ck: Any, runner: Any, chunk: int) -> tuple[dict, str]:
+    """Score ``--data`` as one stream of text on the fixed windows of training's held-out
+    scoring: what ``--json`` and the text line say of their loss per predicted token."""
     from ..data import held_out_rows
     from ..scoring import score_encoded
 
@@ -109,23 +97,10 @@ def _stream(args: argparse.Namespace, ck: Any, runner: Any, chunk: int) -> int:
         scores = score_encoded(ck.params, tokens, lengths, chunk_size=chunk, runner=runner)
         bar.update(len(lengths))
     predicted = int(lengths.sum()) - len(lengths)
-    if args.json:
-        cli.print_json(
-            {
-                "mean_loss": scores.token_mean,
-                "token_loss": scores.token_mean,
-                "mode": "text",
-                "num_chars": len(text),
-                "num_tokens": predicted,
-                "num_windows": len(lengths),
-                "checkpoint": args.checkpoint,
-                "data": args.data,
-                "step": ck.step,
-            }
-        )
-    else:
-        print(
-            f"loss {scores.token_mean:.4f} per token over {predicted} predicted characters "
-            f"of {len(text)} ({len(lengths)} windows of {lengths[0]})"
-        )
-    return 0
+    result = {"mean_loss": scores.token_mean, "token_loss": scores.token_mean, "mode": "text"}
+    result |= {"num_chars": len(text), "num_tokens": predicted, "num_windows": len(lengths)}
+    line = (
+        f"loss {scores.token_mean:.4f} per token over {predicted} predicted characters "
+        f"of {len(text)} ({len(lengths)} windows of {lengths[0]})"
+    )
+    return result, line

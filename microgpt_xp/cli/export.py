@@ -12,22 +12,16 @@ from . import _common as cli
 
 def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``export`` subcommand to ``sub``."""
-    x = cli.add_command(
+    cli.add_command(
         sub,
         "export",
         "write a checkpoint's weights as JSON, or the model as an ONNX graph",
-        '--format json (the default): the weights as JSON, {"wte": [[...]], ...,\n'
-        '"layer0.mlp_fc2": [[...]], "tokenizer": {"chars": ...}}, the original microgpt\'s\n'
-        "state-dict names and matrix layout and the characters of the ids (BOS is the id\n"
-        "after the last character).\n\n"
-        "--format onnx: a standalone ONNX model built by running the model's own code on\n"
-        "ndonnx's lazy arrays (--graph forward: tokens (batch, time) and lengths (batch,) in,\n"
-        "logits (batch, time, vocab) out; --graph decode: one KV-cache step; generate: a\n"
-        "whole batch of samples from uniforms; train_step: one Adam step, train_init: its\n"
-        "initial state); needs the [onnx] extra. Either file is written atomically.",
-    )
-    cli.add(x, "checkpoint out format graph")
-    x.set_defaults(handler=run)
+        "--format json: the weights in the original microgpt's state-dict names and layout,\n"
+        'with the tokenizer ({"wte": [[...]], ..., "tokenizer": {"chars": ...}}).\n'
+        "--format onnx: a standalone ONNX model of --graph, built by running the model's own\n"
+        "code on ndonnx's lazy arrays (needs the [onnx] extra). Written atomically.",
+        "checkpoint out format graph",
+    ).set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,10 +1,7 @@
-"""``microgpt-xp replay`` (also ``train --microgpt-exact``): the original microgpt
+"""``microgpt-xp replay`` (also ``train --microgpt-exact``, parsed by this module's own
+parser, so that an option of batched training there is a usage error): the original
 script's run (:func:`microgpt_xp.run_exact`), and ``sample --microgpt-exact``, which
-continues the random state it saved (:func:`microgpt_xp.sample_exact`).
-
-The replay has a parser of its own with only the options that apply to it; ``train
---microgpt-exact ...`` is parsed by it, so an option of batched training given there is
-argparse's one-line "unrecognized arguments" error."""
+continues the random state it saved (:func:`microgpt_xp.sample_exact`)."""
 
 from __future__ import annotations
 
@@ -18,30 +15,26 @@ from typing import Any
 from . import _common as cli
 
 FLAG = "--microgpt-exact"  # the flag of train that hands its command line to this module
+NAMES = "backend device data steps num_samples temperature checkpoint/save overwrite plot json "
+NAMES += "newlines n_layer n_embd n_head block_size"  # the replay's options
 
 
 def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``replay`` subcommand to ``sub``."""
-    r = cli.add_command(
+    cli.add_command(
         sub,
         "replay",
         "replay the original microgpt script (also: train --microgpt-exact)",
         "Replay the original microgpt script: Python's random seeded with 42, one document\n"
         "a step in float64, the same printed output. Also spelled 'train --microgpt-exact'.",
-    )
-    _add_options(r)
-    r.set_defaults(handler=run)
-
-
-def _add_options(r: argparse.ArgumentParser) -> None:
-    cli.add(r, "backend device data steps num_samples temperature checkpoint/save overwrite plot")
-    cli.add(r, "json newlines n_layer n_embd n_head block_size")
+        NAMES,
+    ).set_defaults(handler=run)
 
 
 def parse_train_argv(argv: Sequence[str]) -> argparse.Namespace:
     """The replay's arguments from ``train ... --microgpt-exact ...`` (without ``train``)."""
     parser = cli.Parser(prog=f"{cli.PROG} train {FLAG}", description=__doc__)
-    _add_options(parser)
+    cli.add(parser, NAMES)
     args = parser.parse_args([a for a in argv if a != FLAG])
     args.argv = ["train", *argv]
     return args

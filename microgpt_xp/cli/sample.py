@@ -19,27 +19,20 @@ DEFAULT_LENGTH = 500
 
 def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``sample`` subcommand to ``sub``."""
-    s = cli.add_command(
+    cli.add_command(
         sub,
         "sample",
         "sample names from a checkpoint",
-        "Sample documents (names) from a trained checkpoint through the KV cache.\n\n"
-        "Names are made --batch-size at a time and printed as each batch is done, so any\n"
-        "number of them takes the memory of one batch. Sample i depends only on --seed,\n"
-        "--temperature, --top-k, --prompt and i: the first N names of a longer run are the\n"
-        "names of a run of N, whatever the batch size. On a terminal, a progress bar counts\n"
-        "the names of a long run.\n\n"
-        "A text checkpoint ('train --text') writes a passage of continuous text instead,\n"
-        f"--length characters ({DEFAULT_LENGTH} by default) after --prompt, printed as they\n"
-        "are drawn; --num-samples passages (default: one) are separated by a blank line\n"
-        "(also in --out). The context is a window of at most the model's block size: a\n"
-        "passage begins with the name the same --seed gives (up to a drawn end, which\n"
-        "starts the context again from nothing); when the window is full it keeps its last\n"
-        "half and reads it again, under two model steps a character.",
-    )
-    cli.add(s, "checkpoint num_samples/sample temperature top_k prompt seed backend device")
-    cli.add(s, "batch_size/sample workers threads jit out/sample json microgpt_exact length/sample")
-    s.set_defaults(handler=run)
+        "Sample documents (names) from a trained checkpoint through the KV cache, --batch-size\n"
+        "at a time, each batch printed when done. Sample i depends only on --seed,\n"
+        "--temperature, --top-k, --prompt and i, whatever the batch size.\n\n"
+        "A text checkpoint ('train --text') writes passages of continuous text instead,\n"
+        f"--length characters ({DEFAULT_LENGTH} by default) after --prompt, printed as drawn and\n"
+        "separated by a blank line. The context is a window of at most the block size: when\n"
+        "full it keeps its last half and reads it again.",
+        "checkpoint num_samples/sample temperature top_k prompt seed backend device "
+        "batch_size/sample workers threads jit out/sample json microgpt_exact length/sample",
+    ).set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         )
     cli.check_common(args)
     cli.check_files(args, args.out)
-    ck = cli.load_checkpoint(args, args.backend, args.device)
+    ck = cli.load_checkpoint(args)
     if ck.mode == "text":
         return _passages(args, ck)
     if args.length is not None:

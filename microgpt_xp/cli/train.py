@@ -8,47 +8,38 @@ import importlib
 import shlex
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..resources import default_threads
 from . import _common as cli
 from ._progress import Progress
 from .sample import DEFAULT_LENGTH  # characters of a passage, as sample writes it
 
+#: The optimizer's options, passed only where given (the library's defaults hold otherwise).
+SCHEDULE = "warmup decay min_lr weight_decay grad_clip init_std"
+
 
 def add_parser(sub: cli.Subcommands) -> None:
     """Add the ``train`` subcommand to ``sub``."""
-    t = cli.add_command(
+    cli.add_command(
         sub,
         "train",
         "train on a data file, a stream of text or the embedded default corpus, then sample",
         "Train microgpt with batched Adam and print sampled names.\n\n"
         "--data FILE trains on documents, one a line; --text FILE on one stream of text\n"
-        "(nanoGPT's way: random windows of --block-size + 1 characters, samples that are\n"
-        "passages), whose held-out part (--val-fraction) is the last fraction of the text.\n"
-        "The progress line and --json give ms/step and tokens/s, and the held-out loss per\n"
-        "token beside the per-document one.\n\n"
-        "The model's shape (--n-layer, --n-embd, --n-head, --block-size) is stored in the\n"
-        "checkpoint, where sample, eval and export read it. With --val-data or --val-fraction,\n"
-        "the held-out loss is shown beside the training loss: on a terminal in a progress\n"
-        "bar, elsewhere in a line written every so often.\n\n"
-        "An existing --checkpoint is continued with --resume or replaced with --overwrite,\n"
-        "never otherwise, and two runs never write one checkpoint at once. Ctrl-C (or\n"
-        "SIGTERM, SIGHUP) stops training, saves the run's state at that step in --checkpoint\n"
-        "and prints the command that continues the run.",
-    )
-    cli.add(t, "backend device dtype steps batch_size lr")
-    cli.add(t.add_mutually_exclusive_group(), "data text")
-    cli.add(t.add_mutually_exclusive_group(), "val_data val_fraction")
-    cli.add(t, "eval_every eval_tokens warmup decay min_lr weight_decay grad_clip init_std")
-    cli.add(
-        t,
-        "beta1 beta2 seed checkpoint/save checkpoint_every resume overwrite chunk_size workers",
-    )
-    cli.add(t, "threads jit scheduler verbose n_layer n_embd n_head block_size plot")
-    cli.add(t, "num_samples/train length temperature")
-    cli.add(t, "json microgpt_exact newlines")
-    t.set_defaults(handler=run)
+        "(random windows of --block-size + 1 characters; the samples are passages). The\n"
+        "shape (--n-layer, --n-embd, --n-head, --block-size) is stored in the checkpoint.\n"
+        "An existing --checkpoint is continued with --resume or replaced with --overwrite.\n"
+        "Ctrl-C (or SIGTERM, SIGHUP) saves the run at that step in --checkpoint and prints\n"
+        "the command that continues it.",
+        "backend device dtype steps batch_size lr data|text val_data|val_fraction eval_every "
+        "eval_tokens warmup decay min_lr weight_decay grad_clip init_std beta1 beta2 seed "
+        "checkpoint/save checkpoint_every resume overwrite chunk_size workers threads jit "
+        "scheduler verbose n_layer n_embd n_head block_size plot num_samples/train length "
+        "temperature json microgpt_exact newlines",
+    ).set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,12 +56,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if (args.resume or args.overwrite or args.checkpoint_every) and args.checkpoint is None:
         raise cli.UsageError("--resume, --overwrite and --checkpoint-every need --checkpoint PATH")
-    for option in ("eval_every", "eval_tokens"):
-        if (
-            getattr(args, option) is not None
-            and args.val_data is None
-            and args.val_fraction is None
-        ):
+    for option in cli.keywords(args, "eval_every eval_tokens", given=True):
+        if args.val_data is None and args.val_fraction is None:
             raise cli.UsageError(
                 f"{cli.OPTIONS[option]} scores held-out text: give --val-data or --val-fraction"
             )
@@ -95,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _corpora(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     """The corpus as ``train()``'s keywords (``docs``/``val_docs``, or ``text``/``val_text``/
-    ``val_fraction``: the held-out ones ``None`` where none) and every text the tokenizer
-    reads."""
+    ``val_fraction``) and every text the tokenizer reads."""
     from ..data import split_docs
 
     if args.text is not None:
@@ -112,44 +98,29 @@ def _corpora(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     return {"docs": docs, "val_docs": val_docs}, docs if val_docs is None else [*docs, *val_docs]
 
 
-#: The optimizer's options: keywords of ``train()`` (Adam's betas: of its ``AdamConfig``),
-#: passed only where given, so that the library's defaults (the spec's) hold otherwise.
-SCHEDULE = "warmup decay min_lr weight_decay grad_clip init_std"
-BETAS = "beta1 beta2"
-
-
-def _given(args: argparse.Namespace, names: str) -> dict[str, Any]:
-    """The options ``names`` that were given, as the library keywords of the same name."""
-    return {k: v for k, v in cli.keywords(args, names).items() if v is not None}
-
-
+@dataclass
 class _Speed:
-    """ms/step and predicted tokens/s over the steps of this run (their
-    :class:`~microgpt_xp.StepStats`)."""
+    """ms/step and predicted tokens/s over this run's steps (their ``StepStats``)."""
 
-    def __init__(self) -> None:
-        self.steps, self.tokens, self.seconds = 0, 0, 0.0
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
 
-    def add(self, stats: Any) -> None:
+    def add(self, stats: Any) -> dict[str, str]:
+        """Count a step; the progress line's values (``ms/step 3.1``, ``tok/s 10.6k``)."""
         self.steps += 1
         self.tokens += int(stats.tokens)
         self.seconds += float(stats.seconds)
-
-    @property
-    def ms_per_step(self) -> float | None:
-        return 1000 * self.seconds / self.steps if self.steps else None
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        return self.tokens / self.seconds if self.seconds > 0 else None
-
-    def postfix(self) -> dict[str, str]:
-        """The progress line's values: ``ms/step 3.1``, ``tok/s 10.6k``."""
-        ms, rate = self.ms_per_step, self.tokens_per_s
-        shown = {} if ms is None else {"ms/step": f"{ms:.2f}"}
+        ms, rate = self.rates()
+        shown = {"ms/step": f"{ms:.2f}"}
         if rate is not None:
             shown["tok/s"] = f"{rate / 1000:.3g}k" if rate >= 1000 else f"{rate:.3g}"
         return shown
+
+    def rates(self) -> tuple[float | None, float | None]:
+        """ms/step and tokens/s (``None`` before a step, or in no time)."""
+        ms = 1000 * self.seconds / self.steps if self.steps else None
+        return ms, self.tokens / self.seconds if self.seconds > 0 else None
 
 
 def _train(args: argparse.Namespace, resuming: bool) -> int:
@@ -179,28 +150,6 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
             f"the corpus has {len(docs)} documents, fewer than the batch size "
             f"{args.batch_size}: use --batch-size {len(docs)} (or less), or more documents"
         )
-    shape = {name: getattr(config, name) for name in cli.SPEC_SHAPE}
-    shape_text = (
-        "" if shape == cli.SPEC_SHAPE else f" ({', '.join(f'{k} {v}' for k, v in shape.items())})"
-    )
-    if text_mode:
-        what = f"{len(corpus['text'])} characters"
-        held = (
-            f" (+{len(corpus['val_text'])} held out)"
-            if corpus["val_text"] is not None
-            else ""
-            if args.val_fraction is None
-            else f" (the last {args.val_fraction:g} held out)"
-        )
-    else:
-        val_docs = corpus["val_docs"]
-        what = f"{len(corpus['docs'])} docs"
-        held = "" if val_docs is None else f" (+{len(val_docs)} held out)"
-    header = (
-        f"train: {what}{held} | vocab {tokenizer.vocab_size} | {config.num_params} "
-        f"params{shape_text} | {args.backend} {args.dtype} | batch {args.batch_size} | "
-        f"{args.steps} steps"
-    )
     state: dict[str, Any] = {"bar": None, "step": None}
     speed = _Speed()
 
@@ -208,37 +157,33 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         """Print the notes and the header once train() has accepted its arguments (so
         that an error is the only line), then show the progress from ``step`` on."""
         size = config.block_size
-        what = f"the checkpoint's block size {size}" if resuming else f"--block-size {size}"
         if not text_mode:
+            what = f"the checkpoint's block size {size}" if resuming else f"--block-size {size}"
             cli.note_cut(every_doc, size, what)
         if args.resume and not resuming:
             cli.note(f"--resume: {args.checkpoint!r} did not exist; the run started at step 0")
         if not args.json:
-            print(header, flush=True)
+            print(_header(args, corpus, config), flush=True)
         state["bar"] = Progress(args.steps, desc="train", unit="step", initial=step)
         return state["bar"]  # type: ignore[no-any-return]
 
     def progress(stats: Any) -> None:
         bar = state["bar"] or begin(stats.step - 1)
         state["step"] = stats.step
-        speed.add(stats)
-        bar.update(stats.step, loss=f"{stats.loss:.4f}", **speed.postfix())
+        bar.update(stats.step, loss=f"{stats.loss:.4f}", **speed.add(stats))
 
-    def evaluated(step: int, val_loss: float) -> None:
-        state["bar"].update(step, val=f"{val_loss:.4f}")
-
-    betas = _given(args, BETAS)
+    betas = cli.keywords(args, "beta1 beta2", given=True)
     started, start = time.time_ns(), time.perf_counter()
     try:
         result = training.train(
             **corpus,
             config=config,
             on_step=progress,
-            on_eval=evaluated,
+            on_eval=lambda step, loss: state["bar"].update(step, val=f"{loss:.4f}"),
             tokenizer=tokenizer,
-            threads=_threads(args, config),
+            threads=args.threads or default_threads(config, args.batch_size),
             optimizer=adam_config(None, **betas) if betas else None,
-            **_given(args, f"{SCHEDULE} eval_tokens"),
+            **cli.keywords(args, f"{SCHEDULE} eval_tokens", given=True),
             **cli.keywords(args, "steps batch_size seed backend device dtype checkpoint lr jit"),
             **cli.keywords(args, "chunk_size workers eval_every checkpoint_every resume overwrite"),
         )
@@ -260,11 +205,9 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
             f"the run in {args.checkpoint!r} has taken all its {result.step} steps; a "
             "larger --steps extends it"
         )
-    count = (
-        (1 if text_mode else cli.DEFAULT_NUM_SAMPLES)
-        if args.num_samples is None
-        else args.num_samples
-    )
+    count = args.num_samples
+    if count is None:
+        count = 1 if text_mode else cli.DEFAULT_NUM_SAMPLES
     # a stream is drawn in this process (its window slides): passages of --length characters
     how = (
         {"length": args.length or DEFAULT_LENGTH}
@@ -280,69 +223,85 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
             **how,
             **cli.keywords(args, "temperature seed jit"),
         )
-    final_loss = result.losses[-1] if result.losses else None
-    final_val = result.val_losses[-1][1] if result.val_losses else None
-    final_token_val = result.val_token_losses[-1][1] if result.val_token_losses else None
     if args.plot is not None and result.losses:
         title = f"microgpt-xp ({args.backend} {args.dtype}, batch {args.batch_size})"
         cli.plot_losses(args.plot, result.losses, result.start_step, title, result.val_losses)
     elif args.plot is not None:
         cli.note(f"no steps were run, so no loss curve was written to {args.plot!r}")
+    ms, rate = speed.rates()
+    val_docs = corpus.get("val_docs")
+    summary = {
+        "final_loss": result.losses[-1] if result.losses else None,
+        "final_val_loss": result.val_losses[-1][1] if result.val_losses else None,
+        "steps": result.step,
+        "steps_run": len(result.losses),
+        "start_step": result.start_step,
+        "losses": result.losses,
+        "val_losses": [list(pair) for pair in result.val_losses],
+        "seconds": seconds,
+        **cli.keywords(args, "backend dtype batch_size"),
+        "num_docs": None if text_mode else len(corpus["docs"]),
+        "num_val_docs": None if text_mode else 0 if val_docs is None else len(val_docs),
+        "config": config.to_dict(),
+        "checkpoint": args.checkpoint,
+        "samples": names,
+        "mode": "text" if text_mode else "docs",
+        "num_chars": len(corpus["text"]) if text_mode else None,
+        "final_val_token_loss": result.val_token_losses[-1][1] if result.val_token_losses else None,
+        "val_token_losses": [list(pair) for pair in result.val_token_losses],
+        "tokens": speed.tokens,
+        "ms_per_step": ms,
+        "tokens_per_s": rate,
+    }
     if args.json:
-        val_docs = corpus.get("val_docs")
-        cli.print_json(
-            {
-                "final_loss": final_loss,
-                "final_val_loss": final_val,
-                "steps": result.step,
-                "steps_run": len(result.losses),
-                "start_step": result.start_step,
-                "losses": result.losses,
-                "val_losses": [list(pair) for pair in result.val_losses],
-                "seconds": seconds,
-                **cli.keywords(args, "backend dtype batch_size"),
-                "num_docs": None if text_mode else len(corpus["docs"]),
-                "num_val_docs": None if text_mode else 0 if val_docs is None else len(val_docs),
-                "config": config.to_dict(),
-                "checkpoint": args.checkpoint,
-                "samples": names,
-                "mode": "text" if text_mode else "docs",
-                "num_chars": len(corpus["text"]) if text_mode else None,
-                "final_val_token_loss": final_token_val,
-                "val_token_losses": [list(pair) for pair in result.val_token_losses],
-                "tokens": speed.tokens,
-                "ms_per_step": speed.ms_per_step,
-                "tokens_per_s": speed.tokens_per_s,
-            }
+        cli.print_json(summary)
+    else:
+        _print_run(args, summary, result.start_step)
+    return 0
+
+
+def _print_run(args: argparse.Namespace, run: dict[str, Any], resumed: int) -> None:
+    """The text a run prints after its steps: the summary line, the files, the samples."""
+    loss = "n/a" if run["final_loss"] is None else f"{run['final_loss']:.4f}"
+    val, token = run["final_val_loss"], run["final_val_token_loss"]
+    if run["mode"] == "text" and token is not None:
+        loss += f" | held-out loss {token:.4f} per token"
+    elif val is not None:
+        loss += f" | held-out loss {val:.4f}" + (
+            "" if token is None else f" ({token:.4f} per token)"
         )
-        return 0
-    loss_text = "n/a" if final_loss is None else f"{final_loss:.4f}"
-    val_text = ""
-    if text_mode and final_token_val is not None:
-        val_text = f" | held-out loss {final_token_val:.4f} per token"
-    elif final_val is not None:
-        per_token = "" if final_token_val is None else f" ({final_token_val:.4f} per token)"
-        val_text = f" | held-out loss {final_val:.4f}{per_token}"
-    resumed_at = f" (resumed at step {result.start_step})" if result.start_step else ""
-    ms, rate = speed.ms_per_step, speed.tokens_per_s
-    speed_text = (
-        ""
-        if ms is None
-        else f" ({ms:.2f} ms/step" + (")" if rate is None else f", {rate:,.0f} tokens/s)")
-    )
+    ms, rate = run["ms_per_step"], run["tokens_per_s"]
+    speed = "" if rate is None else f", {rate:,.0f} tokens/s"
+    speed = "" if ms is None else f" ({ms:.2f} ms/step{speed})"
+    resumed_at = f" (resumed at step {resumed})" if resumed else ""
     print(
-        f"done: {len(result.losses)} steps{resumed_at} in {seconds:.1f} s{speed_text} | final "
-        f"loss {loss_text}{val_text}"
+        f"done: {run['steps_run']} steps{resumed_at} in {run['seconds']:.1f} s{speed} | final loss {loss}"
     )
     if args.checkpoint is not None:
-        print(f"checkpoint: {args.checkpoint} (step {result.step})")
-    if args.plot is not None and result.losses:
+        print(f"checkpoint: {args.checkpoint} (step {run['steps']})")
+    if args.plot is not None and run["losses"]:
         print(f"loss curve: {args.plot}")
-    if text_mode:
-        cli.print_passages(names)
+    cli.print_samples(run["samples"], passages=run["mode"] == "text")
+
+
+def _header(args: argparse.Namespace, corpus: dict[str, Any], config: Any) -> str:
+    """The first line of a run: corpus, vocabulary, weights, shape, backend, batch, steps."""
+    shape = {name: getattr(config, name) for name in cli.SPEC_SHAPE}
+    shape_text = ", ".join(f"{k} {v}" for k, v in shape.items())
+    shape_text = "" if shape == cli.SPEC_SHAPE else f" ({shape_text})"
+    val = corpus.get("val_docs", corpus.get("val_text"))
+    held = "" if val is None else f" (+{len(val)} held out)"
+    if "text" in corpus:
+        what = f"{len(corpus['text'])} characters"
+        if val is None and args.val_fraction is not None:
+            held = f" (the last {args.val_fraction:g} held out)"
     else:
-        cli.print_samples(names)
-    return 0
+        what = f"{len(corpus['docs'])} docs"
+    return (
+        f"train: {what}{held} | vocab {config.vocab_size} | {config.num_params} "
+        f"params{shape_text} | {args.backend} {args.dtype} | batch {args.batch_size} | "
+        f"{args.steps} steps"
+    )
 
 
 def _resumed_config(args: argparse.Namespace, ck: Any, tokenizer: Any) -> Any:
@@ -401,21 +360,20 @@ def _stopped(
     """What a stopped run prints: why and where it stopped, the last checkpoint, and the
     command that continues the run (or starts it again). ``saves``: the library saved the
     run at the stop (a ``KeyboardInterrupt``: its last step completed, if it took one)."""
+    after = "" if step is None else f" after step {step}"
     if args.checkpoint is None:
-        where = why + ("" if step is None else f" after step {step}")
-        return f"{where}; nothing was saved (with --checkpoint PATH a run can be resumed)"
+        return f"{why}{after}; nothing was saved (with --checkpoint PATH a run can be resumed)"
     path = Path(args.checkpoint)
     fresh = path.exists() and path.stat().st_mtime_ns >= started_ns  # written by this run
     if not (fresh or (path.exists() and args.resume)):
         # no file yet, or the old file that --overwrite has not replaced yet
-        where = why + ("" if step is None else f" after step {step}")
         every = (
             f" (it is saved every {args.checkpoint_every} steps)"
             if args.checkpoint_every
             else " (--checkpoint-every N saves it every N steps)"
         )
         again = shlex.join([cli.PROG, *args.argv])
-        return f"{where}; no checkpoint of this run was saved yet{every}; start again with: {again}"
+        return f"{why}{after}; no checkpoint of this run was saved yet{every}; start again with: {again}"
     try:  # the file this run wrote: which step it holds
         from ..checkpoint import load
 
@@ -424,11 +382,10 @@ def _stopped(
         at = None
     kept = ""
     if saves and fresh and at is not None:  # the state at the stop: its last completed step
-        step, kept = at, "its state was saved: "
-    where = why + ("" if step is None else f" after step {step}")
+        after, kept = f" after step {at}", "its state was saved: "
     saved = "" if at is None else f" (step {at})"
     return (
-        f"{where}; {kept}the last checkpoint is {args.checkpoint}{saved}; continue the run "
+        f"{why}{after}; {kept}the last checkpoint is {args.checkpoint}{saved}; continue the run "
         f"with: {resume_command(args.argv)}"
     )
 
@@ -444,11 +401,3 @@ def resume_command(argv: Sequence[str]) -> str:
     if not any(is_flag(a, "--resume") for a in kept):
         kept.append("--resume")
     return shlex.join([cli.PROG, *kept])
-
-
-def _threads(args: argparse.Namespace, config: Any) -> int | str:
-    """``--threads`` as ``train(threads=)`` takes it: the count or ``auto`` as given, by
-    default the count for the model, the batch and this machine's cores."""
-    from ..resources import default_threads
-
-    return args.threads or default_threads(config, args.batch_size)
