@@ -136,10 +136,10 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
     corpus, every_doc = _corpora(args)
     text_mode = args.text is not None
     tokenizer = Tokenizer.from_docs(every_doc)
-    if resuming:  # the checkpoint's shape, read here once (train() reads its run)
-        from ..checkpoint import load
+    if resuming:  # the checkpoint's shape, from its header (train() loads the run)
+        from ..checkpoint import peek
 
-        config = _resumed_config(args, load(args.checkpoint), tokenizer)
+        config = _resumed_config(args, peek(args.checkpoint), tokenizer)
     else:
         longest = None if text_mode else default_block_size(every_doc)  # a stream: the spec's
         config = GPTConfig(
@@ -375,9 +375,9 @@ def _stopped(
         again = shlex.join([cli.PROG, *args.argv])
         return f"{why}{after}; no checkpoint of this run was saved yet{every}; start again with: {again}"
     try:  # the file this run wrote: which step it holds
-        from ..checkpoint import load
+        from ..checkpoint import peek
 
-        at: int | None = load(args.checkpoint).step
+        at: int | None = peek(args.checkpoint).step
     except Exception:  # the message must come out whatever the file holds
         at = None
     kept = ""
