@@ -150,45 +150,38 @@ def train(
     grad_clip: float | None = None,
     init_std: float | None = None,
 ) -> TrainResult:
-    """Train microgpt on documents, ``batch_size`` a step, or on a stream of text,
-    ``batch_size`` windows a step.
+    """Train microgpt on documents or a stream of text, ``batch_size`` rows a step, and
+    return a :class:`TrainResult` (docs/training.md tells the whole story).
 
     Args:
-        docs: the corpus, a sequence of strings (default:
-            :func:`~microgpt_xp.data.default_docs`), read in epochs
-            (:func:`~microgpt_xp.data.batch_indices`).
-        text: instead of ``docs``, one stream (every character a token, no BOS): each row
-            a window of ``block_size + 1`` characters drawn by
-            ``numpy.random.default_rng([seed, step])``; block size the config's (16).
-        steps: Adam steps, also the length of the learning-rate decay.
-        batch_size: rows a step. ``seed``: the initial weights and the batch order.
-        config: the model's shape (default: the spec's, the tokenizer's vocabulary and
-            :func:`~microgpt_xp.data.default_block_size`). ``params``: start from these.
-        backend, device, dtype: where the weights live (a table name such as ``"numpy"``,
-            or an Array API namespace); ``"dask"``: tasks over NumPy chunks.
-        runner: how a batch is spread over workers (:mod:`microgpt_xp.runners`; default
-            ``Local(jit)``); ``workers=N`` is ``Processes(N)``, ``chunk_size`` the rows of
-            a Dask task; ``jit``: ``None`` compiles where the namespace can, ``False``
-            never, ``True`` insists.
-        threads: BLAS threads during the run: a count, ``"auto"``
-            (:func:`microgpt_xp.resources.auto_threads`) or ``None`` (left as they are).
-        optimizer, lr: Adam's :class:`~microgpt_xp.AdamConfig` (``num_steps`` set to
-            ``steps``); ``lr`` and ``warmup``, ``decay``, ``min_lr``, ``weight_decay``,
-            ``grad_clip``, ``init_std`` replace its fields where given.
+        docs: the corpus (default :func:`~microgpt_xp.data.default_docs`), read in epochs
+            (:func:`~microgpt_xp.data.batch_indices`); or ``text``: one stream, each row a
+            window of ``block_size + 1`` characters drawn by ``default_rng([seed, step])``.
+        steps, batch_size, seed: Adam steps (the length of the decay), rows a step, and the
+            seed of the initial weights and the batch order.
+        config, params: the model's shape (default: the spec's with the tokenizer's
+            vocabulary and :func:`~microgpt_xp.data.default_block_size`, 16 for text), or
+            weights to start from.
+        backend, device, dtype: where the weights live: a table name (``"numpy"``, ...,
+            ``"dask"``: tasks over NumPy chunks) or an Array API namespace.
+        runner, workers, chunk_size, jit: how a batch is spread (:mod:`microgpt_xp.runners`,
+            default ``Local(jit)``; ``workers=N``: ``Processes(N)``; ``chunk_size``: a Dask
+            task's rows); ``jit=None`` compiles where the namespace can, ``False`` never.
+        threads: BLAS threads during the run: a count, ``"auto"`` or ``None`` (untouched).
+        optimizer, lr, warmup, decay, min_lr, weight_decay, grad_clip, init_std: Adam's
+            :class:`~microgpt_xp.AdamConfig` (``num_steps=steps``), fields replaced where given.
         reduction: the batch loss, ``"mean"`` or ``"token_mean"``.
-        tokenizer: default: built from ``docs`` and ``val_docs``.
-        checkpoint: a path claimed for the run, saved every ``checkpoint_every`` steps (if
-            > 0) and at the end. An existing file is refused unless ``resume`` (continue
-            it with the losses of an uninterrupted run, :class:`ResumeError` naming an
+        tokenizer: default: built from the training and held-out corpora.
+        checkpoint, checkpoint_every, resume, overwrite: a path claimed for the run, saved
+            every ``checkpoint_every`` steps and at the end; an existing one is refused
+            unless ``resume`` (the uninterrupted run's losses; :class:`ResumeError` names an
             argument that differs; more ``steps`` extend a finished run) or ``overwrite``.
-        val_docs, val_text: held-out documents (or a stream for ``text``), scored every
-            ``eval_every`` steps (default: a tenth of the run) and at the end, ``on_eval(step,
-            val_loss)`` after each. ``val_fraction``: hold out this fraction instead (the
-            text's end; :func:`~microgpt_xp.data.split_docs` by ``seed``).
-        eval_tokens: the most tokens an evaluation predicts (default: 0.3 times those
-            trained between two, at least 512): the first held-out documents that fit, or
-            a stream's :func:`~microgpt_xp.data.eval_windows`.
-        callback, on_step: called after every step as ``callback(step, loss)`` (1-based),
+        val_docs, val_text, val_fraction: held-out data (or this fraction held out: the
+            text's end, :func:`~microgpt_xp.data.split_docs` by ``seed``), scored every
+            ``eval_every`` steps (default a tenth of the run) and at the end, predicting at
+            most ``eval_tokens`` (default 0.3 times the tokens trained between two, at least
+            512); ``on_eval(step, val_loss)`` after each.
+        callback, on_step: called after each step as ``callback(step, loss)`` (1-based),
             then ``on_step(StepStats(...))``.
 
     A ``KeyboardInterrupt`` in a run with a ``checkpoint`` saves the last step completed
@@ -250,10 +243,9 @@ def train(
             f"checkpoint {str(checkpoint)!r} exists; resume it (resume=True) or replace it "
             "(overwrite=True)"
         )
-    if text is not None:
-        corpus, held_out, tokenizer = _texts(text, val_text, val_fraction, tokenizer)
-    else:
-        corpus, held_out, tokenizer = _docs(docs, val_docs, val_fraction, seed, tokenizer)
+    corpus, held_out, tokenizer = _corpora(
+        docs, text, val_docs, val_text, val_fraction, seed, tokenizer
+    )
     if config is None and params is not None:
         config = params.config
     elif config is None:
@@ -358,27 +350,24 @@ def _check_corpora(docs: Any, text: Any, val_docs: Any, val_text: Any, val_fract
             )
 
 
-def _texts(
-    text: Any, val_text: Any, val_fraction: float | None, tokenizer: Tokenizer | None
-) -> tuple[list[str], list[str] | None, Tokenizer]:
-    """``([train text], [held-out text] or None, tokenizer)`` of a text run."""
-    text = check_text(text, "text")
-    if val_fraction is not None:
-        text, val_text = split_text(text, float(val_fraction))
-    held = None if val_text is None else check_text(val_text, "val_text")
-    if tokenizer is None:
-        tokenizer = Tokenizer(set(text).union(held or ""))
-    return [text], None if held is None else [held], tokenizer
-
-
-def _docs(
+def _corpora(
     docs: Sequence[str] | None,
+    text: Any,
     val_docs: Sequence[str] | None,
+    val_text: Any,
     val_fraction: float | None,
     seed: int,
     tokenizer: Tokenizer | None,
 ) -> tuple[list[str], list[str] | None, Tokenizer]:
-    """``(documents, held-out documents or None, tokenizer)`` of a run on documents."""
+    """``(training corpus, held-out corpus or None, tokenizer)``: documents, or a text run's
+    one stream in a list."""
+    if text is not None:
+        text = check_text(text, "text")
+        if val_fraction is not None:
+            text, val_text = split_text(text, float(val_fraction))
+        held_text = None if val_text is None else check_text(val_text, "val_text")
+        tokenizer = tokenizer or Tokenizer(set(text).union(held_text or ""))
+        return [text], None if held_text is None else [held_text], tokenizer
     corpus = check_docs(docs, "docs")
     held = None if val_docs is None else check_docs(val_docs, "val_docs")
     if val_fraction is not None:
@@ -386,8 +375,7 @@ def _docs(
             corpus, held = split_docs(corpus, float(val_fraction), seed)
         except DataError as exc:
             raise DataError(str(exc), "val_fraction") from exc
-    every_doc = corpus if held is None else [*corpus, *held]
-    return corpus, held, tokenizer or Tokenizer.from_docs(every_doc)
+    return corpus, held, tokenizer or Tokenizer.from_docs([*corpus, *(held or [])])
 
 
 def _windows(
