@@ -299,12 +299,17 @@ def batch_indices(num_docs: int, batch_size: int, step: int, seed: int) -> np.nd
             f"the corpus has {num_docs} documents, fewer than the batch size {batch_size}",
             "batch_size",
         )
-    start = step * batch_size  # positions start .. start + batch_size - 1 of the epochs
-    first, last = start // num_docs, (start + batch_size - 1) // num_docs
+    return epoch_positions(num_docs, step * batch_size, batch_size, seed)
+
+
+def epoch_positions(num_docs: int, start: int, count: int, seed: int) -> np.ndarray:
+    """Positions ``start .. start + count - 1`` (``count >= 1``) of the stream of epochs,
+    epoch ``e`` a permutation of ``range(num_docs)`` by ``default_rng([seed, e])``."""
+    first, last = start // num_docs, (start + count - 1) // num_docs
     perms = [_permutation(num_docs, seed, e) for e in range(first, last + 1)]
     stream = perms[0] if len(perms) == 1 else np.concatenate(perms)
     offset = start - first * num_docs
-    return np.array(stream[offset : offset + batch_size])
+    return np.array(stream[offset : offset + count])
 
 
 @functools.lru_cache(maxsize=4)
