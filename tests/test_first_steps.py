@@ -19,7 +19,6 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -135,41 +134,28 @@ def test_the_pages_have_blocks() -> None:
 
 
 # -- command lines ---------------------------------------------------------------------
-@dataclass
-class Session:
-    """One page's commands, run in order in one folder, each at most once."""
+@pytest.fixture(scope="session")
+def run_upto(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], tuple[str, str]]:
+    """``run(page, index)``: the page's commands up to ``index`` run in order, each once, in
+    one folder a page (a later one reads what an earlier one wrote); ``index``'s outcome."""
+    folders: dict[str, Path] = {}
+    done: dict[tuple[str, int], tuple[str, str]] = {}  # -> (outcome, text)
 
-    page: str
-    cwd: Path
-    commands: list[str]
-    done: dict[int, tuple[str, str]] = field(default_factory=dict)  # index -> (outcome, text)
-
-    def run_upto(self, index: int) -> tuple[str, str]:
-        for i in range(index + 1):
-            if i not in self.done:
-                self.done[i] = _run_command(self.commands[i], self.cwd)
-        return self.done[index]
-
-
-_SESSIONS: dict[str, Session] = {}
-
-
-@pytest.fixture
-def session_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Session]:
-    """A page's session, made once per test run."""
-
-    def get(page: str) -> Session:
-        if page not in _SESSIONS:
+    def run(page: str, index: int) -> tuple[str, str]:
+        if page not in folders:
             base = tmp_path_factory.mktemp(Path(page).stem)
-            cwd = base / "checkout"
+            folders[page] = cwd = base / "checkout"
             cwd.mkdir()
             (cwd / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
             if SHARED.is_dir():
                 (base / "shared").symlink_to(SHARED, target_is_directory=True)
-            _SESSIONS[page] = Session(page, cwd, _commands(page))
-        return _SESSIONS[page]
+        commands = _commands(page)
+        for i in range(index + 1):
+            if (page, i) not in done:
+                done[page, i] = _run_command(commands[i], folders[page])
+        return done[page, index]
 
-    return get
+    return run
 
 
 def _port_free(port: int) -> bool:
@@ -262,9 +248,9 @@ def _command_cases() -> list:  # of pytest.param
 
 @pytest.mark.parametrize(("page", "index", "command"), _command_cases())
 def test_command_runs_as_written(
-    page: str, index: int, command: str, session_of: Callable[[str], Session]
+    page: str, index: int, command: str, run_upto: Callable[[str, int], tuple[str, str]]
 ) -> None:
-    outcome, text = session_of(page).run_upto(index)
+    outcome, text = run_upto(page, index)
     if outcome == "skip":
         pytest.skip(f"{command}: {text}")
     assert outcome == "ok", f"{page}: `{command}` failed:\n{text}"
