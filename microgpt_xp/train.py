@@ -61,9 +61,9 @@ __all__ = [
 ]
 
 #: What one more call of the loss and gradient costs, in positions times ``n_embd²``: 128
-#: positions of a 128-channel model (NumPy, one thread: groups of near-equal length made
-#: names.txt's 4-layer 128-channel steps 10% slower at 32 rows and Shakespeare's lines
-#: faster), more than a batch of the spec's 16-channel model could save.
+#: positions of a 128-channel model, set so that (NumPy, one thread, 4 layers, block 64,
+#: 32 rows) names.txt's batches run whole, where groups were 10-20% slower, and
+#: Shakespeare's lines in groups, 1.6x faster than whole; the spec's model never groups.
 CALL_COST = 128 * 128**2
 
 #: A batch loss over this many times a uniform guess's (``ln V``): the run has diverged.
