@@ -1,5 +1,5 @@
-"""Corpora that hand out documents by position, so that a worker's task can make its own
-documents, and the encoding of a chunk of them."""
+"""Corpora that hand out documents by position (a worker's task makes its own), and the
+encoding of a chunk of them."""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-
-from .data import DataError, Tokenizer, encode_docs
+from .data import DataError, Tokenizer, encode_docs, epoch_positions
 
 
 @runtime_checkable
 class Corpus(Protocol):
-    """A corpus that hands out documents by position, so that a task can make its own
-    documents. It must be cheap to pickle (it travels with every task)."""
+    """A corpus that hands out documents by position; cheap to pickle (it travels with
+    every task)."""
 
     def __len__(self) -> int:
         """Number of documents."""
@@ -28,12 +26,9 @@ class Corpus(Protocol):
 
 @dataclass(frozen=True)
 class ShuffledRepeat:
-    """``num_docs`` documents made by repeating ``base`` epoch after epoch, each epoch a
-    fresh permutation from ``numpy.random.default_rng([seed, epoch])`` (the epoch order of
-    :func:`microgpt_xp.data.batch_indices`): document ``i`` is
-    ``base[perm_{i // n}[i % n]]`` with ``n = len(base)``.
-
-    Only ``base`` is held; :meth:`docs` builds a slice on demand."""
+    """``num_docs`` documents: ``base`` repeated in epochs, each a permutation (the order of
+    :func:`~microgpt_xp.data.batch_indices`, :func:`~microgpt_xp.data.epoch_positions`);
+    only ``base`` is held, :meth:`docs` builds a slice on demand."""
 
     base: tuple[str, ...]
     num_docs: int
@@ -54,15 +49,10 @@ class ShuffledRepeat:
     def docs(self, start: int, stop: int) -> list[str]:
         """Documents ``start .. stop - 1`` (clipped to ``[0, num_docs)``)."""
         start, stop = max(0, start), min(stop, self.num_docs)
-        n = len(self.base)
-        out: list[str] = []
         if start >= stop:
-            return out
-        for epoch in range(start // n, (stop - 1) // n + 1):
-            perm = np.random.default_rng([self.seed, epoch]).permutation(n)
-            lo, hi = max(start, epoch * n) - epoch * n, min(stop, (epoch + 1) * n) - epoch * n
-            out.extend(self.base[j] for j in perm[lo:hi])
-        return out
+            return []
+        positions = epoch_positions(len(self.base), start, stop - start, self.seed)
+        return [self.base[j] for j in positions.tolist()]
 
     def max_doc_len(self) -> int:
         """Characters in the longest document."""

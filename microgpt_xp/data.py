@@ -1,5 +1,5 @@
 """Documents, the character tokenizer and padded ``(tokens, lengths)`` batches, on the host
-(Python lists and NumPy arrays; the caller moves batches to a backend)."""
+(NumPy arrays; the caller moves batches to a backend)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ._errors import ArgumentTypeError, ArgumentValueError
 
 class DataError(ValueError):
     """A corpus or batch request that cannot be used (empty, undecodable, too small);
-    ``param`` names the argument at fault where one is (as :mod:`microgpt_xp._errors`)."""
+    ``param`` names the argument at fault where there is one."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -32,9 +32,12 @@ def docs_from_text(text: str) -> list[str]:
     r"""Documents from text as the spec reads ``input.txt``: one per line (ended by ``\n``,
     ``\r\n`` or ``\r``, as ``open()`` reads lines), surrounding whitespace stripped, empty
     lines dropped, in order."""
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return [doc for line in text.split("\n") if (doc := line.strip())]
+    return [doc for line in _newlines(text).split("\n") if (doc := line.strip())]
+
+
+def _newlines(text: str) -> str:
+    r"""``text`` with ``\r\n`` and ``\r`` as ``\n`` (as ``open()`` reads lines)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def read_docs(path: str | Path) -> list[str]:
@@ -52,9 +55,7 @@ def read_text(path: str | Path) -> str:
     ``open()`` reads them (``\r\n`` and ``\r`` become ``\n``), a byte-order mark at the
     start dropped; :class:`DataError` as :func:`read_docs`, and for fewer than two
     characters."""
-    text = _read_utf8(path)
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _newlines(_read_utf8(path))
     if len(text) < 2:
         raise DataError(
             f"data file {str(path)!r} holds {len(text)} characters, too few to train on"
@@ -63,7 +64,7 @@ def read_text(path: str | Path) -> str:
 
 
 def _read_utf8(path: str | Path) -> str:
-    """The text of a UTF-8 file, a byte-order mark at its start dropped (see read_docs)."""
+    """The text of a UTF-8 file, a leading byte-order mark dropped (see read_docs)."""
     name = repr(str(path))
     try:  # non-blocking: opening a FIFO without a writer returns at once
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -81,12 +82,11 @@ def _read_utf8(path: str | Path) -> str:
         raise DataError(f"cannot read data file {name}: {exc.strerror or exc}") from exc
     start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
-        text = str(memoryview(raw)[start:], "utf-8")  # no copy of the bytes
+        return str(memoryview(raw)[start:], "utf-8")  # no copy of the bytes
     except UnicodeDecodeError as exc:
         raise DataError(
             f"data file {name} is not UTF-8 text (undecodable byte at offset {start + exc.start})"
         ) from exc
-    return text
 
 
 def default_docs() -> list[str]:
@@ -110,7 +110,7 @@ def _quote(text: str, limit: int = 40) -> str:
 
 
 def split_docs(docs: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """``(train, held_out)`` in corpus order: ``round(fraction * len(docs))`` documents (at
+    """``(train, held_out)`` in corpus order, ``round(fraction * len(docs))`` documents (at
     least one) held out by ``numpy.random.default_rng([seed, 1])``; ``DataError`` unless
     ``0 < fraction < 1`` leaves a document on each side."""
     if not 0.0 < fraction < 1.0:
@@ -131,8 +131,8 @@ def split_docs(docs: Sequence[str], fraction: float, seed: int) -> tuple[list[st
 
 
 def check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
-    """The corpus ``docs`` (``None``: :func:`default_docs`) as a list of strings; else
-    ``DataError`` or ``ArgumentTypeError`` naming the argument ``what``."""
+    """``docs`` (``None``: :func:`default_docs`) as a list of strings, else ``DataError`` or
+    ``ArgumentTypeError`` naming the argument ``what``."""
     if docs is None:
         return default_docs()
     if isinstance(docs, (str, bytes)):
@@ -299,36 +299,42 @@ def batch_indices(num_docs: int, batch_size: int, step: int, seed: int) -> np.nd
             f"the corpus has {num_docs} documents, fewer than the batch size {batch_size}",
             "batch_size",
         )
-    return _epochs(num_docs, step * batch_size, batch_size, seed)
+    return epoch_positions(num_docs, step * batch_size, batch_size, seed)
 
 
-def _epochs(num_docs: int, start: int, count: int, seed: int) -> np.ndarray:
-    """Positions ``start .. start + count - 1`` of the stream of epoch permutations."""
+def epoch_positions(num_docs: int, start: int, count: int, seed: int) -> np.ndarray:
+    """Positions ``start .. start + count - 1`` (``count >= 1``) of the stream of epochs,
+    epoch ``e`` a permutation of ``range(num_docs)`` by ``default_rng([seed, e])``."""
     first, last = start // num_docs, (start + count - 1) // num_docs
     perms = [_permutation(num_docs, seed, e) for e in range(first, last + 1)]
-    offset = start - first * num_docs
     stream = perms[0] if len(perms) == 1 else np.concatenate(perms)
+    offset = start - first * num_docs
     return np.array(stream[offset : offset + count])
 
 
 @functools.lru_cache(maxsize=4)
 def _permutation(num_docs: int, seed: int, epoch: int) -> np.ndarray:
-    """Epoch ``epoch``'s permutation (read-only; kept: a run's steps read it again and again)."""
+    """Epoch ``epoch``'s permutation (read-only, cached: every step of a run reads it)."""
     perm = np.random.default_rng([seed, epoch]).permutation(num_docs)
     perm.flags.writeable = False
     return perm
 
 
+def predicted(lengths: np.ndarray, block_size: int) -> np.ndarray:
+    """The tokens each row of ``lengths (B,)`` predicts: ``min(lengths - 1, block_size)``."""
+    return np.minimum(lengths - 1, block_size)  # type: ignore[no-any-return]
+
+
 def length_groups(lengths: np.ndarray, block_size: int, call_cost: float) -> list[np.ndarray]:
     """The rows of a batch ``lengths (B,)`` in groups of near-equal length (row indices,
-    shortest first), each to be computed trimmed to its longest: the cut that minimizes
-    the positions computed, ``sum(rows * width)``, plus ``call_cost`` positions for each
-    group (what one more call costs); one group where no cut pays."""
-    predicted = np.minimum(lengths - 1, block_size)
-    if len(lengths) * int(predicted.max()) - int(predicted.sum()) <= call_cost:
+    shortest first), each computed trimmed to its longest: the cut that minimizes the
+    positions computed plus ``call_cost`` positions a group; one group where no cut pays."""
+    computed, useful = padding(lengths, block_size)
+    if computed - useful <= call_cost:
         return [np.arange(len(lengths))]  # even no padding at all would not pay for a call
-    order = np.argsort(predicted, kind="stable")
-    p = predicted[order]
+    n = predicted(lengths, block_size)
+    order = np.argsort(n, kind="stable")
+    p = n[order]
     ends = np.append(np.flatnonzero(np.diff(p)) + 1, len(p))  # a group ends where p changes
     starts = np.append(0, ends)  # candidate starts: 0 and every end
     best = np.zeros(len(starts))  # best[j]: the cost of rows 0..starts[j] - 1
@@ -345,14 +351,12 @@ def length_groups(lengths: np.ndarray, block_size: int, call_cost: float) -> lis
 
 
 def padding(lengths: np.ndarray, block_size: int) -> tuple[int, int]:
-    """``(computed, predicted)`` positions of a batch of rows of ``lengths (B,)`` trimmed to
-    the longest: ``B * min(max(lengths) - 1, block_size)`` and the predicted tokens
-    ``sum(min(lengths - 1, block_size))``; the padding is ``1 - predicted / computed``."""
-    predicted = np.minimum(lengths - 1, block_size)
-    return len(lengths) * int(predicted.max()), int(predicted.sum())
+    """``(computed, predicted)`` positions of rows ``lengths (B,)`` trimmed to the longest
+    (the padding is ``1 - predicted / computed``)."""
+    n = predicted(lengths, block_size)
+    return len(lengths) * int(n.max()), int(n.sum())
 
 
-# -- text streams -------------------------------------------------------------------------------
 #: The block size of a stream of text when no config says otherwise (the spec's 16).
 TEXT_BLOCK_SIZE = 16
 

@@ -1,8 +1,6 @@
-"""The training loop: batches of documents or windows of a stream of text, the
-hand-written backward pass on a runner, Adam and its schedule, held-out loss at a bounded
-cost, callbacks and atomic checkpoints a run resumes from exactly (also when interrupted).
-Where the arrays live (``backend``) and how a batch is spread over workers (``runner``)
-are two choices; this module never asks a backend's name."""
+"""The training loop: batches of documents or windows of text, the loss and gradient on a
+runner, Adam, held-out loss, callbacks and atomic checkpoints that a run resumes from
+exactly (also an interrupted one). It never asks a backend's name."""
 
 from __future__ import annotations
 
@@ -37,6 +35,7 @@ from .data import (
     encode_text,
     held_out_rows,
     length_groups,
+    predicted,
     split_docs,
     split_text,
     take_batch,
@@ -47,9 +46,9 @@ from .model import Reduction, _check_reduction, loss_and_grads
 from .optim import Adam, AdamConfig, AdamState, adam_config, adam_update
 from .params import Params, flatten, init_params, materialize, unflatten
 from .resources import check_threads, use_threads
-from .resume import OPTIMIZER_FIELDS, ResumeError, corpus_digest, run_record
+from .resume import HISTORY, OPTIMIZER_FIELDS, ResumeError, corpus_digest, run_record
 from .resume import resume as resume_run
-from .scoring import ScoreSummary, score_docs, score_encoded
+from .scoring import score_docs, score_encoded
 
 __all__ = [
     "ResumeError",
@@ -61,23 +60,21 @@ __all__ = [
     "train",
 ]
 
-#: A batch loss above this many times the loss of a uniform guess (``ln V``) means the run
-#: has diverged (a learning rate far too large), even while it is still finite.
+#: What one more call of the loss and gradient costs, in positions times ``n_embd²``: 128
+#: positions of a 128-channel model, set so that (NumPy, one thread, 4 layers, block 64,
+#: 32 rows) names.txt's batches run whole, where groups were 10-20% slower, and
+#: Shakespeare's lines in groups, 1.6x faster than whole; the spec's model never groups.
+CALL_COST = 128 * 128**2
+
+#: A batch loss over this many times a uniform guess's (``ln V``): the run has diverged.
 DIVERGED = 100.0
-
-#: What one more call of the loss and gradient costs, in positions computed times
-#: ``n_embd²`` (measured with NumPy on a CPU: about 32 positions of a 128-channel model,
-#: 2,000 of the spec's 16-channel one): where padding costs less, it is computed.
-CALL_COST = 32 * 128**2
-
-#: Held-out scoring's default share of the tokens trained between two evaluations: a
-#: forward costs about a third of a training step, so about a tenth of the run's time.
+#: Held-out scoring's default share of the tokens trained between two evaluations (a
+#: forward costs about a third of a step: about a tenth of the run), and its floor.
 EVAL_SHARE = 0.3
-#: The fewest predicted tokens a default held-out evaluation scores (fewer would be noise).
 EVAL_MIN_TOKENS = 512
 
-#: ``(tokens (B, L), lengths (B,))`` of a step (0-based) on the host; the second argument
-#: says whether to trim the rows to the longest (else the corpus's width: one shape).
+#: ``(tokens (B, L), lengths (B,))`` of a step (0-based) on the host, rows trimmed to the
+#: longest if the second argument says so (else one shape).
 Batches = Callable[[int, bool], tuple[np.ndarray, np.ndarray]]
 
 
@@ -87,12 +84,10 @@ class TrainingError(RuntimeError):
 
 @dataclass
 class TrainResult:
-    """What :func:`train` returns: the trained ``params``, the optimizer (its moments and
-    step count), the ``tokenizer``, the loss of every step run (``losses[i]`` is the batch
-    loss before update ``start_step + i``), ``step`` (the steps taken), the held-out
-    losses ``val_losses`` (the mean over documents of their mean loss) and
-    ``val_token_losses`` (the mean over predicted tokens), each as ``(step, loss)`` pairs;
-    in text mode both are the held-out windows' mean per token."""
+    """What :func:`train` returns: the weights, the optimizer, the tokenizer, the batch loss
+    of each step run (``losses[i]`` before update ``start_step + i``), the steps taken, and
+    held-out losses as ``(step, loss)`` pairs: ``val_losses`` the mean over documents of
+    their mean loss, ``val_token_losses`` the mean over tokens (text: both per token)."""
 
     params: Params
     adam: Adam
@@ -106,9 +101,8 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class StepStats:
-    """What ``on_step`` gets after each step: ``step`` (1-based), ``loss`` (the batch loss
-    before the update), ``tokens`` (the tokens the step predicted, padding not counted)
-    and ``seconds`` (the step's wall time: its batch, loss, gradient and update)."""
+    """What ``on_step`` gets after each step: ``step`` (1-based), ``loss`` (before the
+    update), ``tokens`` (predicted, padding not counted) and ``seconds`` (wall time)."""
 
     step: int
     loss: float
@@ -156,74 +150,45 @@ def train(
     grad_clip: float | None = None,
     init_std: float | None = None,
 ) -> TrainResult:
-    """Train microgpt on a list of documents, ``batch_size`` documents a step, or on a
-    stream of text, ``batch_size`` windows a step.
+    """Train microgpt on documents or a stream of text, ``batch_size`` rows a step, and
+    return a :class:`TrainResult` (docs/training.md tells the whole story).
 
     Args:
-        docs: the corpus, a sequence of strings (default:
-            :func:`~microgpt_xp.data.default_docs`). Each step's documents come from one
-            permutation of the corpus an epoch
-            (:func:`~microgpt_xp.data.batch_indices`); on a CPU, without a compiler, a
-            step computes its documents in groups of near-equal length where the padding
-            saved pays for the extra calls (:func:`weighted_loss_and_grads`).
-        text: instead of ``docs``, one stream of text (every character a token, newlines
-            too): each row of a batch a window of ``block_size + 1`` characters, from an
-            offset drawn by ``numpy.random.default_rng([seed, step])``, no BOS. The block
-            size is the config's (default: the spec's 16).
-        steps: number of Adam steps; also the length of the learning-rate decay.
-        batch_size: rows per step (batch ``b`` of step ``s`` is fixed by ``seed``).
-        seed: seeds the initial weights and the batch order.
-        config: model shape (default: the spec's, with the tokenizer's vocabulary and the
-            block size of :func:`~microgpt_xp.data.default_block_size`, as the CLI).
-        params: start from these weights instead of fresh ones.
-        backend, device, dtype: where the weights live and train (a table name such as
-            ``"numpy"``, ``"torch"``, or an Array API namespace). ``backend="dask"``:
-            Dask tasks over NumPy chunks (``runner=DaskTasks(chunk_size)``), the result's
-            weights Dask arrays.
-        runner: how each batch is spread over workers (:mod:`microgpt_xp.runners`;
-            default ``Local(jit)``); ``workers=N`` is ``Processes(N)``, ``chunk_size``
-            the rows of a Dask task. ``jit``: ``None`` compiles the step where the
-            namespace has a compiler (JAX; batches then padded to one shape), ``False``
-            never, ``True`` insists.
-        threads: BLAS (and PyTorch) threads during the run: a count (capped at this
-            process's cores), ``"auto"`` (:func:`microgpt_xp.resources.auto_threads`), or
-            ``None`` (default): the process's thread pools are left as they are.
-        optimizer, lr: Adam's :class:`~microgpt_xp.AdamConfig` (its ``num_steps`` set to
-            ``steps``); ``lr`` replaces its learning rate (the spec's 0.01 by default).
-        warmup, decay, min_lr, weight_decay, grad_clip, init_std: replace the fields of
-            the same names of ``optimizer`` (``None``: its own; the spec's by default).
+        docs: the corpus (default :func:`~microgpt_xp.data.default_docs`), read in epochs
+            (:func:`~microgpt_xp.data.batch_indices`); or ``text``: one stream, each row a
+            window of ``block_size + 1`` characters drawn by ``default_rng([seed, step])``.
+        steps, batch_size, seed: Adam steps (the length of the decay), rows a step, and the
+            seed of the initial weights and the batch order.
+        config, params: the model's shape (default: the spec's with the tokenizer's
+            vocabulary and :func:`~microgpt_xp.data.default_block_size`, 16 for text), or
+            weights to start from.
+        backend, device, dtype: where the weights live: a table name (``"numpy"``, ...,
+            ``"dask"``: tasks over NumPy chunks) or an Array API namespace.
+        runner, workers, chunk_size, jit: how a batch is spread (:mod:`microgpt_xp.runners`,
+            default ``Local(jit)``; ``workers=N``: ``Processes(N)``; ``chunk_size``: a Dask
+            task's rows); ``jit=None`` compiles where the namespace can, ``False`` never.
+        threads: BLAS threads during the run: a count, ``"auto"`` or ``None`` (untouched).
+        optimizer, lr, warmup, decay, min_lr, weight_decay, grad_clip, init_std: Adam's
+            :class:`~microgpt_xp.AdamConfig` (``num_steps=steps``), fields replaced where given.
         reduction: the batch loss, ``"mean"`` or ``"token_mean"``.
-        tokenizer: default: built from ``docs`` and ``val_docs``.
-        checkpoint: a path, claimed for the run (a second run on it stops with
-            ``FileExistsError``), saved every ``checkpoint_every`` steps (if > 0) and at
-            the end. An existing file is refused unless ``resume`` (continue it: the
-            losses of an uninterrupted run; every argument that would change them must be
-            the checkpoint's, or :class:`ResumeError` names it; a *finished* run is
-            extended by asking for more ``steps``) or ``overwrite``.
-        val_docs: held-out documents, scored (their mean loss, as ``eval`` gives it)
-            every ``eval_every`` steps (default: a tenth of the run) and at the end:
-            ``TrainResult.val_losses`` and ``val_token_losses``; ``on_eval(step,
-            val_loss)`` after each. ``val_text``: a held-out stream for ``text``.
-        val_fraction: hold out this fraction of the corpus instead: of ``text``, its last
-            characters (contiguous, as nanoGPT's split); of ``docs``,
-            :func:`~microgpt_xp.data.split_docs` by ``seed``.
-        eval_tokens: the most tokens one evaluation predicts (its cost): of held-out
-            documents, the first ones that fit (at least one); of a held-out stream,
-            evenly spaced windows that predict disjoint tokens
-            (:func:`~microgpt_xp.data.eval_windows`). Default: ``0.3`` times the tokens
-            trained between two evaluations (a forward costs about a third of a training
-            step, so scoring takes about a tenth of the run), at least 512.
-        callback: called as ``callback(step, loss)`` after every step (``step`` 1-based);
-            shorthand for ``on_step``, called as ``on_step(StepStats(...))`` after it.
+        tokenizer: default: built from the training and held-out corpora.
+        checkpoint, checkpoint_every, resume, overwrite: a path claimed for the run, saved
+            every ``checkpoint_every`` steps and at the end; an existing one is refused
+            unless ``resume`` (the uninterrupted run's losses; :class:`ResumeError` names an
+            argument that differs; more ``steps`` extend a finished run) or ``overwrite``.
+        val_docs, val_text, val_fraction: held-out data (or this fraction held out: the
+            text's end, :func:`~microgpt_xp.data.split_docs` by ``seed``), scored every
+            ``eval_every`` steps (default a tenth of the run) and at the end, predicting at
+            most ``eval_tokens`` (default 0.3 times the tokens trained between two, at least
+            512); ``on_eval(step, val_loss)`` after each.
+        callback, on_step: called after each step as ``callback(step, loss)`` (1-based),
+            then ``on_step(StepStats(...))``.
 
-    A ``KeyboardInterrupt`` (Ctrl-C; the command turns SIGTERM and SIGHUP into one) in a
-    run with a ``checkpoint`` saves the state after the last step completed (its update
-    and, where one was due, its evaluation) before it goes on up: resuming gives the
-    losses and weights of the uninterrupted run.
-
-    Raises ``ValueError``/``TypeError`` for bad arguments, ``FileExistsError`` for a
-    checkpoint in the way, and :class:`TrainingError` when a loss or a weight is not
-    finite or the loss has diverged (the last good checkpoint, if any, is kept).
+    A ``KeyboardInterrupt`` in a run with a ``checkpoint`` saves the last step completed
+    (its update and any evaluation due) before it goes on up, so resuming gives the
+    uninterrupted run. Raises ``ValueError``/``TypeError`` for bad arguments,
+    ``FileExistsError`` for a checkpoint in the way, and :class:`TrainingError` for a loss
+    or weight that is not finite or a diverged loss (the last good checkpoint is kept).
     """
     _xp.check_dtype(dtype)
     _xp.check_positive_int(steps, "steps")
@@ -269,21 +234,18 @@ def train(
         ("eval_tokens", eval_tokens is not None and no_held_out),
     ):
         if idle:  # an option that would do nothing
-            needs = (
-                "held-out data (val_docs, val_text or val_fraction)"
-                if name.startswith("eval")
-                else "a checkpoint path"
+            needs = "held-out data (val_docs, val_text or val_fraction)"
+            raise ArgumentValueError(
+                name, f"{name}= needs {needs if name.startswith('eval') else 'a checkpoint path'}"
             )
-            raise ArgumentValueError(name, f"{name}= needs {needs}")
     if checkpoint is not None and Path(checkpoint).exists() and not (resume or overwrite):
         raise FileExistsError(
             f"checkpoint {str(checkpoint)!r} exists; resume it (resume=True) or replace it "
             "(overwrite=True)"
         )
-    if text is not None:
-        corpus, held_out, tokenizer = _texts(text, val_text, val_fraction, tokenizer)
-    else:
-        corpus, held_out, tokenizer = _docs(docs, val_docs, val_fraction, seed, tokenizer)
+    corpus, held_out, tokenizer = _corpora(
+        docs, text, val_docs, val_text, val_fraction, seed, tokenizer
+    )
     if config is None and params is not None:
         config = params.config
     elif config is None:
@@ -300,14 +262,21 @@ def train(
     if text is not None:
         ids = encode_text(tokenizer, corpus[0])
         text_windows(len(ids), block, batch_size, 0, seed)  # raises early if the text is short
+        batches: Batches = functools.partial(_windows, ids, block, batch_size, seed)
         step_tokens = float(batch_size * block)
     else:
         tokens, lengths = encode_docs(tokenizer, corpus, block)
         batch_indices(len(corpus), batch_size, 0, seed)  # raises early if the corpus is too small
-        step_tokens = batch_size * float(np.minimum(lengths - 1, block).mean())
+        batches = functools.partial(_doc_batch, tokens, lengths, batch_size, seed)
+        step_tokens = batch_size * float(predicted(lengths, block).mean())
     every = eval_every or max(1, steps // 10)
     if eval_tokens is None:
         eval_tokens = max(EVAL_MIN_TOKENS, math.ceil(EVAL_SHARE * every * step_tokens))
+    scorer = None
+    if held_out and text is not None:
+        scorer = _held_out_text(tokenizer, held_out[0], block, eval_tokens)
+    elif held_out:
+        scorer = _held_out_docs(tokenizer, held_out, block, eval_tokens)
     run = run_record(
         seed,
         batch_size,
@@ -338,37 +307,19 @@ def train(
             start = _start(params, config, seed, backend, device, dtype, optimizer.init_std)
             params = runner.place(start)
             adam = Adam(params, optimizer)
-            history = {"losses": [], "val_losses": [], "val_token_losses": []}
+            history = {k: [] for k in HISTORY}
         result = TrainResult(params, adam, tokenizer, step=adam.t, start_step=adam.t)
-        if text is not None:
-            batches: Batches = functools.partial(_windows, ids, block, batch_size, seed)
-            scorer = (
-                _held_out_text(tokenizer, held_out[0], block, eval_tokens) if held_out else None
-            )
-        else:
-            batches = functools.partial(_doc_batch, tokens, lengths, batch_size, seed)
-            scorer = _held_out_docs(tokenizer, held_out, block, eval_tokens) if held_out else None
         loop = _Loop(
-            runner,
-            reduction,
-            adam,
-            tokenizer,
-            checkpoint,
-            checkpoint_every,
-            resume,
-            run,
-            history,
-            scorer,
-            every,
-            on_eval,
-        )
+            runner, reduction, adam, checkpoint, checkpoint_every, resume, run, history, scorer,
+            every, on_eval,
+        )  # fmt: skip
         with use_threads(threads, config=config, batch_size=batch_size):
             try:
                 loop.run(result, batches, steps, callback, on_step)
             finally:  # inside: the workers' pool restores the threads it found when it started
                 runner.close()
         if checkpoint is not None:
-            loop.save(result.params, result.step)
+            loop.save(result, result.step, result.params)
     if _xp.entry(backend).chunked:  # in memory on the caller's side: outlives any cluster
         result.params = result.params.to(backend)
     return result
@@ -399,27 +350,24 @@ def _check_corpora(docs: Any, text: Any, val_docs: Any, val_text: Any, val_fract
             )
 
 
-def _texts(
-    text: Any, val_text: Any, val_fraction: float | None, tokenizer: Tokenizer | None
-) -> tuple[list[str], list[str] | None, Tokenizer]:
-    """``([train text], [held-out text] or None, tokenizer)`` of a text run."""
-    text = check_text(text, "text")
-    if val_fraction is not None:
-        text, val_text = split_text(text, float(val_fraction))
-    held = None if val_text is None else check_text(val_text, "val_text")
-    if tokenizer is None:
-        tokenizer = Tokenizer(set(text).union(held or ""))
-    return [text], None if held is None else [held], tokenizer
-
-
-def _docs(
+def _corpora(
     docs: Sequence[str] | None,
+    text: Any,
     val_docs: Sequence[str] | None,
+    val_text: Any,
     val_fraction: float | None,
     seed: int,
     tokenizer: Tokenizer | None,
 ) -> tuple[list[str], list[str] | None, Tokenizer]:
-    """``(documents, held-out documents or None, tokenizer)`` of a run on documents."""
+    """``(training corpus, held-out corpus or None, tokenizer)``: documents, or a text run's
+    one stream in a list."""
+    if text is not None:
+        text = check_text(text, "text")
+        if val_fraction is not None:
+            text, val_text = split_text(text, float(val_fraction))
+        held_text = None if val_text is None else check_text(val_text, "val_text")
+        tokenizer = tokenizer or Tokenizer(set(text).union(held_text or ""))
+        return [text], None if held_text is None else [held_text], tokenizer
     corpus = check_docs(docs, "docs")
     held = None if val_docs is None else check_docs(val_docs, "val_docs")
     if val_fraction is not None:
@@ -427,8 +375,7 @@ def _docs(
             corpus, held = split_docs(corpus, float(val_fraction), seed)
         except DataError as exc:
             raise DataError(str(exc), "val_fraction") from exc
-    every_doc = corpus if held is None else [*corpus, *held]
-    return corpus, held, tokenizer or Tokenizer.from_docs(every_doc)
+    return corpus, held, tokenizer or Tokenizer.from_docs([*corpus, *(held or [])])
 
 
 def _windows(
@@ -439,12 +386,7 @@ def _windows(
 
 
 def _doc_batch(
-    tokens: np.ndarray,
-    lengths: np.ndarray,
-    batch_size: int,
-    seed: int,
-    step: int,
-    trim: bool,
+    tokens: np.ndarray, lengths: np.ndarray, batch_size: int, seed: int, step: int, trim: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """A run on documents' batch of step ``step``."""
     idx = batch_indices(len(lengths), batch_size, step, seed)
@@ -456,10 +398,10 @@ Scorer = Callable[[Params, runners.Runner], tuple[float, float]]
 
 
 def _held_out_docs(tokenizer: Tokenizer, docs: list[str], block: int, max_tokens: int) -> Scorer:
-    """The scorer of held-out documents: the first ones that predict at most
-    ``max_tokens`` tokens in all (at least one)."""
-    predicted = np.cumsum([min(len(d) + 1, block) for d in docs])
-    first = docs[: max(1, int(np.searchsorted(predicted, max_tokens, side="right")))]
+    """The scorer of the first held-out documents that predict at most ``max_tokens``
+    tokens in all (at least one)."""
+    fits = np.cumsum([min(len(d) + 1, block) for d in docs])
+    first = docs[: max(1, int(np.searchsorted(fits, max_tokens, side="right")))]
 
     def scorer(params: Params, runner: runners.Runner) -> tuple[float, float]:
         summary = score_docs(params, tokenizer, first, runner=runner)
@@ -469,13 +411,12 @@ def _held_out_docs(tokenizer: Tokenizer, docs: list[str], block: int, max_tokens
 
 
 def _held_out_text(tokenizer: Tokenizer, text: str, block: int, max_tokens: int) -> Scorer:
-    """The scorer of a held-out stream: its fixed windows
-    (:func:`~microgpt_xp.data.eval_windows`); both means are the mean per token."""
+    """The scorer of a held-out stream's fixed windows (both means per token)."""
     tokens, lengths = held_out_rows(tokenizer, text, block, max_tokens)
 
     def scorer(params: Params, runner: runners.Runner) -> tuple[float, float]:
-        summary: ScoreSummary = score_encoded(params, tokens, lengths, runner=runner)
-        return summary.token_mean, summary.token_mean
+        mean = score_encoded(params, tokens, lengths, runner=runner).token_mean
+        return mean, mean
 
     return scorer
 
@@ -503,8 +444,7 @@ def _start(
 
 
 def finite(params: Params) -> bool:
-    """Whether every weight is finite (one reduction in the weights' namespace, read as a
-    bool; ``True`` where it cannot be read)."""
+    """Whether every weight is finite (``True`` where that cannot be read)."""
     xp = params.xp
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -513,17 +453,16 @@ def finite(params: Params) -> bool:
 
 @dataclass
 class _Loop:
-    """The steps of a run on its runner, held-out scoring and checkpoints."""
+    """A run's steps on its runner, its held-out scoring and its checkpoints."""
 
     runner: runners.Runner
     reduction: Reduction
     adam: Adam
-    tokenizer: Tokenizer
     checkpoint: str | Path | None
     checkpoint_every: int
     resumed: bool
     run_info: dict[str, Any]
-    history: dict[str, list[Any]]
+    history: dict[str, list[Any]]  # the history before this run (resumed)
     held_out: Scorer | None
     eval_every: int
     on_eval: Callable[[int, float], None] | None
@@ -534,7 +473,7 @@ class _Loop:
         self, params: Params, state: AdamState, tokens: np.ndarray, lengths: np.ndarray
     ) -> tuple[Params, AdamState, Any]:
         """One Adam step on a host batch: the runner's shards' loss and gradient, added."""
-        total = (len(lengths), int(np.minimum(lengths - 1, params.config.block_size).sum()))
+        total = (len(lengths), int(predicted(lengths, params.config.block_size).sum()))
         loss, flat = self.runner.map(
             weighted_loss_and_grads,
             params,
@@ -564,8 +503,7 @@ class _Loop:
         params, adam = result.params, self.adam
         trim = _xp.compiler(params.backend, self.runner.jit) is None  # else one shape
         bound = DIVERGED * math.log(params.config.vocab_size)
-        block = params.config.block_size
-        done_state = self._completed(result)
+        completed = (result.step, params, adam.state)  # with its evaluation, if one was due
         try:
             with warnings.catch_warnings():  # overflow in a diverging step: reported below
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -590,50 +528,29 @@ class _Loop:
                     adam.advance(new_state)
                     seconds = time.perf_counter() - began
                     result.losses.append(value)
-                    self.history["losses"].append(value)
                     result.params, result.step = params, done
                     due = self.held_out is not None and (
                         done % self.eval_every == 0 or done == steps
                     )
-                    if not due:  # complete: its update and its history
-                        done_state = self._completed(result)
+                    if not due:
+                        completed = (done, params, adam.state)
                     if callback is not None:
                         callback(done, value)
                     if on_step is not None:
-                        predicted = int(np.minimum(lengths - 1, block).sum())
-                        on_step(StepStats(done, value, predicted, seconds))
+                        tokens_predicted = int(predicted(lengths, params.config.block_size).sum())
+                        on_step(StepStats(done, value, tokens_predicted, seconds))
                     if due:
                         self.evaluate(result)
-                        done_state = self._completed(result)  # and its evaluation
-                    cp_every = self.checkpoint_every
-                    if self.checkpoint is not None and cp_every > 0 and done % cp_every == 0:
-                        self.save(params, done)
+                        completed = (done, params, adam.state)
+                    every = self.checkpoint_every
+                    if self.checkpoint is not None and every > 0 and done % every == 0:
+                        self.save(result, done, params)
         except KeyboardInterrupt:
-            if self.checkpoint is not None and done_state[0] > result.start_step:
-                self._go_back(result, done_state)
-                self.save(result.params, result.step)
+            done, params, state = completed
+            if self.checkpoint is not None and done > result.start_step:
+                adam.state, adam.t = state, done
+                self.save(result, done, params)
             raise
-
-    def _completed(self, result: TrainResult) -> tuple[Any, ...]:
-        """What :meth:`_go_back` needs to return to the state of now (the step reached,
-        its weights and optimizer state, the lengths of the lists of its history)."""
-        return result.step, result.params, self.adam.state, [len(x) for x in self._lists(result)]
-
-    def _lists(self, result: TrainResult) -> list[list[Any]]:
-        """The lists a step appends to: the result's and the history's."""
-        return [
-            result.losses,
-            result.val_losses,
-            result.val_token_losses,
-            *self.history.values(),
-        ]
-
-    def _go_back(self, result: TrainResult, state: tuple[Any, ...]) -> None:
-        """Put ``result``, Adam and the history back to a :meth:`_completed` state."""
-        result.step, result.params, self.adam.state, sizes = state
-        self.adam.t = result.step
-        for x, n in zip(self._lists(result), sizes, strict=True):
-            del x[n:]
 
     def evaluate(self, result: TrainResult) -> None:
         """Score the held-out data with the current weights (documents: as ``eval`` does)."""
@@ -641,8 +558,6 @@ class _Loop:
         mean, token_mean = self.held_out(result.params, self.runner)
         result.val_losses.append((result.step, mean))
         result.val_token_losses.append((result.step, token_mean))
-        self.history["val_losses"].append([result.step, mean])
-        self.history["val_token_losses"].append([result.step, token_mean])
         if self.on_eval is not None:
             self.on_eval(result.step, mean)
 
@@ -656,17 +571,28 @@ class _Loop:
             return f"; the checkpoint {str(self.checkpoint)!r} it resumed from is kept"
         return f"; no checkpoint of this run was written to {str(self.checkpoint)!r}"
 
-    def save(self, params: Params, step: int) -> None:
-        """Checkpoint the run after ``step`` steps, unless an update has made a weight
-        non-finite (then :class:`TrainingError`, and the last good checkpoint stays)."""
+    def save(self, result: TrainResult, step: int, params: Params) -> None:
+        """Checkpoint the run after ``step`` steps: ``params``, Adam as it is and the history
+        up to ``step``; :class:`TrainingError` instead for a weight that is not finite."""
         assert self.checkpoint is not None
         if not finite(params):
             raise TrainingError(
                 f"the weights are not finite after step {step}; training stopped{self._kept()}"
             )
-        meta = {"run": self.run_info, "history": self.history}
+        new: dict[str, list[Any]] = {
+            "losses": result.losses[: step - result.start_step],
+            "val_losses": [list(p) for p in result.val_losses if p[0] <= step],
+            "val_token_losses": [list(p) for p in result.val_token_losses if p[0] <= step],
+        }
+        history = {key: self.history[key] + new[key] for key in HISTORY}
+        meta = {"run": self.run_info, "history": history}
         save(
-            self.checkpoint, params, adam=self.adam, step=step, tokenizer=self.tokenizer, meta=meta
+            self.checkpoint,
+            params,
+            adam=self.adam,
+            step=step,
+            tokenizer=result.tokenizer,
+            meta=meta,
         )
         self.saved = True
 
@@ -682,32 +608,34 @@ def weighted_loss_and_grads(
 ) -> tuple[Any, Any]:
     """One shard's task: its loss and flat gradient, each times the shard's share of the
     batch (of its rows for ``"mean"``, of its predicted tokens for ``"token_mean"``), so
-    that the shards' results add up to the batch's; compiled as ``jit`` says.
-
-    Not compiled and on a CPU, the rows are computed in groups of near-equal length, each
-    trimmed to its longest, where that saves more than the extra calls cost
-    (:func:`~microgpt_xp.data.length_groups`, a call costing :data:`CALL_COST` ``/
-    n_embd²`` positions): the same sum, to rounding, with little padding computed. A
-    shard's groups depend on its rows only, so a shard gives the same bits wherever it
-    runs."""
-    cfg = params.config
+    that the shards' results add up to the batch's; compiled as ``jit`` says, else in
+    :func:`row_groups` (a shard's bits depend on its rows only, wherever it runs)."""
     fn: Callable[..., Any] = _LOSS_AND_GRADS[reduction]
-    groups: list[np.ndarray | None] = [None]  # None: all the rows, as they came
-    if _xp.compiler(params.backend, jit) is not None:
+    compiled = _xp.compiler(params.backend, jit) is not None
+    if compiled:
         fn = _xp.compiled(fn, params.backend)
-    elif "cpu" in str(params.device).lower() and len(lengths) > 1:
-        found = length_groups(lengths, cfg.block_size, CALL_COST / cfg.n_embd**2)
-        groups = [None] if len(found) == 1 else list(found)
+    groups = row_groups(params, lengths, compiled)
     parts = []
     for rows in groups:
-        tok, lens = (tokens, lengths) if rows is None else take_batch(tokens, lengths, rows)
+        tok, lens = (tokens, lengths) if len(groups) == 1 else take_batch(tokens, lengths, rows)
         if reduction == "mean":
             weight = len(lens) / total_rows
         else:
-            weight = float(np.minimum(lens - 1, cfg.block_size).sum() / total_tokens)
+            weight = float(predicted(lens, params.config.block_size).sum() / total_tokens)
         loss, flat = fn(params, *to_batch(tok, lens, params.backend, device=params.device))
         parts.append((loss, flat) if weight == 1.0 else (weight * loss, weight * flat))
     return parts[0] if len(parts) == 1 else runners.tree_sum(parts, add_pair)
+
+
+def row_groups(params: Params, lengths: np.ndarray, compiled: bool) -> list[np.ndarray]:
+    """The rows of a shard's batch ``lengths (B,)`` in the groups computed one call each,
+    each trimmed to its longest: :func:`~microgpt_xp.data.length_groups` at
+    :data:`CALL_COST` for eager arrays on a CPU; one group (the batch as it came) where
+    the step is compiled (one shape) or on an accelerator (where calls cost more)."""
+    cfg = params.config
+    if compiled or len(lengths) < 2 or "cpu" not in str(params.device).lower():
+        return [np.arange(len(lengths))]
+    return length_groups(lengths, cfg.block_size, CALL_COST / cfg.n_embd**2)
 
 
 def _flat_loss_and_grads(
@@ -736,8 +664,8 @@ def add_pair(a: tuple[Any, Any], b: tuple[Any, Any]) -> tuple[Any, Any]:
 
 
 def _on(params: Params, x: Any) -> Any:
-    """A shard result on the weights' namespace and device (a runner's workers return
-    their own arrays: NumPy from worker processes and Dask tasks)."""
+    """A shard's result on the weights' namespace and device (workers return their own
+    arrays: NumPy from worker processes and Dask tasks)."""
     if _xp.backend_of(x) == params.backend:
         return x
     return _xp.asarray(_xp.to_numpy(x), params.backend, device=params.device)

@@ -1,18 +1,10 @@
 """First steps as written (issue 33): every ```python block of README.md and
-docs/getting-started.md runs as a script file in a fresh process, and every command line
-there (```console lines ``$ microgpt-xp ...`` / ``$ python ...``, ```bash lines starting
-with ``microgpt-xp`` or ``python``) runs as written, in the page's order.
-
-Commands run in a fresh folder that stands for the checkout: ``examples`` links to the
-repository's, and ``../shared`` to the one beside the repository when it exists, so the
-pages' relative paths mean what they mean from the repository root. ``microgpt-xp`` runs
-as ``sys.executable -m microgpt_xp.cli`` on this checkout (PYTHONPATH). ``pip install``
-parts are left out; a command skips when it needs a package that is not installed (its
-``--backend``, the ONNX export's ``[onnx]`` extra), a ``../shared/`` file that is absent,
-or, for the web page's server, ``npm ci``'s files or a free port 8000.
-
-The extras tables are checked against pyproject.toml's extras, and README's test command
-against CI's."""
+docs/getting-started.md runs as a script, and every ``microgpt-xp``/``python`` command line
+(``$ `` lines of ```console, lines of ```bash) runs as written, in the page's order, in a
+folder that stands for the checkout (``examples`` and ``../shared`` linked). A command skips
+when it needs what is absent (a backend, the ``[onnx]`` extra, a ``../shared/`` file, the
+web page's ``npm ci`` or port 8000); ``pip install`` parts are left out. The extras tables
+and README's test command are checked against pyproject.toml and CI."""
 
 from __future__ import annotations
 
@@ -27,7 +19,6 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -70,6 +61,9 @@ def _python_blocks() -> list[tuple[str, int, str]]:
     return found
 
 
+PYTHON_BLOCKS = _python_blocks()
+
+
 def _commands(page: str) -> list[str]:
     """The page's command lines to run, in order: each ``&&`` part that starts with
     ``microgpt-xp`` or ``python`` and is not a ``pip install``."""
@@ -104,16 +98,13 @@ def _missing(*packages: str) -> str | None:
 
 
 def _report(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    out, err = proc.stdout[-3000:], proc.stderr[-3000:]
+    return f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
 
 
 # -- Python blocks ---------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
-    ("page", "index", "code"),
-    _python_blocks(),
-    ids=[f"{page}-python{i}" for page, i, _ in _python_blocks()],
+    ("page", "index", "code"), PYTHON_BLOCKS, ids=[f"{p}-python{i}" for p, i, _ in PYTHON_BLOCKS]
 )
 def test_python_block_runs_as_a_script(page: str, index: int, code: str, tmp_path: Path) -> None:
     for name in OPTIONAL:
@@ -133,51 +124,38 @@ def test_python_block_runs_as_a_script(page: str, index: int, code: str, tmp_pat
 
 
 def test_the_pages_have_blocks() -> None:
-    """The parser finds what the pages hold (a changed fence style would skip them all)."""
-    assert len([b for b in _python_blocks() if b[0] == "README.md"]) >= 3
+    """The parser finds what the pages hold (a changed fence style would skip them all),
+    the admonition's indented ```bash block included, dedented (its pip lines left out)."""
+    assert len([b for b in PYTHON_BLOCKS if b[0] == "README.md"]) >= 3
     assert "microgpt-xp train" in _commands("README.md")
     assert len(_commands("docs/getting-started.md")) >= 7
+    bodies = [b for lang, b in _fences("docs/getting-started.md") if lang == "bash"]
+    assert any(b.startswith("python -m pip install torch --index-url") for b in bodies)
 
 
 # -- command lines ---------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def run_upto(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], tuple[str, str]]:
+    """``run(page, index)``: the page's commands up to ``index`` run in order, each once, in
+    one folder a page (a later one reads what an earlier one wrote); ``index``'s outcome."""
+    folders: dict[str, Path] = {}
+    done: dict[tuple[str, int], tuple[str, str]] = {}  # -> (outcome, text)
 
-
-@dataclass
-class Session:
-    """One page's commands, run in order in one folder (a later one reads what an earlier
-    one wrote), each at most once."""
-
-    page: str
-    cwd: Path
-    commands: list[str]
-    done: dict[int, tuple[str, str]] = field(default_factory=dict)  # index -> (outcome, text)
-
-    def run_upto(self, index: int) -> tuple[str, str]:
-        for i in range(index + 1):
-            if i not in self.done:
-                self.done[i] = _run_command(self.commands[i], self.cwd)
-        return self.done[index]
-
-
-_SESSIONS: dict[str, Session] = {}
-
-
-@pytest.fixture
-def session_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Session]:
-    """A page's session, made once per test run."""
-
-    def get(page: str) -> Session:
-        if page not in _SESSIONS:
+    def run(page: str, index: int) -> tuple[str, str]:
+        if page not in folders:
             base = tmp_path_factory.mktemp(Path(page).stem)
-            cwd = base / "checkout"
+            folders[page] = cwd = base / "checkout"
             cwd.mkdir()
             (cwd / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
             if SHARED.is_dir():
                 (base / "shared").symlink_to(SHARED, target_is_directory=True)
-            _SESSIONS[page] = Session(page, cwd, _commands(page))
-        return _SESSIONS[page]
+        commands = _commands(page)
+        for i in range(index + 1):
+            if (page, i) not in done:
+                done[page, i] = _run_command(commands[i], folders[page])
+        return done[page, index]
 
-    return get
+    return run
 
 
 def _port_free(port: int) -> bool:
@@ -257,8 +235,7 @@ def _run_command(command: str, cwd: Path) -> tuple[str, str]:
 
 
 def _command_cases() -> list:  # of pytest.param
-    """(page, index, command); a ``--backend torch`` or ``jax`` line is marked ``needs_<it>``
-    so that its library's session runs it too."""
+    """(page, index, command); a ``--backend torch``/``jax`` line is marked ``needs_<it>``."""
     cases = []
     for page in PAGES:
         for i, command in enumerate(_commands(page)):
@@ -271,17 +248,15 @@ def _command_cases() -> list:  # of pytest.param
 
 @pytest.mark.parametrize(("page", "index", "command"), _command_cases())
 def test_command_runs_as_written(
-    page: str, index: int, command: str, session_of: Callable[[str], Session]
+    page: str, index: int, command: str, run_upto: Callable[[str, int], tuple[str, str]]
 ) -> None:
-    outcome, text = session_of(page).run_upto(index)
+    outcome, text = run_upto(page, index)
     if outcome == "skip":
         pytest.skip(f"{command}: {text}")
     assert outcome == "ok", f"{page}: `{command}` failed:\n{text}"
 
 
 # -- what the pages say about installing -----------------------------------------------
-
-
 def _pyproject_extras() -> dict[str, list[str]]:
     try:
         import tomllib
@@ -296,9 +271,8 @@ def _pyproject_extras() -> dict[str, list[str]]:
 
 
 def test_extras_table_matches_pyproject() -> None:
-    """getting-started's extras table names every extra and, for one extra a row, exactly
-    the packages it installs; the torch row says it is the CUDA build and the page gives
-    the CPU index."""
+    """getting-started's extras table names every extra and each one-extra row its packages;
+    the torch row says CUDA and the page gives the CPU index; README's extras exist."""
     extras = _pyproject_extras()
     text = (ROOT / "docs/getting-started.md").read_text("utf-8")
     table = text.split("## Installing extras", 1)[1].split("\n\n", 2)[1]
@@ -319,18 +293,10 @@ def test_extras_table_matches_pyproject() -> None:
 
 
 def test_readme_test_command_is_ci_s() -> None:
-    """README's two commands are the install-and-train and install-and-test lines, and CI
-    runs the second as written."""
+    """README's two commands install and train, install and test; CI runs the second."""
     blocks = [body.strip() for lang, body in _fences("README.md") if lang == "bash"]
     assert blocks[:2] == [
         "python -m pip install . && microgpt-xp train",
         "python -m pip install nox && nox -s tests-numpy",
     ]
     assert blocks[1] in (ROOT / ".ci" / "run").read_text("utf-8")
-
-
-def test_indented_fences_are_found() -> None:
-    """The admonition's indented ```bash block is read, dedented (its pip lines are then
-    left out of the commands)."""
-    bodies = [b for lang, b in _fences("docs/getting-started.md") if lang == "bash"]
-    assert any(b.startswith("python -m pip install torch --index-url") for b in bodies)
