@@ -1,17 +1,20 @@
-"""The one closeness check of the tests, in the spirit of SciPy's ``xp_assert_close``: a
-result must have the expected namespace, dtype and device, and values close to the
-expected ones."""
+"""The tests' shared checks: the one closeness check (in the spirit of SciPy's
+``xp_assert_close``), weights records equal bit for bit, errors naming their argument."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import array_api_compat
 import numpy as np
+import pytest
 import reference
+from conftest import ref_state
 
 # _xp.to_numpy: the host copy of any backend's array, as the fixtures of conftest use it
-from microgpt_xp import Params, _xp
+from microgpt_xp import GPTConfig, Params, _xp
 
 
 def xp_assert_close(
@@ -96,6 +99,24 @@ def state_dict_arrays(params: Params) -> dict[str, Any]:
         field = getattr(params, name)
         out[key] = field[int(layer.removeprefix("layer")), ...] if layer else field
     return out
+
+
+@contextlib.contextmanager
+def raises_about(error: type, param: str | None, match: str | None = None) -> Iterator[Any]:
+    """``pytest.raises(error, match=match)`` whose error also names ``param`` (its ``param``
+    attribute; ``None``: not checked)."""
+    with pytest.raises(error, match=match) as info:
+        yield info
+    if param is not None:
+        assert getattr(info.value, "param", None) == param, f"param of {info.value!r}"
+
+
+def params_on(backend: Any, config: GPTConfig, seed: int, dtype: str = "float64") -> Params:
+    """The reference state dict of ``config`` and ``seed`` as ``Params`` on ``backend``."""
+    state = ref_state(config, seed)
+    return Params.from_state_dict(
+        state, config=config, backend=backend.name, device=backend.device, dtype=dtype
+    )
 
 
 def _host(x: Any) -> Any:
