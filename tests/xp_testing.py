@@ -111,9 +111,10 @@ def raises_about(error: type, param: str | None, match: str | None = None) -> It
         assert getattr(info.value, "param", None) == param, f"param of {info.value!r}"
 
 
-def params_on(backend: Any, config: GPTConfig, seed: int, dtype: str = "float64") -> Params:
-    """The reference state dict of ``config`` and ``seed`` as ``Params`` on ``backend``."""
-    state = ref_state(config, seed)
+def params_on(backend: Any, config: GPTConfig, seed: Any, dtype: str = "float64") -> Params:
+    """The reference state dict of ``config`` and ``seed`` (or the state dict ``seed``) as
+    ``Params`` on ``backend``."""
+    state = ref_state(config, seed) if isinstance(seed, int) else seed
     return Params.from_state_dict(
         state, config=config, backend=backend.name, device=backend.device, dtype=dtype
     )
