@@ -69,7 +69,7 @@ def test_good_inputs_pass_bad_reductions_and_decode_steps_fail(backend: Any) -> 
         decode_step(params, ids, None)  # type: ignore[arg-type]
     with raises_about(TypeError, "tokens", "integer dtype"):
         decode_step(params, backend.asarray([1.0, 2.0], "float64"), KVCache())
-    with raises_about(ValueError, "tokens", r"\[0, 7\)"):
+    with raises_about(ValueError, None if backend.name == "dask" else "tokens", IDS):
         realize(backend, decode_step(params, ints(backend, [1, 7]), KVCache())[0])
 
 
@@ -84,8 +84,10 @@ def _zeros(*shape: int) -> np.ndarray:
 
 
 V, T = ValueError, TypeError
+#: Checks of values, which run when a lazy (Dask) array is computed, by a ValueError with no param.
+IDS, FROM1, FROM2 = r"\[0, 7\)", r"\[1, 4\]", r"\[2, 4\]"
 BAD_BATCHES = [
-    *[(tuple(CALLS), _bad_id(bad), GOOD_LENGTHS, V, "tokens", r"\[0, 7\)") for bad in (7, -1, 100)],
+    *[(tuple(CALLS), _bad_id(bad), GOOD_LENGTHS, V, "tokens", IDS) for bad in (7, -1, 100)],
     *[((call,),
        lambda b, d=dtype: b.asarray(np.array(GOOD_TOKENS) > 2 if d == "bool" else GOOD_TOKENS, d),
        lens, T, "tokens", "integer dtype")
@@ -96,8 +98,8 @@ BAD_BATCHES = [
     (DOCS, _zeros(2, 7), [7, 2], V, "tokens", "length 7 exceeds the model's limit 6"),
     (("forward",), _zeros(2, 0), None, V, "tokens", "at least 1 token"),
     (("loss_and_grads",), _zeros(2, 1), [1, 1], V, "tokens", "at least 2 token"),
-    *[(("forward",), GOOD_TOKENS, bad, V, "lengths", r"\[1, 4\]") for bad in ([0, 2], [5, 2], [4, -1])],
-    *[(DOCS, GOOD_TOKENS, bad, V, "lengths", r"\[2, 4\]") for bad in ([1, 2], [0, 2], [5, 2])],
+    *[(("forward",), GOOD_TOKENS, bad, V, "lengths", FROM1) for bad in ([0, 2], [5, 2], [4, -1])],
+    *[(DOCS, GOOD_TOKENS, bad, V, "lengths", FROM2) for bad in ([1, 2], [0, 2], [5, 2])],
     *[(("forward", "loss_and_grads"), GOOD_TOKENS, np.full(shape, 2), V, "lengths", r"shape \(2,\)")
       for shape in ((3,), (1,), (2, 1))],
     (("forward",), GOOD_TOKENS, lambda b: b.asarray(GOOD_LENGTHS, dtype="float64"), T, "lengths",
@@ -119,8 +121,9 @@ def test_bad_batches(
     arrays = [
         a(backend) if callable(a) else ints(backend, a) for a in (tokens, lengths) if a is not None
     ]
+    lazy = backend.name == "dask" and match in (IDS, FROM1, FROM2)
     for call in calls:
-        with raises_about(error, param, match):
+        with raises_about(error, None if lazy else param, match):
             realize(backend, CALLS[call](params_on(backend), *arrays))
 
 
