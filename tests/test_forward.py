@@ -16,7 +16,7 @@ from conftest import SPEC_SHAPES, ref_state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from xp_testing import assert_params_equal, params_on, xp_assert_close
+from xp_testing import CONFIGS, assert_params_equal, params_on, xp_assert_close
 
 from microgpt_xp import GPTConfig, KVCache, Params, decode_step, forward, init_params
 from microgpt_xp.model import decode_hidden
@@ -32,12 +32,6 @@ RTOL = {"float64": 1e-12, "float32": 1e-5}
 
 #: Where host (NumPy) params live, in the shape of the ``backend`` fixture.
 HOST = SimpleNamespace(name="numpy", device=None)
-
-CONFIGS = {
-    "default": GPTConfig(vocab_size=27),
-    "two_layers": GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8),
-    "three_heads": GPTConfig(vocab_size=7, n_layer=1, n_embd=12, n_head=3, block_size=5),
-}
 
 
 @functools.cache
@@ -117,13 +111,9 @@ def test_forward_matches_reference_random_batches(
 # each new position is a new shape, which eager JAX compiles afresh: keep the grid small
 @pytest.mark.parametrize(
     ("config_name", "dtype"),
-    [
-        ("default", "float64"),
-        ("two_layers", "float64"),
-        ("two_layers", "float32"),
-        ("three_heads", "float64"),
-    ],
-)
+    [("default", "float64"), ("two_layers", "float64"), ("two_layers", "float32"),
+     ("three_heads", "float64")],
+)  # fmt: skip
 def test_decode_step_matches_forward(backend: Any, config_name: str, dtype: str) -> None:
     config = CONFIGS[config_name]
     params = params_on(backend, config, 5, dtype)

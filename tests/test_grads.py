@@ -13,7 +13,7 @@ import pytest
 import reference
 from array_api_extra.testing import lazy_xp_function
 from conftest import ref_state
-from xp_testing import params_on, state_dict_arrays, xp_assert_close
+from xp_testing import CONFIGS, params_on, state_dict_arrays, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, loss_and_grads, score
 from microgpt_xp import layers as L
@@ -29,11 +29,6 @@ FD_RTOL = 1e-6
 REF_RTOL = 1e-12
 #: Step of the central differences (O(h²) truncation, O(eps/h) rounding: both << FD_RTOL).
 H = 1e-6
-
-CONFIGS = {
-    "default": GPTConfig(vocab_size=27),
-    "two_layers": GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8),
-}
 
 
 def check_directional(
@@ -140,11 +135,8 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.
 def test_attend_block(backend: Any, tq: int, tk: int, causal: bool) -> None:
     rng = np.random.default_rng(4)
     b, h, d = 2, 3, 4
-    inputs = {
-        "q": 1.5 * rng.standard_normal((b, h, tq, d)),
-        "k": 1.5 * rng.standard_normal((b, h, tk, d)),
-        "v": rng.standard_normal((b, h, tk, d)),
-    }
+    shapes = {"q": (1.5, tq), "k": (1.5, tk), "v": (1.0, tk)}
+    inputs = {n: s * rng.standard_normal((b, h, t, d)) for n, (s, t) in shapes.items()}
     pos = backend.asarray(np.arange(tq), "int64")
 
     def run(q: Any, k: Any, v: Any) -> tuple[Any, Any]:

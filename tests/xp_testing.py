@@ -16,6 +16,13 @@ from conftest import ref_state
 # _xp.to_numpy: the host copy of any backend's array, as the fixtures of conftest use it
 from microgpt_xp import GPTConfig, Params, _xp
 
+#: The models of the oracle comparisons: the spec's, two layers, three heads.
+CONFIGS = {
+    "default": GPTConfig(vocab_size=27),
+    "two_layers": GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8),
+    "three_heads": GPTConfig(vocab_size=7, n_layer=1, n_embd=12, n_head=3, block_size=5),
+}
+
 
 def xp_assert_close(
     actual: Any,
