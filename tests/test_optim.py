@@ -153,8 +153,7 @@ def get_lr(it: int, lr: float, warmup: int, steps: int, min_lr: float, cosine: b
 def test_schedule(backend: Any, warmup: int, decay: str, min_lr: float) -> None:
     """``lr_at`` is nanoGPT's ``get_lr``; ``adam_update`` and ``Adam.step`` on the namespace
     move every weight by it (a constant gradient: m̂/√v̂ = 1 up to rounding and eps)."""
-    sched = {"lr": 0.01, "num_steps": 8, "grad_clip": 20.0, "warmup": warmup, "decay": decay,
-             "min_lr": min_lr}  # fmt: skip
+    sched = dict(lr=0.01, num_steps=8, grad_clip=20.0, warmup=warmup, decay=decay, min_lr=min_lr)
     want = [get_lr(t, 0.01, warmup, 8, min_lr, decay == "cosine") for t in range(8)]
     hp = AdamConfig(**sched)
     params = init_params(CONFIG, backend=backend.name, device=backend.device, dtype="float64")

@@ -16,6 +16,7 @@ from xp_testing import xp_assert_close
 
 from microgpt_xp import _xp
 from microgpt_xp import primitives as P
+from microgpt_xp.primitives import _numpy
 
 #: Norm-wise relative error allowed between an override and the generic code.
 RTOL = {"float64": 1e-12, "float32": 1e-5}
@@ -160,8 +161,6 @@ def test_override_equals_the_generic_code(module: str, name: str, dtype: str) ->
 
 
 def test_the_predicate_picks_one_module_per_array_type() -> None:
-    from microgpt_xp.primitives import _numpy
-
     class Sub(np.ndarray):
         pass
 
@@ -173,24 +172,9 @@ def test_the_predicate_picks_one_module_per_array_type() -> None:
     assert P.native_module(strict.asarray([1.0])) is None  # the generic code
 
 
-def test_numpy_attention_mask_is_a_read_only_constant() -> None:
-    from microgpt_xp.primitives import _numpy
-
-    mask = _numpy._key_query_bias(2, 3, 4, np.dtype("float32"))
-    assert mask is _numpy._key_query_bias(2, 3, 4, np.dtype("float32"))  # built once
-    assert not mask.flags.writeable
-    with pytest.raises(ValueError):
-        mask[0, 0, 0] = 1.0
-    # (H, Tk, B*Tq): -inf where the key comes after the query
-    key_query = mask.reshape(2, 3, 4, 3)[1, :, 2, :]
-    assert np.array_equal(np.isinf(key_query), np.triu(np.ones((3, 3), bool), k=1).T)
-
-
 def test_numpy_attention_of_a_big_batch_keeps_no_full_size_mask() -> None:
     """Above the cache's size the (T, T) mask is broadcast: nothing the size of the
     scores stays pinned in the cache, and the results are the generic code's."""
-    from microgpt_xp.primitives import _numpy
-
     b, t, c, h = 1100, 16, 16, 4  # scores of 4.5 MB in float32: over the 4 MiB cap
     rng = np.random.default_rng(0)
     qkv = rng.standard_normal((b, t, 3 * c)).astype(np.float32)
@@ -206,16 +190,22 @@ def test_numpy_attention_of_a_big_batch_keeps_no_full_size_mask() -> None:
 
 
 def test_numpy_constants_are_cached_and_read_only() -> None:
-    from microgpt_xp.primitives import _numpy
-
+    """``arange``, the ones, the positions and the attention mask: built once, read-only."""
     x = np.ones((5, 3), np.float32)
     assert P.arange(4, x) is P.arange(4, x)
     assert P.arange(4, x, dtype=np.int32).dtype == np.int32
     np.testing.assert_array_equal(P.arange(4, x), np.arange(4))
     ones = _numpy._ones(3, 2, np.dtype("float32"))
     assert ones is _numpy._ones(3, 2, np.dtype("float32"))
-    for const in (P.arange(4, x), ones, P.positions(np.zeros((2, 6), np.int64))):
+    mask = _numpy._key_query_bias(2, 3, 4, np.dtype("float32"))
+    assert mask is _numpy._key_query_bias(2, 3, 4, np.dtype("float32"))
+    for const in (P.arange(4, x), ones, P.positions(np.zeros((2, 6), np.int64)), mask):
         assert not const.flags.writeable
+    with pytest.raises(ValueError):
+        mask[0, 0, 0] = 1.0
+    # (H, Tk, B*Tq): -inf where the key comes after the query
+    key_query = mask.reshape(2, 3, 4, 3)[1, :, 2, :]
+    assert np.array_equal(np.isinf(key_query), np.triu(np.ones((3, 3), bool), k=1).T)
     np.testing.assert_array_equal(P.sum_last(x), np.full((5, 1), 3.0, np.float32))
 
 

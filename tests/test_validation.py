@@ -26,6 +26,9 @@ GOOD_TOKENS = [[1, 2, 3, 0], [4, 5, 6, 6]]
 GOOD_LENGTHS = [4, 2]
 CALLS: dict[str, Any] = {"forward": forward, "loss_and_grads": loss_and_grads, "score": score}
 DOCS = ("loss_and_grads", "score")  # the calls whose rows are documents (targets included)
+V, T = ValueError, TypeError
+#: Checks of values, which run when a lazy (Dask) array is computed, by a ValueError with no param.
+IDS, FROM1, FROM2 = r"\[0, 7\)", r"\[1, 4\]", r"\[2, 4\]"
 
 
 def realize(backend: Any, out: Any) -> Any:
@@ -83,9 +86,6 @@ def _zeros(*shape: int) -> np.ndarray:
     return np.zeros(shape, dtype=np.int64)
 
 
-V, T = ValueError, TypeError
-#: Checks of values, which run when a lazy (Dask) array is computed, by a ValueError with no param.
-IDS, FROM1, FROM2 = r"\[0, 7\)", r"\[1, 4\]", r"\[2, 4\]"
 BAD_BATCHES = [
     *[(tuple(CALLS), _bad_id(bad), GOOD_LENGTHS, V, "tokens", IDS) for bad in (7, -1, 100)],
     *[((call,),
