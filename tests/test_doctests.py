@@ -23,19 +23,15 @@ OPTIONAL = ("torch", "jax", "cupy", "dask", "distributed", "array_api_strict", "
             "marray", "ndonnx")  # fmt: skip
 
 
-def _modules() -> list[str]:
-    found = pkgutil.walk_packages(microgpt_xp.__path__, prefix="microgpt_xp.")
-    # importing a __main__ module would run the program
-    return sorted(["microgpt_xp", *(i.name for i in found if not i.name.endswith(".__main__"))])
+_FOUND = pkgutil.walk_packages(microgpt_xp.__path__, prefix="microgpt_xp.")
+# importing a __main__ module would run the program
+MODULES = sorted(["microgpt_xp", *(i.name for i in _FOUND if not i.name.endswith(".__main__"))])
+PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)
 
 
 def _examples_text(page: Path) -> str:
     """The page with its code fences blanked out (line numbers kept): not expected output."""
     return re.sub(r"^[ \t]*(```|~~~).*$", "", page.read_text("utf-8"), flags=re.M)
-
-
-def _pages() -> list[Path]:
-    return sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)
 
 
 def _skip_unless_importable(text: str, where: str) -> None:
@@ -59,7 +55,7 @@ def _run(test: doctest.DocTest) -> doctest.TestResults:
     return runner.summarize(verbose=False)
 
 
-@pytest.mark.parametrize("name", _modules())
+@pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name: str) -> None:
     try:
         module = importlib.import_module(name)
@@ -73,7 +69,7 @@ def test_docstring_examples(name: str) -> None:
         assert failed == 0, f"{failed} of {attempted} examples failed in {test.name}"
 
 
-@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(DOCS)))
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
 def test_documentation_examples(
     page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -96,6 +92,6 @@ def test_the_harness_reports_a_failing_example() -> None:
 def test_the_documentation_has_examples() -> None:
     """The pages hold ``>>>`` examples (so the page tests do not pass vacuously)."""
     parser = doctest.DocTestParser()
-    counts = {p.name: len(parser.get_examples(_examples_text(p))) for p in _pages()}
+    counts = {p.name: len(parser.get_examples(_examples_text(p))) for p in PAGES}
     for page in ("index.md", "model.md", "training.md", "exact.md", "backends.md"):
         assert counts.get(page, 0) > 0, f"docs/{page} has no examples: {counts}"

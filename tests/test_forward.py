@@ -15,7 +15,8 @@ from array_api_extra.testing import lazy_xp_function
 from conftest import SPEC_SHAPES, ref_state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from xp_testing import assert_params_equal, xp_assert_close
+from hypothesis.extra import numpy as hnp
+from xp_testing import CONFIGS, assert_params_equal, params_on, xp_assert_close
 
 from microgpt_xp import GPTConfig, KVCache, Params, decode_step, forward, init_params
 from microgpt_xp.model import decode_hidden
@@ -32,38 +33,13 @@ RTOL = {"float64": 1e-12, "float32": 1e-5}
 #: Where host (NumPy) params live, in the shape of the ``backend`` fixture.
 HOST = SimpleNamespace(name="numpy", device=None)
 
-CONFIGS = {
-    "default": GPTConfig(vocab_size=27),
-    "two_layers": GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8),
-    "three_heads": GPTConfig(vocab_size=7, n_layer=1, n_embd=12, n_head=3, block_size=5),
-}
-
-
-@functools.cache
-def ref_state_rounded(config: GPTConfig, seed: int, dtype: str) -> dict[str, list[list[float]]]:
-    """:func:`ref_state` rounded to ``dtype`` (and back to Python floats)."""
-    return {
-        k: np.asarray(v, dtype=dtype).astype(np.float64).tolist()
-        for k, v in ref_state(config, seed).items()
-    }
-
 
 @functools.cache
 def ref_logits(config: GPTConfig, seed: int, dtype: str, tokens: tuple[int, ...]) -> np.ndarray:
-    """The oracle's logits ``(len(tokens), V)`` for one sequence."""
-    sd = ref_state_rounded(config, seed, dtype)
+    """The oracle's logits ``(len(tokens), V)`` for one sequence, weights rounded to ``dtype``."""
+    state = ref_state(config, seed)
+    sd = {k: np.asarray(v, dtype=dtype).astype(np.float64).tolist() for k, v in state.items()}
     return np.asarray(reference.gpt_logits(sd, list(tokens), n_head=config.n_head))
-
-
-def params_on(backend: Any, config: GPTConfig, seed: int, dtype: str) -> Params:
-    """The reference state dict loaded onto ``backend`` in ``dtype``."""
-    return Params.from_state_dict(
-        ref_state(config, seed),
-        config=config,
-        backend=backend.name,
-        device=backend.device,
-        dtype=dtype,
-    )
 
 
 def random_batch(
@@ -86,10 +62,8 @@ def assert_rows_match_reference(
     logits: Any, params: Params, tokens: np.ndarray, lengths: np.ndarray, seed: int, dtype: str
 ) -> None:
     """The real positions of each row of ``logits`` equal the oracle's logits of that row."""
-    for row in range(tokens.shape[0]):
-        n = int(lengths[row])
-        ids = tuple(int(i) for i in tokens[row, :n])
-        want = ref_logits(params.config, seed, dtype, ids)
+    for row, n in enumerate(lengths.tolist()):
+        want = ref_logits(params.config, seed, dtype, tuple(int(i) for i in tokens[row, :n]))
         what = f"row {row}"
         xp_assert_close(logits[row, :n, :], want, rtol=RTOL[dtype], like=params.wte, what=what)
 
@@ -98,36 +72,23 @@ def assert_rows_match_reference(
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 def test_forward_matches_reference(backend: Any, config_name: str, dtype: str) -> None:
+    """Padded rows, and (without ``lengths``) rows of the full ``block_size``."""
     config = CONFIGS[config_name]
-    seed = 7
-    params = params_on(backend, config, seed, dtype)
-    rng = np.random.default_rng(1)
-    tokens, lengths = random_batch(rng, config, b=5, width=config.block_size)
+    params = params_on(backend, config, 7, dtype)
+    tokens, lengths = random_batch(np.random.default_rng(1), config, b=5, width=config.block_size)
     logits = forward(params, *to_backend(backend, tokens, lengths))
     assert tuple(logits.shape) == (5, config.block_size, config.vocab_size)
-    assert_rows_match_reference(logits, params, tokens, lengths, seed, dtype)
-
-
-def test_forward_default_lengths_are_full(backend: Any) -> None:
-    """Without ``lengths`` every position is real (rows of the full ``block_size``)."""
-    config = CONFIGS["default"]
-    params = params_on(backend, config, 3, "float64")
-    tokens = np.random.default_rng(2).integers(0, config.vocab_size, size=(3, config.block_size))
-    logits = forward(params, backend.asarray(tokens, dtype="int64"))
-    full = np.full(3, config.block_size)
-    assert_rows_match_reference(logits, params, tokens, full, 3, "float64")
+    assert_rows_match_reference(logits, params, tokens, lengths, 7, dtype)
+    full = forward(params, backend.asarray(tokens, dtype="int64"))
+    assert_rows_match_reference(full, params, tokens, np.full(5, config.block_size), 7, dtype)
 
 
 @st.composite
 def token_batches(draw: Any, config: GPTConfig) -> tuple[np.ndarray, np.ndarray]:
-    b = draw(st.integers(1, 3))
-    width = draw(st.integers(1, config.block_size))
+    b, width = draw(st.integers(1, 3)), draw(st.integers(1, config.block_size))
     ids = st.integers(0, config.vocab_size - 1)
-    tokens = np.array(
-        draw(st.lists(st.lists(ids, min_size=width, max_size=width), min_size=b, max_size=b))
-    )
-    lengths = np.array(draw(st.lists(st.integers(1, width), min_size=b, max_size=b)))
-    return tokens, lengths
+    tokens = draw(hnp.arrays(np.int64, (b, width), elements=ids))
+    return tokens, draw(hnp.arrays(np.int64, (b,), elements=st.integers(1, width)))
 
 
 @settings(
@@ -150,13 +111,9 @@ def test_forward_matches_reference_random_batches(
 # each new position is a new shape, which eager JAX compiles afresh: keep the grid small
 @pytest.mark.parametrize(
     ("config_name", "dtype"),
-    [
-        ("default", "float64"),
-        ("two_layers", "float64"),
-        ("two_layers", "float32"),
-        ("three_heads", "float64"),
-    ],
-)
+    [("default", "float64"), ("two_layers", "float64"), ("two_layers", "float32"),
+     ("three_heads", "float64")],
+)  # fmt: skip
 def test_decode_step_matches_forward(backend: Any, config_name: str, dtype: str) -> None:
     config = CONFIGS[config_name]
     params = params_on(backend, config, 5, dtype)
@@ -165,37 +122,25 @@ def test_decode_step_matches_forward(backend: Any, config_name: str, dtype: str)
     tokens, lengths = random_batch(rng, config, b=b, width=t)
     tok, lens = to_backend(backend, tokens, lengths)
     full = backend.to_numpy(forward(params, tok, lens))
+    close = functools.partial(xp_assert_close, rtol=RTOL[dtype], like=params.wte)
     cache = KVCache()
-    h, d = config.n_head, config.head_dim
     for pos in range(t):
         step_logits, cache = decode_step(params, tok[:, pos], cache)
         assert int(backend.to_numpy(cache.pos)) == pos + 1
         assert len(cache.keys) == len(cache.values) == config.n_layer
         for k, v in zip(cache.keys, cache.values, strict=True):
             # fixed-size buffers: every step has the same shapes; the slots past pos are 0
-            assert tuple(k.shape) == tuple(v.shape) == (t, h * d, b)
+            assert tuple(k.shape) == tuple(v.shape) == (t, config.n_embd, b)
             assert not backend.to_numpy(k)[pos + 1 :].any()
             assert not backend.to_numpy(v)[pos + 1 :].any()
         assert tuple(step_logits.shape) == (b, config.vocab_size)
         real = np.flatnonzero(pos < lengths)
         for row in real:
-            xp_assert_close(
-                step_logits[int(row), :],
-                full[row, pos],
-                rtol=RTOL[dtype],
-                like=params.wte,
-                what=f"row {row} position {pos}",
-            )
+            close(step_logits[int(row), :], full[row, pos], what=f"row {row} position {pos}")
         # the oracle feeds tokens one at a time, as decode_step does: check it directly too
-        for row in real[:1]:
-            expected = ref_logits(config, 5, dtype, tuple(int(i) for i in tokens[row, : pos + 1]))
-            xp_assert_close(
-                step_logits[int(row), :],
-                expected[pos],
-                rtol=RTOL[dtype],
-                like=params.wte,
-                what=f"row {row} pos {pos} against the oracle",
-            )
+        row = int(real[0])
+        expected = ref_logits(config, 5, dtype, tuple(int(i) for i in tokens[row, : pos + 1]))
+        close(step_logits[row, :], expected[pos], what=f"row {row} pos {pos}, the oracle")
 
 
 def test_the_in_place_cache_write_equals_the_functional_one(backend: Any) -> None:
@@ -241,36 +186,29 @@ def test_padding_does_not_leak(backend: Any) -> None:
     pad = rng.integers(0, config.vocab_size, size=(4, config.block_size - 10))
     wide_tokens = np.concatenate([tokens, pad], axis=1)
     wide = forward(params, *to_backend(backend, wide_tokens, lengths))
-    for row in range(4):
-        n = int(lengths[row])
-        xp_assert_close(  # the real positions (the first n): bitwise the same
-            changed[row, :n, :], base[row, :n], rtol=0, like=params.wte, what=f"changed row {row}"
-        )
-        for name, logits in (("narrow", narrow), ("wide", wide)):
-            got, what = logits[row, :n, :], f"{name} row {row}"
-            xp_assert_close(got, base[row, :n], rtol=RTOL["float64"], like=params.wte, what=what)
+    close = functools.partial(xp_assert_close, like=params.wte)
+    for row, n in enumerate(lengths.tolist()):
+        # the real positions (the first n): bitwise the same with other padding
+        close(changed[row, :n, :], base[row, :n], rtol=0, what=f"changed row {row}")
+        close(narrow[row, :n, :], base[row, :n], rtol=RTOL["float64"], what=f"narrow row {row}")
+        close(wide[row, :n, :], base[row, :n], rtol=RTOL["float64"], what=f"wide row {row}")
 
 
 def test_batch_order_does_not_matter(backend: Any) -> None:
+    """A permuted batch, and a row alone, give each row the logits it has in the batch."""
     config = CONFIGS["two_layers"]
     params = params_on(backend, config, 13, "float64")
+    close = functools.partial(xp_assert_close, rtol=RTOL["float64"], like=params.wte)
     rng = np.random.default_rng(5)
     tokens, lengths = random_batch(rng, config, b=6, width=config.block_size)
     perm = rng.permutation(6)
     base = backend.to_numpy(forward(params, *to_backend(backend, tokens, lengths)))
     permuted = forward(params, *to_backend(backend, tokens[perm], lengths[perm]))
-    for i, row in enumerate(perm):
-        n = int(lengths[row])
-        got = permuted[i, :n, :]
-        xp_assert_close(
-            got, base[row, :n], rtol=RTOL["float64"], like=params.wte, what=f"row {row}"
-        )
-    # and a row alone gives the logits it has inside the batch
+    n = lengths.tolist()
+    for i, row in enumerate(perm.tolist()):
+        close(permuted[i, : n[row], :], base[row, : n[row]], what=f"row {row}")
     alone = forward(params, *to_backend(backend, tokens[2:3], lengths[2:3]))
-    n = int(lengths[2])
-    xp_assert_close(
-        alone[0, :n, :], base[2, :n], rtol=RTOL["float64"], like=params.wte, what="row 2 alone"
-    )
+    close(alone[0, : n[2], :], base[2, : n[2]], what="row 2 alone")
 
 
 # -- the weights record --------------------------------------------------------------------------
@@ -282,10 +220,8 @@ def test_init_params_deterministic_and_backend_independent(backend: Any) -> None
         assert p.backend == on.name
         return p.to_state_dict()
 
-    first, again = init(3, "float64"), init(3, "float64")
-    on_numpy = init(3, "float64", on=HOST)
-    other_seed = init(4, "float64")
-    single = init(3, "float32")
+    first, again, on_numpy = init(3, "float64"), init(3, "float64"), init(3, "float64", on=HOST)
+    other_seed, single = init(4, "float64"), init(3, "float32")
     assert list(first) == reference.state_dict_keys(config.n_layer)
     for key in first:
         np.testing.assert_array_equal(first[key], again[key], err_msg=key)
@@ -304,9 +240,7 @@ def test_spec_model_layout() -> None:
     """The spec's model: 4192 weights in the original's keys, order and shapes (§4)."""
     config = GPTConfig(vocab_size=27)
     sd = init_params(config, seed=0, dtype="float64").to_state_dict()
-    expected = SPEC_SHAPES
-    assert list(sd) == list(expected)
-    assert {k: v.shape for k, v in sd.items()} == expected
+    assert [(k, v.shape) for k, v in sd.items()] == list(SPEC_SHAPES.items())
     assert sum(v.size for v in sd.values()) == config.num_params == 4192
 
 
@@ -332,32 +266,25 @@ def test_state_dict_round_trip(backend: Any, dtype: str) -> None:
 
 
 def test_params_to_round_trip(backend: Any) -> None:
+    """Params.to another backend and back, and to float32 on the backend and its device
+    (found when the comparison started to check devices: it copied to the default device)."""
     config = CONFIGS["default"]
     host = params_on(HOST, config, 2, "float64")
     moved = host.to(backend.name, device=backend.device)
-    assert moved.backend == backend.name
-    assert moved.config == config
+    assert (moved.backend, moved.config) == (backend.name, config)
     back = moved.to("numpy")
     assert back.backend == "numpy"
     assert_params_equal(back, host)
+    single = moved.to(dtype="float32")
+    assert single.backend == backend.name
+    assert str(single.dtype).split(".")[-1] == "float32"
     for name, a in host.arrays().items():
         # the expected arrays are put on the backend by the fixture, not by Params.to
         xp_assert_close(getattr(moved, name), backend.asarray(a), rtol=0, what=name)
+        want = backend.asarray(a, dtype="float32")
+        xp_assert_close(getattr(single, name), want, rtol=0, what=f"{name} in float32")
     # the logits do not depend on where the weights live
     tokens = np.random.default_rng(6).integers(0, config.vocab_size, size=(2, 5))
     on_backend = forward(moved, backend.asarray(tokens, dtype="int64"))
     on_host = forward(host, tokens)
     xp_assert_close(on_backend, on_host, rtol=RTOL["float64"], like=moved.wte, what="logits")
-
-
-def test_params_to_another_dtype_stays_on_its_backend_and_device(backend: Any) -> None:
-    # found when the comparison started to check devices: Params.to(dtype=...) copied
-    # through _xp.asarray(..., device=None), the namespace's default device
-    host = params_on(HOST, CONFIGS["default"], 2, "float64")
-    moved = host.to(backend.name, device=backend.device)
-    single = moved.to(dtype="float32")
-    assert single.backend == backend.name
-    assert str(single.dtype).split(".")[-1] == "float32"
-    for name, a in host.arrays().items():
-        want = backend.asarray(a, dtype="float32")
-        xp_assert_close(getattr(single, name), want, rtol=0, what=f"{name} in float32")

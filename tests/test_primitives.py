@@ -16,12 +16,18 @@ from xp_testing import xp_assert_close
 
 from microgpt_xp import _xp
 from microgpt_xp import primitives as P
+from microgpt_xp.primitives import _numpy
 
 #: Norm-wise relative error allowed between an override and the generic code.
 RTOL = {"float64": 1e-12, "float32": 1e-5}
 
 #: ``(B, T, C, H)`` of the attention cases: the default model, odd sizes, one of everything.
 ATTENTION_SHAPES = [(64, 16, 16, 4), (3, 7, 12, 3), (2, 5, 6, 2), (1, 1, 4, 1), (2, 64, 128, 4)]
+
+#: The primitives with a backward, each fed its forward's cache.
+BACKWARD = {
+    n: f"{n}_backward" for n in ("relu", "causal_attention", "cross_entropy", "head_cross_entropy")
+}
 
 #: The override modules and the library each needs.
 MODULES = {"_numpy": "numpy", "_torch": "torch", "_jax": "jax", "_dask": "dask", "_cupy": "cupy"}
@@ -39,68 +45,37 @@ def _ids(shape: tuple[int, ...], high: int, seed: int) -> np.ndarray:
     return _rng(seed, high).integers(0, high, shape)
 
 
-# Each case: (function name, dtype) -> list of (args built from host arrays, backward inputs).
-# Host NumPy arrays are moved to the library under test; ints and dtypes pass as they are.
-def _cases(name: str, dtype: str) -> list[tuple[tuple[Any, ...], tuple[Any, ...] | None]]:
+def _cases(dtype: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Each primitive's argument lists: host NumPy arrays (moved to the library under test),
+    ints and ``"DTYPE"`` (the library's ``dtype``); a backward is fed its forward's cache."""
     f = lambda *shape, seed=0, scale=1.0: _floats(shape, dtype, seed, scale)  # noqa: E731
-    if name == "sum_last":
-        return [((f(5, 7, 16),), None), ((f(4, 16),), None), ((f(16),), None)]
-    if name == "linear":
-        return [((f(3, 5, 16), f(48, 16, seed=1)), None), ((f(7, 16), f(27, 16, seed=1)), None)]
-    if name == "linear_input_grad":
-        return [((f(3, 5, 48), f(48, 16, seed=1)), None)]
-    if name == "weight_grad":
-        return [((f(3, 5, 48), f(3, 5, 16, seed=1)), None), ((f(3, 5, 8), f(3, 5, 16)), None)]
-    if name == "cumulative_sum0":
-        return [((f(27, 9),), None), ((f(1, 3),), None)]
-    if name == "one_hot":
-        return [
-            ((_ids((4, 5), 7, 0), 7, "DTYPE"), None),
-            ((_ids((96,), 7, 1), 7, "DTYPE"), None),
-            ((_ids((0,), 7, 2), 7, "DTYPE"), None),
-        ]
-    if name == "positions":
-        return [
-            ((_ids((3, 7), 5, 0),), None),
-            ((_ids((1, 1), 5, 0),), None),
-            ((f(2, 3, 9), -1), None),
-        ]
-    if name == "arange":
-        return [((9, f(2, 3)), None)]
-    if name == "full":
-        return [(((4, 3), 0.0, f(2, 3)), None)]
-    if name == "scatter_add_rows":
-        return [((_ids((20,), 27, 3), f(20, 16), 27), None)]
-    if name == "merge_heads":
-        return [((f(2, 4, 5, 3), 4), None)]
-    if name == "relu":
-        x = f(64, 48)
-        x[0, :4] = 0.0  # the derivative at 0 is 0
-        return [((x,), (f(64, 48, seed=1),))]
-    if name == "causal_attention":
-        return [
-            ((f(b, t, 3 * c, scale=1.5), h, c // h), (f(b, t, c, seed=1),))
-            for b, t, c, h in ATTENTION_SHAPES
-        ]
-    if name == "cross_entropy":
-        valid = (_rng(4).random((5, 7)) > 0.2).astype(dtype)
-        logits, targets = f(5, 7, 27, scale=5.0), _ids((5, 7), 27, 4)
-        back = (f(5, 7, seed=2),)
-        return [((logits, targets, valid), back), ((logits, targets, None), back)]
-    if name == "head_cross_entropy":
-        valid = (_rng(5).random((4, 6)) > 0.2).astype(dtype)
-        x, w, targets = f(4, 6, 16), f(27, 16, seed=1, scale=3.0), _ids((4, 6), 27, 5)
-        back = (f(4, 6, seed=2),)
-        return [((x, w, targets, valid), back), ((x, w, targets, None), back)]
-    raise KeyError(name)
-
-
-BACKWARD = {
-    "relu": "relu_backward",
-    "causal_attention": "causal_attention_backward",
-    "cross_entropy": "cross_entropy_backward",
-    "head_cross_entropy": "head_cross_entropy_backward",
-}
+    relu_x = f(64, 48)
+    relu_x[0, :4] = 0.0  # the derivative at 0 is 0
+    ce_valid = (_rng(4).random((5, 7)) > 0.2).astype(dtype)
+    ce = (f(5, 7, 27, scale=5.0), _ids((5, 7), 27, 4))
+    head_valid = (_rng(5).random((4, 6)) > 0.2).astype(dtype)
+    head = (f(4, 6, 16), f(27, 16, seed=1, scale=3.0), _ids((4, 6), 27, 5))
+    return {
+        "sum_last": [(f(5, 7, 16),), (f(4, 16),), (f(16),)],
+        "linear": [(f(3, 5, 16), f(48, 16, seed=1)), (f(7, 16), f(27, 16, seed=1))],
+        "linear_input_grad": [(f(3, 5, 48), f(48, 16, seed=1))],
+        "weight_grad": [(f(3, 5, 48), f(3, 5, 16, seed=1)), (f(3, 5, 8), f(3, 5, 16))],
+        "cumulative_sum0": [(f(27, 9),), (f(1, 3),)],
+        "one_hot": [
+            (_ids(shape, 7, seed), 7, "DTYPE") for seed, shape in enumerate([(4, 5), (96,), (0,)])
+        ],
+        "positions": [(_ids((3, 7), 5, 0),), (_ids((1, 1), 5, 0),), (f(2, 3, 9), -1)],
+        "arange": [(9, f(2, 3))],
+        "full": [((4, 3), 0.0, f(2, 3))],
+        "scatter_add_rows": [(_ids((20,), 27, 3), f(20, 16), 27)],
+        "merge_heads": [(f(2, 4, 5, 3), 4)],
+        "relu": [(relu_x,)],
+        "causal_attention": [
+            (f(b, t, 3 * c, scale=1.5), h, c // h) for b, t, c, h in ATTENTION_SHAPES
+        ],
+        "cross_entropy": [(*ce, ce_valid), (*ce, None)],
+        "head_cross_entropy": [(*head, head_valid), (*head, None)],
+    }
 
 
 def _overrides(module: str) -> list[str]:
@@ -111,40 +86,24 @@ def _overrides(module: str) -> list[str]:
 
 def _library(module: str) -> tuple[Callable[[Any], Any], Any]:
     """``(to_library, library_dtype_of)`` for the library of an override module."""
-    lib = MODULES[module]
-    pytest.importorskip(lib)
-    if lib == "numpy":
+    lib = pytest.importorskip(MODULES[module])
+    if module == "_numpy":
         return (lambda a: a), np.dtype
-    if lib == "torch":
-        import torch
-
-        return torch.from_numpy, lambda name: getattr(torch, name)
-    if lib == "jax":
-        _xp.namespace("jax")  # x64 mode
-        import jax.numpy as jnp
-
+    if module == "_torch":
+        return lib.from_numpy, lambda name: getattr(lib, name)
+    if module == "_jax":
+        jnp = _xp.namespace("jax")  # x64 mode
         return jnp.asarray, lambda name: getattr(jnp, name)
-    if lib == "dask":
+    if module == "_dask":
         import dask.array as da
 
         return (lambda a: da.from_array(a, chunks=-1)), np.dtype
-    import cupy
-
-    return cupy.asarray, cupy.dtype
+    return lib.asarray, lib.dtype
 
 
-def _convert(
-    args: tuple[Any, ...], to_lib: Callable[[Any], Any], dtype_of: Any, dtype: str
-) -> list[Any]:
-    out: list[Any] = []
-    for a in args:
-        if isinstance(a, np.ndarray):
-            out.append(to_lib(a))
-        elif a == "DTYPE":
-            out.append(dtype_of(dtype))
-        else:
-            out.append(a)
-    return out
+def _convert(args: tuple[Any, ...], to_lib: Callable[[Any], Any], dtype: Any) -> list[Any]:
+    """Host arrays moved by ``to_lib``, ``"DTYPE"`` replaced by ``dtype``, the rest as is."""
+    return [to_lib(a) if isinstance(a, np.ndarray) else dtype if a == "DTYPE" else a for a in args]
 
 
 def _host(x: Any) -> np.ndarray:
@@ -166,15 +125,14 @@ def assert_same(actual: Any, desired: Any, dtype: str, what: str) -> None:
 CASES = [
     (module, name)
     for module in MODULES
-    for name in (
-        _overrides(module) if importlib.util.find_spec(MODULES[module]) is not None else []
-    )
+    if importlib.util.find_spec(MODULES[module]) is not None
+    for name in _overrides(module)
 ]
 
 
 def test_every_override_has_a_case() -> None:
     for module, name in CASES:
-        assert _cases(name, "float64"), f"{module}.{name} has no case"
+        assert _cases("float64").get(name), f"{module}.{name} has no case"
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -184,30 +142,25 @@ def test_override_equals_the_generic_code(module: str, name: str, dtype: str) ->
     gives the generic body's results; so does its backward, each fed its own cache."""
     to_lib, dtype_of = _library(module)
     dispatched = getattr(P, name)
-    generic = dispatched.__wrapped__
     override = getattr(importlib.import_module(f"microgpt_xp.primitives.{module}"), name)
-    for args, back in _cases(name, dtype):
-        inputs = _convert(args, to_lib, dtype_of, dtype)
+    for args in _cases(dtype)[name]:
+        inputs = _convert(args, to_lib, dtype_of(dtype))
         before = [_host(a) for a in inputs if is_array_api_obj(a)]
-        got, direct, want = dispatched(*inputs), override(*inputs), generic(*inputs)
+        got, direct, want = dispatched(*inputs), override(*inputs), dispatched.__wrapped__(*inputs)
         if name in BACKWARD:
             (got, got_cache), (direct, _), (want, want_cache) = got, direct, want
         assert_same(got, direct, dtype, f"{module}.{name} dispatch")
         assert_same(got, want, dtype, f"{module}.{name}")
-        if name in BACKWARD and back is not None:
+        if name in BACKWARD:
             backward = getattr(P, BACKWARD[name])
-            d = _convert(back, to_lib, dtype_of, dtype)
-            got_d = backward(*d, got_cache)
-            assert_same(
-                got_d, backward.__wrapped__(*d, want_cache), dtype, f"{module}.{BACKWARD[name]}"
-            )
+            dy = to_lib(_floats(tuple(want.shape), dtype, 1))
+            want_d = backward.__wrapped__(dy, want_cache)
+            assert_same(backward(dy, got_cache), want_d, dtype, f"{module}.{BACKWARD[name]}")
         after = [_host(a) for a in inputs if is_array_api_obj(a)]
         assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(before, after, strict=True))
 
 
 def test_the_predicate_picks_one_module_per_array_type() -> None:
-    from microgpt_xp.primitives import _numpy
-
     class Sub(np.ndarray):
         pass
 
@@ -219,24 +172,9 @@ def test_the_predicate_picks_one_module_per_array_type() -> None:
     assert P.native_module(strict.asarray([1.0])) is None  # the generic code
 
 
-def test_numpy_attention_mask_is_a_read_only_constant() -> None:
-    from microgpt_xp.primitives import _numpy
-
-    mask = _numpy._key_query_bias(2, 3, 4, np.dtype("float32"))
-    assert mask is _numpy._key_query_bias(2, 3, 4, np.dtype("float32"))  # built once
-    assert not mask.flags.writeable
-    with pytest.raises(ValueError):
-        mask[0, 0, 0] = 1.0
-    # (H, Tk, B*Tq): -inf where the key comes after the query
-    key_query = mask.reshape(2, 3, 4, 3)[1, :, 2, :]
-    assert np.array_equal(np.isinf(key_query), np.triu(np.ones((3, 3), bool), k=1).T)
-
-
 def test_numpy_attention_of_a_big_batch_keeps_no_full_size_mask() -> None:
     """Above the cache's size the (T, T) mask is broadcast: nothing the size of the
     scores stays pinned in the cache, and the results are the generic code's."""
-    from microgpt_xp.primitives import _numpy
-
     b, t, c, h = 1100, 16, 16, 4  # scores of 4.5 MB in float32: over the 4 MiB cap
     rng = np.random.default_rng(0)
     qkv = rng.standard_normal((b, t, 3 * c)).astype(np.float32)
@@ -252,16 +190,22 @@ def test_numpy_attention_of_a_big_batch_keeps_no_full_size_mask() -> None:
 
 
 def test_numpy_constants_are_cached_and_read_only() -> None:
-    from microgpt_xp.primitives import _numpy
-
+    """``arange``, the ones, the positions and the attention mask: built once, read-only."""
     x = np.ones((5, 3), np.float32)
     assert P.arange(4, x) is P.arange(4, x)
     assert P.arange(4, x, dtype=np.int32).dtype == np.int32
     np.testing.assert_array_equal(P.arange(4, x), np.arange(4))
     ones = _numpy._ones(3, 2, np.dtype("float32"))
     assert ones is _numpy._ones(3, 2, np.dtype("float32"))
-    for const in (P.arange(4, x), ones, P.positions(np.zeros((2, 6), np.int64))):
+    mask = _numpy._key_query_bias(2, 3, 4, np.dtype("float32"))
+    assert mask is _numpy._key_query_bias(2, 3, 4, np.dtype("float32"))
+    for const in (P.arange(4, x), ones, P.positions(np.zeros((2, 6), np.int64)), mask):
         assert not const.flags.writeable
+    with pytest.raises(ValueError):
+        mask[0, 0, 0] = 1.0
+    # (H, Tk, B*Tq): -inf where the key comes after the query
+    key_query = mask.reshape(2, 3, 4, 3)[1, :, 2, :]
+    assert np.array_equal(np.isinf(key_query), np.triu(np.ones((3, 3), bool), k=1).T)
     np.testing.assert_array_equal(P.sum_last(x), np.full((5, 1), 3.0, np.float32))
 
 

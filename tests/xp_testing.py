@@ -1,17 +1,27 @@
-"""The one closeness check of the tests, in the spirit of SciPy's ``xp_assert_close``: a
-result must have the expected namespace, dtype and device, and values close to the
-expected ones."""
+"""The tests' shared checks: the one closeness check (in the spirit of SciPy's
+``xp_assert_close``), weights records equal bit for bit, errors naming their argument."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import array_api_compat
 import numpy as np
+import pytest
 import reference
+from conftest import ref_state
 
 # _xp.to_numpy: the host copy of any backend's array, as the fixtures of conftest use it
-from microgpt_xp import Params, _xp
+from microgpt_xp import GPTConfig, Params, _xp
+
+#: The models of the oracle comparisons: the spec's, two layers, three heads.
+CONFIGS = {
+    "default": GPTConfig(vocab_size=27),
+    "two_layers": GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8),
+    "three_heads": GPTConfig(vocab_size=7, n_layer=1, n_embd=12, n_head=3, block_size=5),
+}
 
 
 def xp_assert_close(
@@ -96,6 +106,25 @@ def state_dict_arrays(params: Params) -> dict[str, Any]:
         field = getattr(params, name)
         out[key] = field[int(layer.removeprefix("layer")), ...] if layer else field
     return out
+
+
+@contextlib.contextmanager
+def raises_about(error: type, param: str | None, match: str | None = None) -> Iterator[Any]:
+    """``pytest.raises(error, match=match)`` whose error also names ``param`` (its ``param``
+    attribute; ``None``: not checked)."""
+    with pytest.raises(error, match=match) as info:
+        yield info
+    if param is not None:
+        assert getattr(info.value, "param", None) == param, f"param of {info.value!r}"
+
+
+def params_on(backend: Any, config: GPTConfig, seed: Any, dtype: str = "float64") -> Params:
+    """The reference state dict of ``config`` and ``seed`` (or the state dict ``seed``) as
+    ``Params`` on ``backend``."""
+    state = ref_state(config, seed) if isinstance(seed, int) else seed
+    return Params.from_state_dict(
+        state, config=config, backend=backend.name, device=backend.device, dtype=dtype
+    )
 
 
 def _host(x: Any) -> Any:
