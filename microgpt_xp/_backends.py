@@ -19,7 +19,7 @@ from ._errors import ArgumentValueError
 class Backend:
     """One array library: ``name``, ``namespace`` module, ``install`` line, ``package``;
     ``parse_device``, ``from_host(numpy, device, chunks)``, ``to_host``; ``setup`` after import;
-    ``compile``/``is_traced``; ``lazy``/``persist`` (Dask); chunked: ``attach_check(x, check,
+    ``compile``/``is_traced``; ``lazy``/``persist`` (Dask); chunked: ``attach_check(x, check, param,
     message)``, ``chunk_meta(x)`` (an empty chunk); ``namespace_object`` (generic entries)."""
 
     name: str
@@ -35,7 +35,7 @@ class Backend:
     is_traced: Callable[[Any], bool] | None = None
     lazy: bool = False
     persist: Callable[[list[Any]], list[Any]] | None = None
-    attach_check: Callable[[Any, Callable[[Any], bool], str], Any] | None = None
+    attach_check: Callable[[Any, Callable[[Any], bool], str, str], Any] | None = None
     chunk_meta: Callable[[Any], Any] | None = None
     namespace_object: Any = None
 
@@ -85,10 +85,10 @@ def _cpu_only(name: str) -> Callable[[Any], Any]:
     return parse
 
 
-def _dask_attach_check(x: Any, check: Callable[[Any], bool], message: str) -> Any:
+def _dask_attach_check(x: Any, check: Callable[[Any], bool], param: str, message: str) -> Any:
     def checked(block: Any) -> Any:
         if not check(block):
-            raise ValueError(message)
+            raise ArgumentValueError(param, message)
         return block
 
     return _mod("dask.array").map_blocks(checked, x, dtype=x.dtype, meta=x._meta)

@@ -118,12 +118,14 @@ def _attach_checks(
     tokens = attach(
         tokens,
         lambda blk: bool(((blk >= 0) & (blk < vocab)).all()) if blk.size else True,
+        "tokens",
         f"token ids must lie in [0, {vocab}) (padding included, on lazy arrays)",
     )
     if lengths is not None:
         lengths = attach(
             lengths,
             lambda blk: bool(((blk >= min_length) & (blk <= t)).all()) if blk.size else True,
+            "lengths",
             f"lengths must lie in [{min_length}, {t}] for tokens of shape {(b, t)} (on lazy arrays)",
         )
     return tokens, lengths

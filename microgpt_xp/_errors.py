@@ -11,6 +11,9 @@ class ArgumentValueError(ValueError):
         super().__init__(message)
         self.param = param
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # through pickle (worker processes)
+        return type(self), (self.param, str(self))
+
 
 class ArgumentTypeError(TypeError):
     """A ``TypeError`` about the argument ``param``."""
@@ -18,3 +21,6 @@ class ArgumentTypeError(TypeError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.param, str(self))
