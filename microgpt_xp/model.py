@@ -115,7 +115,8 @@ def forward(params: Params, tokens: Array, lengths: Array | None = None) -> Arra
     return P.linear(x, params.lm_head)
 
 
-def _check_reduction(reduction: str) -> None:
+def check_reduction(reduction: str) -> None:
+    """``ArgumentValueError`` unless ``reduction`` is ``"mean"`` or ``"token_mean"``."""
     if reduction not in ("mean", "token_mean"):
         raise ArgumentValueError(
             "reduction", f"reduction must be 'mean' or 'token_mean', got {reduction!r}"
@@ -163,7 +164,7 @@ def loss_and_grads(
     Raises ``TypeError``/``ValueError`` as :func:`forward` does (on lazy arrays the value
     checks run when the result is computed).
     """
-    _check_reduction(reduction)
+    check_reduction(reduction)
     cfg = params.config
     if check:
         tokens, lengths = check_tokens(

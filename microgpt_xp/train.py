@@ -42,7 +42,7 @@ from .data import (
     take_windows,
     text_windows,
 )
-from .model import Reduction, _check_reduction, loss_and_grads
+from .model import Reduction, check_reduction, loss_and_grads
 from .optim import Adam, AdamConfig, AdamState, adam_config, adam_update
 from .params import Params, flatten, init_params, materialize, unflatten
 from .resources import check_threads, use_threads
@@ -193,7 +193,7 @@ def train(
     _xp.check_dtype(dtype)
     _xp.check_positive_int(steps, "steps")
     _xp.check_positive_int(batch_size, "batch_size", most=_xp.NATIVE_INT_MAX)
-    _check_reduction(reduction)
+    check_reduction(reduction)
     _xp.check_nonnegative_int(seed, "seed")
     for name, value in (
         ("eval_every", eval_every),
