@@ -1,6 +1,6 @@
 """Batched generation through the KV cache, with temperature, top-k and a prompt: batches go
 through ``runner.map`` to the one decode loop :func:`_decode`; with ``length=N`` the same loop
-writes streams of text through a sliding window (:func:`decode_stream`)."""
+writes streams of text through a sliding window."""
 
 from __future__ import annotations
 
@@ -53,17 +53,6 @@ class SampleOptions(TypedDict, total=False):
     jit: bool | None
 
 
-def check_temperature(temperature: Any) -> float:
-    """``temperature`` as a float if it is a finite real number ``> 0`` (not a ``bool``)."""
-    if isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
-        value = float(temperature)
-        if math.isfinite(value) and value > 0:
-            return value
-    raise ArgumentValueError(
-        "temperature", f"temperature must be a positive number, got {temperature!r}"
-    )
-
-
 def iter_sample_tokens(
     params: Params,
     bos: int,
@@ -78,7 +67,7 @@ def iter_sample_tokens(
 
     ``length=N``: ``num_samples`` streams of text instead, one after another in this process
     (no ``workers``, ``chunks`` or other runner), yielded as 1-d int64 pieces: a row's
-    prompt, then its ``N`` drawn ids one at a time (:func:`decode_stream`; row ``r`` draws
+    prompt, then its ``N`` drawn ids one at a time (:func:`_decode`; row ``r`` draws
     with :func:`stream_uniforms`, so its first ``block_size`` ids are document mode's)."""
     unknown = set(options) - set(SampleOptions.__annotations__)
     if unknown:
@@ -89,7 +78,13 @@ def iter_sample_tokens(
         raise ValueError("params hold weights that are not finite (NaN or inf): nothing to sample")
     if not 0 <= bos < cfg.vocab_size:
         raise ArgumentValueError("bos", f"bos id {bos} is outside [0, {cfg.vocab_size})")
-    inv_t = 1.0 / check_temperature(options.get("temperature", 0.5))
+    temperature = options.get("temperature", 0.5)
+    real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
+    if not (real and math.isfinite(float(temperature)) and float(temperature) > 0):
+        raise ArgumentValueError(
+            "temperature", f"temperature must be a positive number, got {temperature!r}"
+        )
+    inv_t = 1.0 / float(temperature)
     seed = options.get("seed", 0)
     _xp.check_nonnegative_int(seed, "seed")
     top_k, chunks = options.get("top_k"), options.get("chunks")
@@ -132,7 +127,8 @@ def iter_sample_tokens(
                 if prompt:
                     yield np.asarray(prompt, dtype=np.int64)
                 u = stream_uniforms(seed, r, cfg.block_size)
-                yield from decode_stream(params, bos, u, inv_t, length, **kw)
+                steps = _decode(params, bos, u, inv_t, prompt, top_k, runner.jit, length=length)
+                yield from (ids for _, _, ids in steps)
         finally:
             runner.close()
 
@@ -233,7 +229,7 @@ def sample(
 ) -> list[str]:
     """``num_samples`` documents (names), each from BOS (and ``prompt``) to the first sampled
     BOS or ``block_size`` tokens (:func:`iter_sample_tokens`); with ``length=N``, streams of
-    text, each ``prompt`` and ``N`` characters (:func:`decode_stream`).
+    text, each ``prompt`` and ``N`` characters.
 
     >>> import microgpt_xp as mx
     >>> tokenizer = mx.Tokenizer("ab")
@@ -298,26 +294,6 @@ def decode_batch(
     return out
 
 
-def decode_stream(
-    params: Params,
-    bos: int,
-    uniforms: Iterator[np.ndarray],
-    inv_temperature: float,
-    length: int,
-    *,
-    prompt: Sequence[int] = (),
-    top_k: int | None = None,
-    jit: bool | None = None,
-) -> Iterator[np.ndarray]:
-    """One stream of text: its ``length`` drawn ids after ``prompt``, each a ``(1,)`` int64
-    host array as soon as drawn, one uniform a step from the ``(1, w)`` chunks of
-    ``uniforms``; its first ``block_size`` ids are :func:`decode_batch`'s. When the cache is
-    full the last ``block_size // 2`` ids are read again from position 0 (no BOS); a drawn
-    BOS is not written, the context starts again from BOS alone."""
-    steps = _decode(params, bos, uniforms, inv_temperature, prompt, top_k, jit, length=length)
-    return (ids for _, _, ids in steps)
-
-
 def _decode(
     params: Params,
     bos: int,
@@ -329,9 +305,14 @@ def _decode(
     early_stop: bool = True,
     length: int | None = None,
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """The one decode loop, ``(step, rows, ids)`` a record: of :func:`decode_batch` (one
-    chunk of uniforms, a step each, the ids of the ``rows`` still in the batch), or of
-    :func:`decode_stream` (``length``: one row, the ids it writes)."""
+    """The one decode loop, ``(step, rows, ids)`` a record. Of :func:`decode_batch`: one
+    chunk of uniforms, a uniform a step, the ids of the ``rows`` still in the batch (an
+    in-place cache drops finished rows once they are a quarter). Of a stream (``length``):
+    one row's ``length`` drawn ids after ``prompt``, ``(1,)`` each as drawn, a uniform a
+    step from the ``(1, w)`` chunks of ``uniforms``, so its first ``block_size`` ids are
+    :func:`decode_batch`'s. When the cache is full the last ``block_size // 2`` ids are
+    read again from position 0 (no BOS); a drawn BOS is not written, the context starts
+    again from BOS alone."""
     xp, backend, dev = params.xp, params.backend, params.device
     compile_fn = _xp.compiler(backend, jit)
     host_u = next(uniforms)
