@@ -206,24 +206,20 @@ def _decode_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Gra
     cfg = params.config
     b = sizes["batch"] or "batch"
     shape = (cfg.block_size, cfg.n_embd, b)
-    layers = range(cfg.n_layer)
+    names = [f"{kind}_{i}" for kind in ("keys", "values") for i in range(cfg.n_layer)]
     token_ids = ndx.argument(shape=(b,), dtype=ndx.int64)
-    keys, values = (
-        {f"{kind}_{i}": ndx.argument(shape=shape, dtype=params.dtype) for i in layers}
-        for kind in ("keys", "values")
-    )
+    bufs = {name: ndx.argument(shape=shape, dtype=params.dtype) for name in names}
     pos = ndx.argument(shape=(), dtype=ndx.int64)
-    cache = KVCache(keys=tuple(keys.values()), values=tuple(values.values()), pos=pos)
-    logits, new = decode_step(params, token_ids, cache)
+    keys, values = list(bufs.values())[: cfg.n_layer], list(bufs.values())[cfg.n_layer :]
+    logits, new = decode_step(params, token_ids, KVCache(tuple(keys), tuple(values), pos))
     outputs = {
         "logits": logits,
-        **{f"new_keys_{i}": new.keys[i] for i in layers},
-        **{f"new_values_{i}": new.values[i] for i in layers},
+        **{f"new_{name}": a for name, a in zip(names, (*new.keys, *new.values), strict=True)},
         "new_pos": new.pos,
     }
     shapes: dict[str, tuple[int | str, ...]] = {name: shape for name in outputs}
     shapes.update({"logits": (b, cfg.vocab_size), "new_pos": ()})
-    return {"token_ids": token_ids, **keys, **values, "pos": pos}, outputs, shapes
+    return {"token_ids": token_ids, **bufs, "pos": pos}, outputs, shapes
 
 
 def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Graph:

@@ -34,6 +34,12 @@ def session(model: Any) -> Any:
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
+def run(sess: Any, feed: dict[str, Any]) -> dict[str, Any]:
+    """``sess``'s outputs on ``feed``, by name."""
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, feed), strict=True))
+
+
 def name_batches(sizes: Sequence[int], block_size: int, seed: int) -> list[tuple[Any, Any]]:
     """Batches ``(tokens, lengths)`` of the default names, one of each size in ``sizes``:
     rows ``BOS, name, BOS`` cut at ``block_size + 1``, padded with 0 to the longest."""

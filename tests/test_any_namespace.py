@@ -28,12 +28,10 @@ def _namespace(name: str) -> Any:
     return marray.masked_namespace(np)  # a new namespace object at every call
 
 
-def _selected() -> list[str]:
-    env = os.environ.get("MICROGPT_XP_FOREIGN", "").strip()
-    return [n.strip() for n in env.split(",") if n.strip()] if env else ["ndonnx", "marray"]
+SELECTED = os.environ.get("MICROGPT_XP_FOREIGN", "").strip() or "ndonnx,marray"
 
 
-@pytest.fixture(params=_selected())
+@pytest.fixture(params=[n.strip() for n in SELECTED.split(",") if n.strip()])
 def xp(request: pytest.FixtureRequest) -> Any:
     """A namespace outside the backends table."""
     return _namespace(request.param)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from onnx_testing import name_batches, session
+from onnx_testing import name_batches, run, session
 
 import microgpt_xp as mx
 from microgpt_xp.params import Params, field_shapes
@@ -69,13 +69,10 @@ def test_generate_any_batch_and_declared_shapes() -> None:
 def test_train_step_equals_numpy(dtype: str, tol: float) -> None:
     params = mx.init_params(DEFAULT, seed=2, dtype=dtype)
     sess = session(onnx_model(params, graph="train_step"))
-    init = session(onnx_model(params, graph="train_init"))
-    names = [o.name for o in sess.get_outputs()]
-    state = dict(zip([o.name for o in init.get_outputs()], init.run(None, {}), strict=True))
+    state = run(session(onnx_model(params, graph="train_init")), {})
     p, s = params, mx.adam_init(params)
     for tokens, lengths in name_batches([32, 5, 1, 17] * 25, DEFAULT.block_size, seed=3):
-        res = dict(zip(names, sess.run(None, {"tokens": tokens, "lengths": lengths, **state}),
-                       strict=True))  # fmt: skip
+        res = run(sess, {"tokens": tokens, "lengths": lengths, **state})
         p, s, loss = mx.train_step(p, s, tokens, lengths)
         assert abs(float(res["loss"]) - float(loss)) <= tol * abs(float(loss))
         state = {n[4:]: v for n, v in res.items() if n.startswith("new_")}
@@ -93,8 +90,7 @@ def test_train_step_static_shapes_and_metadata(tmp_path: Path) -> None:
     meta = sess.get_modelmeta().custom_metadata_map
     assert json.loads(meta["microgpt_xp.optimizer"]) == dataclasses.asdict(hp)
     assert sess.get_inputs()[0].shape == [5, 17]
-    init = session(onnx_model(params, graph="train_init"))
-    state = dict(zip([o.name for o in init.get_outputs()], init.run(None, {}), strict=True))
+    state = run(session(onnx_model(params, graph="train_init")), {})
     assert list(state) == [i.name for i in sess.get_inputs()][2:]
     tokens, lengths = name_batches([32, 5], DEFAULT.block_size, seed=4)[1]
     tokens = np.pad(tokens, ((0, 0), (0, 17 - tokens.shape[1])))
