@@ -104,7 +104,7 @@ def test_matches_the_reference_sampler(backend: Any, temperature: float) -> None
     uniforms = np.random.default_rng(seed).random((N, CONFIG.block_size))
     sd = {k: v.tolist() for k, v in params.to_state_dict().items()}
     for i in range(N):
-        rng = random.Random()
+        rng = random.Random()  # whose random() returns row i's uniforms in order
         rng.random = iter(uniforms[i].tolist()).__next__  # type: ignore[method-assign]
         want = reference.sample_one(sd, rng, BOS, temperature=temperature, n_head=CONFIG.n_head)
         assert _cut(ids[i]) == want, i
