@@ -1,7 +1,7 @@
 """The generate and train_step graphs in onnxruntime equal the library: ``generate`` gives
 ``mx.sample``'s ids, ``train_step`` (from the ``train_init`` graph's state) NumPy's losses
-and weights, with a dynamic batch or a fixed one; sizes past protobuf's limit are refused
-before anything is built."""
+and weights, with a dynamic batch or a fixed one; sizes past protobuf's limit and bad
+arguments of every graph are refused before anything is built."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_train_step_static_shapes_and_metadata(tmp_path: Path) -> None:
     assert abs(float(loss) - float(want)) <= 1e-5 * float(want)
 
 
-def test_size_and_shape_refusals(tmp_path: Path) -> None:
+def test_size_refusal(tmp_path: Path) -> None:
     """Past 2 GiB of weights, refused from the sizes alone (the arrays take no memory)."""
     big = mx.GPTConfig(27, n_layer=40, n_embd=2048, n_head=16, block_size=64)
     arrays = {k: np.broadcast_to(np.float32(0), a) for k, a in field_shapes(big).items()}
@@ -108,14 +108,23 @@ def test_size_and_shape_refusals(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="past protobuf's 2 GiB limit") as info:
         export_onnx(huge, path, graph="generate")
     assert info.value.param == "params"  # type: ignore[attr-defined]
-    params = mx.init_params(DEFAULT)
-    for kwargs, message in [
-        ({"batch": 0}, "batch must be a positive int"),
-        ({"time": 17}, "time must be at most 16"),
-        ({"graph": "decode", "time": 3}, "time is fixed by the decode graph"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            export_onnx(params, path, **kwargs)
-    with pytest.raises(TypeError, match="optimizer must be an AdamConfig"):
-        export_onnx(params, path, graph="train_step", optimizer={"lr": 1.0})  # type: ignore[arg-type]
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [({"params": {}}, TypeError, "params must be a Params"),
+     ({"graph": "backward"}, ValueError, "unknown graph 'backward'; choose one of forward, decode"),
+     ({"tokenizer": "abc"}, TypeError, "tokenizer must be a Tokenizer"),
+     ({"tokenizer": mx.Tokenizer("abc")}, ValueError, "tokenizer has 4 ids but the model 27"),
+     ({"batch": 0}, ValueError, "batch must be a positive int"),
+     ({"time": 17}, ValueError, "time must be at most 16"),
+     ({"graph": "decode", "time": 3}, ValueError, "time is fixed by the decode graph"),
+     ({"graph": "train_step", "optimizer": {"lr": 1.0}}, TypeError,
+      "optimizer must be an AdamConfig")],
+)  # fmt: skip
+def test_argument_refusals(tmp_path: Path, kwargs: dict[str, Any], error: Any, match: str) -> None:
+    path = tmp_path / "m.onnx"
+    with pytest.raises(error, match=match):
+        export_onnx(**{"params": mx.init_params(DEFAULT), "path": path, **kwargs})
     assert not path.exists()
