@@ -1,39 +1,6 @@
-"""The model as a standalone ONNX file: the model's own code run on ndonnx's lazy arrays
-(no second implementation, no hand-written model nodes), its constants stored as
-initializers. ``B`` (batch) and ``T`` (time) are dynamic unless fixed at export; ``L``
-n_layer, ``S`` block_size, ``C`` n_embd, ``V`` vocab_size, ``N`` num_params; ``float`` the
-params' dtype. The graphs (:data:`GRAPHS`):
-
-- ``"forward"`` (:func:`~microgpt_xp.forward`): ``tokens`` int64 ``(B, T)``, ``lengths``
-  int64 ``(B,)`` (``1 <= T <= S``, ``1 <= lengths <= T``, ids in ``[0, V)``) -> ``logits``
-  float ``(B, T, V)``, meaningful at positions ``< lengths``.
-- ``"decode"`` (:func:`~microgpt_xp.decode_step`): ``token_ids`` int64 ``(B,)``, ``keys_l``
-  and ``values_l`` float ``(S, C, B)`` per layer ``l`` (zeros at first), ``pos`` int64 ``()``
-  (from 0, at most ``S - 1``) -> ``logits`` float ``(B, V)``, ``new_keys_l``,
-  ``new_values_l``, ``new_pos``: each ``new_X`` the next step's ``X``.
-- ``"generate"`` (a whole batch of samples, :func:`~microgpt_xp.sample.decode_batch`):
-  ``uniforms`` float ``(B, S)`` (row ``i`` drives sample ``i``, as
-  :func:`~microgpt_xp.sample.row_uniforms` gives them), ``temperature`` float ``()`` ->
-  ``ids`` int64 ``(B, S)``, BOS from a row's first sampled BOS on. The positions run in an
-  ONNX ``Loop`` whose body is :func:`microgpt_xp.sample._position` traced on ndonnx; it
-  stops once every row has drawn BOS. It samples at every temperature (no greedy switch).
-- ``"train_step"`` (one :func:`~microgpt_xp.train_step`, Adam's settings fixed at export):
-  ``tokens`` int64 ``(B, T)`` (``T <= S + 1``), ``lengths`` int64 ``(B,)`` (each ``>= 2``)
-  and the state: the weights under their field names (``wte`` .. ``mlp_fc2``,
-  :class:`~microgpt_xp.Params`' shapes), ``adam_m``, ``adam_v`` float ``(N,)``
-  (:func:`~microgpt_xp.params.flatten`'s layout) and ``adam_step`` int64 ``()`` -> ``loss``
-  float ``()`` (before the update) and ``new_X`` for each state input ``X``, the next
-  call's ``X``. No weights inside.
-- ``"train_init"``: no inputs; outputs the train_step graph's initial state (the params
-  and :func:`~microgpt_xp.adam_init`'s), named like its state inputs.
-
-Metadata (``metadata_props``; onnxruntime: ``get_modelmeta().custom_metadata_map``):
-``microgpt_xp.graph``, ``.config``, ``.version``, ``.mode`` (``"docs"``, or ``"text"`` for a
-model trained on a stream), ``.tokenizer`` (if given: ``{"chars": ...}``, BOS
-``len(chars)``), ``.optimizer`` (train graphs: Adam's settings as JSON). The
-graphs validate nothing: out-of-range positions or ids fail in an indexing node or give
-meaningless values.
-"""
+"""The model as a standalone ONNX file: the model's own code traced on ndonnx's lazy arrays
+(no second implementation), its weights stored as initializers. The graphs (:data:`GRAPHS`),
+their inputs, outputs and metadata: docs/own-namespace.md, "The model as an ONNX graph"."""
 
 from __future__ import annotations
 
@@ -41,7 +8,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -56,40 +23,39 @@ from .optim import AdamConfig, AdamState, adam_init
 from .params import Params, flatten, unflatten
 from .sample import _position
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 #: protobuf cannot serialize a message of 2 GiB or more (ONNX's single-file limit).
 _MAX_BYTES = 2**31 - 1
 Graph = tuple[dict[str, Any], dict[str, Any], dict[str, tuple[int | str, ...]]]
 
 
-def export_onnx(
-    params: Params,
-    path: str | Path,
-    *,
-    graph: str = "forward",
-    tokenizer: Tokenizer | None = None,
-    batch: int | None = None,
-    time: int | None = None,
-    optimizer: AdamConfig | None = None,
-    mode: str = "docs",
-) -> Path:
-    """Write the model as a standalone ONNX file (weights inside) and return its path.
+class ExportOptions(TypedDict, total=False):
+    """The keywords of :func:`export_onnx` and :func:`onnx_model`: ``graph`` (one of
+    :data:`GRAPHS`, default ``"forward"``); ``tokenizer`` (stored in the metadata);
+    ``batch``, ``time`` (fix ``B``/``T``, dynamic by default; ``time`` only for ``forward``
+    and ``train_step``); ``optimizer`` (Adam's settings of the train graphs, the spec's by
+    default); ``mode`` (what the model was trained on, ``"docs"`` or ``"text"``, stored)."""
 
-    Args:
-        params: the weights, float32 or float64 (the graph's dtype), on any backend.
-        path: the file to write (replaced atomically; missing folders are made).
-        graph: one of :data:`GRAPHS` (see :mod:`microgpt_xp.export`).
-        tokenizer: stored, if given, in the metadata.
-        batch, time: fix ``B``/``T`` at export (static shapes; dynamic by default); ``time``
-            only for ``forward`` and ``train_step``.
-        optimizer: Adam's settings of the train graphs (the spec's by default).
-        mode: what the model was trained on, ``"docs"`` or ``"text"`` (a stream), stored.
+    graph: str
+    tokenizer: Tokenizer | None
+    batch: int | None
+    time: int | None
+    optimizer: AdamConfig | None
+    mode: str
+
+
+def export_onnx(params: Params, path: str | Path, **options: Unpack[ExportOptions]) -> Path:
+    """Write the model as a standalone ONNX file (weights inside; replaced atomically,
+    missing folders made) and return its path. ``params``: float32 or float64 (the graph's
+    dtype) on any backend; ``options``: :class:`ExportOptions`.
 
     ``TypeError`` for arguments of another type, ``ValueError`` for an unknown graph, a
     tokenizer of another vocabulary size, bad sizes or a model of 2 GiB or more (protobuf's
     limit, refused before anything is built), ``ImportError`` (saying what to install)
-    without ndonnx or onnx.
-    """
-    model, weights = _build(params, True, graph, tokenizer, batch, time, optimizer, mode)
+    without ndonnx or onnx."""
+    model, weights = _build(params, True, options)
     with atomic_open(Path(path), "wb") as f:  # the weights one at a time: no copy of it all
         f.write(model.SerializeToString())
         for tensor in weights:
@@ -97,49 +63,48 @@ def export_onnx(
     return Path(path)
 
 
-def onnx_model(
-    params: Params,
-    *,
-    graph: str = "forward",
-    tokenizer: Tokenizer | None = None,
-    batch: int | None = None,
-    time: int | None = None,
-    optimizer: AdamConfig | None = None,
-    mode: str = "docs",
-    clean: bool = True,
-) -> Any:
+def onnx_model(params: Params, *, clean: bool = True, **options: Unpack[ExportOptions]) -> Any:
     """The ``onnx.ModelProto`` that :func:`export_onnx` writes; ``clean=False`` keeps
     ndonnx's zero-size guards and NaN checks (see :func:`_clean`)."""
-    model, weights = _build(params, clean, graph, tokenizer, batch, time, optimizer, mode)
+    model, weights = _build(params, clean, options)
     model.graph.initializer.extend(weights)
     return model
 
 
-def _build(params: Params, clean: bool, *options: Any) -> tuple[Any, list[Any]]:
+def _build(params: Params, clean: bool, options: ExportOptions) -> tuple[Any, list[Any]]:
     """The checked model without the weights' initializers, and those (``TensorProto``s)."""
-    props = _metadata(params, *options)  # (graph, tokenizer, batch, time, optimizer, mode)
-    graph, _, batch, time, optimizer, _ = options
-    ndx, onnx = _modules()
-    tensors = []
+    unknown = set(options) - set(ExportOptions.__annotations__)
+    if unknown:
+        raise TypeError(f"unexpected export options {sorted(unknown)}")
+    props = _metadata(params, **options)
+    graph = props["microgpt_xp.graph"]
+    try:
+        import ndonnx as ndx
+        import onnx
+    except ImportError as exc:
+        raise ImportError(f"ONNX export needs ndonnx and onnx: {install_extra('onnx')}") from exc
     if graph == "train_init":
-        model = _initial_state_model(params, onnx)
+        model, host, weights = _initial_state_model(params, onnx), {}, {}
     else:
         # the weights traced as inputs (no copies, no work on them at export; onnxruntime
-        # folds what depends on them alone, qkv_weight's concatenation, once per session),
-        # made initializers from the host arrays once the model is checked
-        host = {k: _host(a, ndx) for k, a in params.arrays().items()}
+        # folds what depends on them alone once per session), made initializers from the
+        # host arrays once the model is checked
+        host = {
+            k: a.unwrap_numpy() if isinstance(a, ndx.Array) else np.asarray(_xp.to_numpy(a))
+            for k, a in params.arrays().items()
+        }
         weights = {
             k: ndx.argument(shape=h.shape, dtype=getattr(ndx, h.dtype.name))
             for k, h in host.items()
         }
-        sizes, opts = {"batch": batch, "time": time}, {}
+        sizes, opts = {"batch": options.get("batch"), "time": options.get("time")}, {}
         if graph == "train_step":  # the weights are the graph's own inputs
-            opts, weights = {"optimizer": optimizer or AdamConfig()}, {}
+            opts, weights = {"optimizer": options.get("optimizer") or AdamConfig()}, {}
         inputs, outputs, shapes = _BUILDERS[graph](
             Params.trusted(params.config, weights or host), ndx, sizes, **opts
         )
         model = ndx.build({**inputs, **weights}, outputs)
-        _constants_to_initializers(model.graph, onnx)
+        _constants_to_initializers(model.graph)
         for value in model.graph.output:  # ndonnx leaves the dynamic dimensions unknown
             dims = value.type.tensor_type.shape.dim
             del dims[:]
@@ -149,19 +114,19 @@ def _build(params: Params, clean: bool, *options: Any) -> tuple[Any, list[Any]]:
                 else:
                     dims.add().dim_value = size
         if clean:
-            _clean(model.graph, onnx)
-            _constants_to_initializers(model.graph, onnx)  # those of the inlined branches
+            _clean(model.graph)
+            _constants_to_initializers(model.graph)  # those of the inlined branches
     old = {p.key: p.value for p in model.metadata_props}  # ndonnx's schema
     onnx.helper.set_model_props(model, {**old, **props})
     onnx.checker.check_model(model, full_check=True)  # the weights inputs: no copy of them
-    if graph != "train_init":
-        used = set().union(*(_uses(n) for n in model.graph.node))
-        for i in reversed(range(len(model.graph.input))):
-            name = model.graph.input[i].name
-            if name in weights:
-                del model.graph.input[i]
-                if name in used:
-                    tensors.append(onnx.numpy_helper.from_array(host[name], name))
+    used = set().union(*(_uses(n) for n in model.graph.node))
+    tensors = []
+    for i in reversed(range(len(model.graph.input))):
+        name = model.graph.input[i].name
+        if name in weights:
+            del model.graph.input[i]
+            if name in used:
+                tensors.append(onnx.numpy_helper.from_array(host[name], name))
     return model, tensors[::-1]
 
 
@@ -179,31 +144,17 @@ def _as_initializer_field(tensor: Any) -> bytes:
     return data
 
 
-def _modules() -> tuple[Any, Any]:
-    try:
-        import ndonnx
-        import onnx
-    except ImportError as exc:
-        raise ImportError(f"ONNX export needs ndonnx and onnx: {install_extra('onnx')}") from exc
-    return ndonnx, onnx
-
-
-def _host(a: Any, ndx: Any) -> np.ndarray:
-    """``a`` as NumPy (ndonnx's own arrays through ``unwrap_numpy``; lazy ones refused)."""
-    return a.unwrap_numpy() if isinstance(a, ndx.Array) else np.asarray(_xp.to_numpy(a))
-
-
 def _metadata(
     params: Params,
-    graph: str,
-    tokenizer: Tokenizer | None,
-    batch: int | None,
-    time: int | None,
-    optimizer: AdamConfig | None,
+    graph: str = "forward",
+    tokenizer: Tokenizer | None = None,
+    batch: int | None = None,
+    time: int | None = None,
+    optimizer: AdamConfig | None = None,
     mode: str = "docs",
 ) -> dict[str, str]:
-    """The checks of :func:`export_onnx`'s arguments, before anything is built, and the
-    ``microgpt_xp.*`` metadata."""
+    """The checks of :class:`ExportOptions`, before anything is built, and the
+    ``microgpt_xp.*`` metadata; the one place of their defaults."""
     if not isinstance(params, Params):
         raise ArgumentTypeError("params", f"params must be a Params, got {type(params).__name__}")
     if graph not in GRAPHS:
@@ -234,15 +185,14 @@ def _metadata(
         "microgpt_xp.mode": mode,
     }
     if graph.startswith("train"):
-        hp = optimizer or AdamConfig()
-        props["microgpt_xp.optimizer"] = json.dumps(dataclasses.asdict(hp))
+        props["microgpt_xp.optimizer"] = json.dumps(dataclasses.asdict(optimizer or AdamConfig()))
     if tokenizer is not None:
         check_tokenizer(tokenizer, cfg.vocab_size)
         props["microgpt_xp.tokenizer"] = json.dumps(tokenizer.to_dict())
     return props
 
 
-# -- the builders: the params on ndonnx (constants), ndonnx, the fixed sizes -> Graph ---------
+# -- the builders: the params on ndonnx, ndonnx, the fixed sizes -> (inputs, outputs, shapes) --
 def _forward_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Graph:
     b, t = (sizes[k] or k for k in ("batch", "time"))
     tokens = ndx.argument(shape=(b, t), dtype=ndx.int64)
@@ -256,29 +206,25 @@ def _decode_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Gra
     cfg = params.config
     b = sizes["batch"] or "batch"
     shape = (cfg.block_size, cfg.n_embd, b)
-    layers = range(cfg.n_layer)
+    names = [f"{kind}_{i}" for kind in ("keys", "values") for i in range(cfg.n_layer)]
     token_ids = ndx.argument(shape=(b,), dtype=ndx.int64)
-    keys, values = (
-        {f"{kind}_{i}": ndx.argument(shape=shape, dtype=params.dtype) for i in layers}
-        for kind in ("keys", "values")
-    )
+    bufs = {name: ndx.argument(shape=shape, dtype=params.dtype) for name in names}
     pos = ndx.argument(shape=(), dtype=ndx.int64)
-    cache = KVCache(keys=tuple(keys.values()), values=tuple(values.values()), pos=pos)
-    logits, new = decode_step(params, token_ids, cache)
+    keys, values = list(bufs.values())[: cfg.n_layer], list(bufs.values())[cfg.n_layer :]
+    logits, new = decode_step(params, token_ids, KVCache(tuple(keys), tuple(values), pos))
     outputs = {
         "logits": logits,
-        **{f"new_keys_{i}": new.keys[i] for i in layers},
-        **{f"new_values_{i}": new.values[i] for i in layers},
+        **{f"new_{name}": a for name, a in zip(names, (*new.keys, *new.values), strict=True)},
         "new_pos": new.pos,
     }
     shapes: dict[str, tuple[int | str, ...]] = {name: shape for name in outputs}
     shapes.update({"logits": (b, cfg.vocab_size), "new_pos": ()})
-    return {"token_ids": token_ids, **keys, **values, "pos": pos}, outputs, shapes
+    return {"token_ids": token_ids, **bufs, "pos": pos}, outputs, shapes
 
 
 def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Graph:
-    """The loop carries ``(token, done, keys_0.., values_0.., pos)``; each position's row
-    of ids is a scan output; the condition is "some row has not drawn BOS yet"."""
+    """An ONNX ``Loop`` over the positions, carrying ``(token, done, keys_0.., values_0..,
+    pos)``, each position's row of ids a scan output, going while a row has not drawn BOS."""
     cfg = params.config
     xp, s, n, dtype = ndx, cfg.block_size, cfg.n_layer, params.dtype
     b = sizes["batch"] or "batch"
@@ -336,10 +282,6 @@ def _loop(trips: Any, cond: Any, initial: list[Any], body: Any) -> list[Any]:
     return list(node.get_output_vars().v_final_and_scan_outputs)  # type: ignore[arg-type]
 
 
-STATE = ("wte", "wpe", "lm_head", "attn_wq", "attn_wk", "attn_wv", "attn_wo", "mlp_fc1",
-         "mlp_fc2", "adam_m", "adam_v", "adam_step")  # fmt: skip
-
-
 def _train_step_graph(
     params: Params, ndx: Any, sizes: dict[str, int | None], *, optimizer: AdamConfig
 ) -> Graph:
@@ -351,11 +293,13 @@ def _train_step_graph(
         k: ndx.argument(shape=a.shape, dtype=getattr(ndx, a.dtype.name))
         for k, a in _state(params).items()
     }
-    weights = {k: state[k] for k in params.arrays()}
     m, v = (unflatten(state[k], cfg) for k in ("adam_m", "adam_v"))
-    adam = AdamState(m, v, state["adam_step"])
     new_params, new_state, loss = train_step(
-        Params.trusted(cfg, weights), adam, tokens, lengths, optimizer=optimizer
+        Params.trusted(cfg, {k: state[k] for k in params.arrays()}),
+        AdamState(m, v, state["adam_step"]),
+        tokens,
+        lengths,
+        optimizer=optimizer,
     )
     new = {**new_params.arrays(), "adam_m": flatten(new_state.m), "adam_v": flatten(new_state.v)}
     new["adam_step"] = new_state.step
@@ -365,22 +309,20 @@ def _train_step_graph(
 
 
 def _state(params: Params) -> dict[str, Any]:
-    """The train_step graph's initial state (NumPy arrays or ndonnx constants)."""
-    adam = adam_init(params)  # the moments as one vector each, in flatten's layout
-    m, v = flatten(adam.m), flatten(adam.v)
-    state = {**params.arrays(), "adam_m": m, "adam_v": v, "adam_step": adam.step}
-    return {k: state[k] for k in STATE}
+    """The train_step graph's state, initial (the weights, then Adam's moments in
+    :func:`~microgpt_xp.params.flatten`'s layout and step)."""
+    adam = adam_init(params)
+    moments = {"adam_m": flatten(adam.m), "adam_v": flatten(adam.v)}
+    return {**params.arrays(), **moments, "adam_step": adam.step}
 
 
 def _initial_state_model(params: Params, onnx: Any) -> Any:
     """The ``train_init`` graph: one ``Constant`` per state tensor (onnxruntime-web refuses
     to feed an input that is also an initializer, ONNX's default values)."""
-    from onnx import helper, numpy_helper
-
-    nodes, outputs = [], []
+    helper, nodes, outputs = onnx.helper, [], []
     for name, value in _state(params).items():
         host = np.asarray(_xp.to_numpy(value))
-        tensor = numpy_helper.from_array(host, f"{name}_value")
+        tensor = onnx.numpy_helper.from_array(host, f"{name}_value")
         nodes.append(helper.make_node("Constant", [], [name], value=tensor))
         outputs.append(helper.make_tensor_value_info(name, tensor.data_type, list(host.shape)))
     graph = helper.make_graph(nodes, "train_init", [], outputs)
@@ -400,7 +342,7 @@ GRAPHS = (*_BUILDERS, "train_init")
 
 
 # -- the clean-up of the traced graph (measured: benchmarks/onnx_graphs.py) ------------------
-def _constants_to_initializers(graph: Any, onnx: Any) -> None:
+def _constants_to_initializers(graph: Any) -> None:
     """Move the tensors of ``Constant`` nodes into ``graph.initializer`` (where ONNX tools
     look for weights): all of the main graph's, and subgraphs' of 16 elements or more (the
     ``Loop`` body's weights), one copy at a time."""
@@ -424,8 +366,8 @@ def _constants_to_initializers(graph: Any, onnx: Any) -> None:
                 tensor.CopyFrom(value.t)
                 tensor.name = node.output[0]
                 value.t.Clear()
-                continue
-            kept.append(node)
+            else:
+                kept.append(node)
         if len(kept) < len(g.node):
             del g.node[:]
             g.node.extend(kept)
@@ -433,7 +375,7 @@ def _constants_to_initializers(graph: Any, onnx: Any) -> None:
     walk(graph, True)
 
 
-def _clean(graph: Any, onnx: Any) -> None:
+def _clean(graph: Any) -> None:
     """Remove, in place and in subgraphs, what ndonnx adds for inputs the graphs never take,
     then what nothing uses: each zero-size guard ``If(Equal(<product of Size>, 0))`` becomes
     its ``else`` branch; each NaN check ``Where(ReduceMax(IsNaN(x)), NaN, ReduceMax(x))``
@@ -454,9 +396,9 @@ def _clean(graph: Any, onnx: Any) -> None:
             if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
         }
 
-        def through(name: str, ops: tuple[str, ...]) -> Any:
+        def through(name: str) -> Any:  # the node behind reshapes and casts
             n = producer.get(name)
-            while n is not None and n.op_type in ops:
+            while n is not None and n.op_type in ("Identity", "Squeeze", "Unsqueeze", "Cast"):
                 n = producer.get(n.input[0])
             return n
 
@@ -477,11 +419,10 @@ def _clean(graph: Any, onnx: Any) -> None:
             if node.op_type != "Where":
                 return False
             nan = scalar(node.input[1], consts)
-            red = through(node.input[0], ("Identity", "Squeeze", "Unsqueeze", "Cast"))
+            red = through(node.input[0])
             if nan is None or not np.isnan(nan) or red is None or red.op_type != "ReduceMax":
                 return False
-            src = through(red.input[0], ("Identity", "Squeeze", "Unsqueeze", "Cast"))
-            return src is not None and src.op_type == "IsNaN"
+            return getattr(through(red.input[0]), "op_type", None) == "IsNaN"
 
         new = []
         for node in g.node:
@@ -497,13 +438,16 @@ def _clean(graph: Any, onnx: Any) -> None:
                 new.append(helper.make_node("Identity", [node.input[2]], [node.output[0]]))
             else:
                 new.append(node)
+        needed, live = {o.name for o in g.output}, []  # without what nothing uses
+        for node in reversed(new):
+            if any(o in needed for o in node.output):
+                live.append(node)
+                needed |= _uses(node)
         del g.node[:]
-        g.node.extend(_live(new, {o.name for o in g.output}))
+        g.node.extend(live[::-1])
 
     walk(graph)
-    used = {o.name for o in graph.output}
-    for node in graph.node:
-        used |= _uses(node)
+    used = {o.name for o in graph.output}.union(*(_uses(n) for n in graph.node))
     for i in reversed(range(len(graph.initializer))):  # in place: no copies
         if graph.initializer[i].name not in used:
             del graph.initializer[i]
@@ -517,13 +461,3 @@ def _uses(node: Any) -> set[str]:
             for sub in attr.g.node:
                 names |= _uses(sub)
     return names
-
-
-def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
-    """``nodes`` without those whose results nothing uses."""
-    needed, kept = set(outputs), []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed |= _uses(node)
-    return kept[::-1]

@@ -1,7 +1,6 @@
-"""Batched generation through the KV cache, with temperature, top-k and a prompt: the batches
-of :func:`iter_sample_tokens` go through ``runner.map`` and the one loop :func:`_decode`
-(:func:`decode_batch`); with ``length=N`` the same loop writes streams of text through a
-sliding window (:func:`decode_stream`)."""
+"""Batched generation through the KV cache, with temperature, top-k and a prompt: batches go
+through ``runner.map`` to the one decode loop :func:`_decode`; with ``length=N`` the same loop
+writes streams of text through a sliding window."""
 
 from __future__ import annotations
 
@@ -54,17 +53,6 @@ class SampleOptions(TypedDict, total=False):
     jit: bool | None
 
 
-def check_temperature(temperature: Any) -> float:
-    """``temperature`` as a float if it is a finite real number ``> 0`` (not a ``bool``)."""
-    if isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
-        value = float(temperature)
-        if math.isfinite(value) and value > 0:
-            return value
-    raise ArgumentValueError(
-        "temperature", f"temperature must be a positive number, got {temperature!r}"
-    )
-
-
 def iter_sample_tokens(
     params: Params,
     bos: int,
@@ -79,31 +67,35 @@ def iter_sample_tokens(
 
     ``length=N``: ``num_samples`` streams of text instead, one after another in this process
     (no ``workers``, ``chunks`` or other runner), yielded as 1-d int64 pieces: a row's
-    prompt, then its ``N`` drawn ids one at a time (:func:`decode_stream`; row ``r`` draws
+    prompt, then its ``N`` drawn ids one at a time (:func:`_decode`; row ``r`` draws
     with :func:`stream_uniforms`, so its first ``block_size`` ids are document mode's)."""
     unknown = set(options) - set(SampleOptions.__annotations__)
     if unknown:
         raise TypeError(f"unexpected sampling options {sorted(unknown)}")
     _xp.check_positive_int(num_samples, "num_samples")
-    cfg = params.config
-    xp = params.xp
+    cfg, xp = params.config, params.xp
     if _xp.read_scalar(xp.all(xp.isfinite(flatten(params))), bool) is False:
         raise ValueError("params hold weights that are not finite (NaN or inf): nothing to sample")
     if not 0 <= bos < cfg.vocab_size:
         raise ArgumentValueError("bos", f"bos id {bos} is outside [0, {cfg.vocab_size})")
-    inv_t = 1.0 / check_temperature(options.get("temperature", 0.5))
+    temperature = options.get("temperature", 0.5)
+    real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
+    if not (real and math.isfinite(float(temperature)) and float(temperature) > 0):
+        raise ArgumentValueError(
+            "temperature", f"temperature must be a positive number, got {temperature!r}"
+        )
+    inv_t = 1.0 / float(temperature)
     seed = options.get("seed", 0)
     _xp.check_nonnegative_int(seed, "seed")
-    top_k = options.get("top_k")
-    if top_k is not None:
-        _xp.check_positive_int(top_k, "top_k", most=_xp.NATIVE_INT_MAX)
-    prompt = _check_prompt(options.get("prompt"), bos, cfg.vocab_size, cfg.block_size)
+    top_k, chunks = options.get("top_k"), options.get("chunks")
     batch_size = options.get("batch_size")
     batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    _xp.check_positive_int(batch_size, "batch_size", most=_xp.NATIVE_INT_MAX)
-    chunks = options.get("chunks")
-    if chunks is not None:
-        _xp.check_positive_int(chunks, "chunks", most=_xp.NATIVE_INT_MAX)
+    for value, name in ((top_k, "top_k"), (batch_size, "batch_size"), (chunks, "chunks")):
+        if value is not None:
+            _xp.check_positive_int(value, name, most=_xp.NATIVE_INT_MAX)
+    prompt = _check_prompt(options.get("prompt"), bos, cfg.vocab_size, cfg.block_size)
+    if length is not None:
+        _xp.check_positive_int(length, "length", most=_xp.NATIVE_INT_MAX)
     runner = runners.pick(
         options.get("runner"),
         params.backend,
@@ -111,66 +103,36 @@ def iter_sample_tokens(
         chunk_size=chunks,
         jit=options.get("jit"),
     )
+    if length is not None and not isinstance(runner, runners.Local):
+        runner.close()
+        raise ArgumentValueError(
+            "length",
+            f"length={length} draws each stream in this process, one piece at a time: "
+            f"{runner!r} cannot run it (leave out workers, chunks and runner)",
+        )
     params = runner.place(params)
-    if length is not None:
-        return _streams(params, bos, num_samples, inv_t, length, seed, prompt, top_k, runner)
-    args = (bos, inv_t, {"prompt": prompt, "top_k": top_k, "jit": runner.jit})
+    kw: dict[str, Any] = {"prompt": prompt, "top_k": top_k, "jit": runner.jit}
 
     def batches() -> Iterator[np.ndarray]:
         try:  # a range, not a list of bounds: O(batch) memory for any number of samples
             for a in range(0, num_samples, batch_size):
-                uniforms = row_uniforms(seed, a, min(a + batch_size, num_samples), cfg.block_size)
-                yield np.concatenate(runner.map(_decode_rows, params, [uniforms], *args))
+                u = row_uniforms(seed, a, min(a + batch_size, num_samples), cfg.block_size)
+                yield np.concatenate(runner.map(_decode_rows, params, [u], bos, inv_t, kw))
         finally:
             runner.close()
 
-    return batches()
-
-
-def _streams(
-    params: Params,
-    bos: int,
-    num_samples: int,
-    inv_t: float,
-    length: Any,
-    seed: int,
-    prompt: tuple[int, ...],
-    top_k: int | None,
-    runner: runners.Runner,
-) -> Iterator[np.ndarray]:
-    """:func:`iter_sample_tokens` with ``length``: the rows' pieces, one row after another."""
-    try:
-        _xp.check_positive_int(length, "length", most=_xp.NATIVE_INT_MAX)
-        if not isinstance(runner, runners.Local):
-            raise ArgumentValueError(
-                "length",
-                f"length={length} draws each stream in this process, one piece at a time: "
-                f"{runner!r} cannot run it (leave out workers, chunks and runner)",
-            )
-    except BaseException:
-        runner.close()
-        raise
-    cfg = params.config
-
-    def pieces() -> Iterator[np.ndarray]:
+    def streams(length: int) -> Iterator[np.ndarray]:
         try:
             for r in range(num_samples):
                 if prompt:
                     yield np.asarray(prompt, dtype=np.int64)
-                yield from decode_stream(
-                    params,
-                    bos,
-                    stream_uniforms(seed, r, cfg.block_size),
-                    inv_t,
-                    length,
-                    prompt=prompt,
-                    top_k=top_k,
-                    jit=runner.jit,
-                )
+                u = stream_uniforms(seed, r, cfg.block_size)
+                steps = _decode(params, bos, u, inv_t, prompt, top_k, runner.jit, length=length)
+                yield from (ids for _, _, ids in steps)
         finally:
             runner.close()
 
-    return pieces()
+    return batches() if length is None else streams(length)
 
 
 def _check_prompt(prompt: Any, bos: int, vocab_size: int, block_size: int) -> tuple[int, ...]:
@@ -267,7 +229,7 @@ def sample(
 ) -> list[str]:
     """``num_samples`` documents (names), each from BOS (and ``prompt``) to the first sampled
     BOS or ``block_size`` tokens (:func:`iter_sample_tokens`); with ``length=N``, streams of
-    text, each ``prompt`` and ``N`` characters (:func:`decode_stream`).
+    text, each ``prompt`` and ``N`` characters.
 
     >>> import microgpt_xp as mx
     >>> tokenizer = mx.Tokenizer("ab")
@@ -321,41 +283,15 @@ def decode_batch(
 ) -> np.ndarray:
     """One batch from BOS (then ``prompt``) with host ``uniforms (b, block_size)`` (row ``i``
     drives sample ``i``) -> ``(b, block_size)`` int64 host ids as :func:`iter_sample_tokens`.
-    Position ``p`` draws token ``p + 1`` with ``uniforms[:, p]`` by :func:`_position`,
-    compiled once per batch size where allowed, else eager with the cache written in place.
-    ``early_stop``: stop once every row drew BOS; an in-place cache drops finished rows once
-    they are a quarter (the same ids). A temperature that could overflow the logits
-    (``inv_temperature * LOGIT_BOUND > finfo.max``) draws the argmax, ties drawn among."""
+    Position ``p`` draws token ``p + 1`` with ``uniforms[:, p]`` (:func:`_position`).
+    ``early_stop``: stop once every row drew BOS. A temperature that could overflow the
+    logits (``inv_temperature * LOGIT_BOUND > finfo.max``) draws the argmax, ties drawn among."""
     b, t = uniforms.shape
     out = np.full((b, t), bos, dtype=np.int64)
     steps = _decode(params, bos, iter([uniforms]), inv_temperature, prompt, top_k, jit, early_stop)
     for pos, rows, ids in steps:
         out[rows, pos] = ids
     return out
-
-
-def decode_stream(
-    params: Params,
-    bos: int,
-    uniforms: Iterator[np.ndarray],
-    inv_temperature: float,
-    length: int,
-    *,
-    prompt: Sequence[int] = (),
-    top_k: int | None = None,
-    jit: bool | None = None,
-) -> Iterator[np.ndarray]:
-    """One stream of text: its ``length`` drawn ids (after ``prompt``, which is not among
-    them), each a ``(1,)`` int64 host array as soon as it is drawn. The steps are
-    :func:`decode_batch`'s, one uniform each from the chunks ``(1, w)`` of ``uniforms`` in
-    order: from BOS at position 0 and the prompt, the first ``block_size`` ids are
-    :func:`decode_batch`'s for the same uniforms (up to a drawn BOS). Then the window
-    slides: when the cache is full, the last ``block_size // 2`` ids are read again from
-    position 0 (no BOS) and drawing goes on, so a character costs under two steps (nanoGPT
-    runs the whole window for each). A drawn BOS is not written: the context starts again
-    from BOS alone."""
-    steps = _decode(params, bos, uniforms, inv_temperature, prompt, top_k, jit, length=length)
-    return (ids for _, _, ids in steps)
 
 
 def _decode(
@@ -369,9 +305,14 @@ def _decode(
     early_stop: bool = True,
     length: int | None = None,
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """The one decode loop, ``(step, rows, ids)`` a record: of :func:`decode_batch` (one
-    chunk of uniforms, a step each, the ids of the ``rows`` still in the batch), or of
-    :func:`decode_stream` (``length``: one row, the ids it writes)."""
+    """The one decode loop, ``(step, rows, ids)`` a record. Of :func:`decode_batch`: one
+    chunk of uniforms, a uniform a step, the ids of the ``rows`` still in the batch (an
+    in-place cache drops finished rows once they are a quarter). Of a stream (``length``):
+    one row's ``length`` drawn ids after ``prompt``, ``(1,)`` each as drawn, a uniform a
+    step from the ``(1, w)`` chunks of ``uniforms``, so its first ``block_size`` ids are
+    :func:`decode_batch`'s. When the cache is full the last ``block_size // 2`` ids are
+    read again from position 0 (no BOS); a drawn BOS is not written, the context starts
+    again from BOS alone."""
     xp, backend, dev = params.xp, params.backend, params.device
     compile_fn = _xp.compiler(backend, jit)
     host_u = next(uniforms)

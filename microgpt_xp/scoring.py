@@ -132,16 +132,8 @@ def score_docs(
     """
     if not isinstance(params, Params):
         raise ArgumentTypeError("params", f"params must be a Params, got {type(params).__name__}")
-    _xp.check_jit(jit)
-    if runner is None:
-        runner = pick(None, params.backend, jit=jit)
-    elif not isinstance(runner, Runner):
-        raise ArgumentTypeError("runner", f"runner must be a Runner, got {type(runner).__name__}")
-    params = runner.place(params)
+    params, runner, chunk_size = _setup(params, runner, _xp.check_jit(jit), chunk_size)
     check_tokenizer(tokenizer, params.config.vocab_size)
-    if chunk_size is None:
-        chunk_size = score_chunk(params.config, dtype=_xp.dtype_name(params.wte))
-    _xp.check_positive_int(chunk_size, "chunk_size", most=_xp.NATIVE_INT_MAX)
     n = check_source(source)
     parts = []
     for start, stop in chunk_bounds(n, chunk_size if isinstance(runner, Local) else n):
@@ -169,15 +161,28 @@ def score_encoded(
     on the host (documents framed by BOS, or windows of a stream of text), ``chunk_size``
     rows at a time on ``runner`` (default as :func:`score_docs`); a row is scored the same
     wherever it runs."""
-    runner = pick(None, params.backend) if runner is None else runner
-    params = runner.place(params)
-    if chunk_size is None:
-        chunk_size = score_chunk(params.config, dtype=_xp.dtype_name(params.wte))
+    params, runner, chunk_size = _setup(params, runner, None, chunk_size)
     n, parts = len(lengths), []
     for start, stop in chunk_bounds(n, chunk_size if isinstance(runner, Local) else n):
         rows = [np.arange(start, stop), tokens[start:stop], lengths[start:stop]]
         parts += runner.map(score_encoded_rows, params, rows, chunk_size, runner.jit)
     return _summary(np.concatenate(parts, axis=0))
+
+
+def _setup(
+    params: Params, runner: Runner | None, jit: bool | None, chunk_size: int | None
+) -> tuple[Params, Runner, int]:
+    """The runner (default :func:`~microgpt_xp.runners.pick`'s), the params placed there and
+    the chunk size (default :func:`~microgpt_xp.resources.score_chunk`'s), checked."""
+    if runner is None:
+        runner = pick(None, params.backend, jit=jit)
+    elif not isinstance(runner, Runner):
+        raise ArgumentTypeError("runner", f"runner must be a Runner, got {type(runner).__name__}")
+    params = runner.place(params)
+    if chunk_size is None:
+        chunk_size = score_chunk(params.config, dtype=_xp.dtype_name(params.wte))
+    _xp.check_positive_int(chunk_size, "chunk_size", most=_xp.NATIVE_INT_MAX)
+    return params, runner, chunk_size
 
 
 def _summary(cols: np.ndarray) -> ScoreSummary:

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx_testing import ROOT, load_module, name_batches
 
 import microgpt_xp as mx
+from microgpt_xp.sample import row_uniforms
 
-ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "examples" / "web"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -32,25 +33,9 @@ if importlib.util.find_spec("playwright") is None:
 if not (WEB / "node_modules" / "onnxruntime-web" / "dist").is_dir():
     pytest.skip("examples/web/node_modules is missing (npm ci)", allow_module_level=True)
 
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 NUM_STEPS = 1000  # the page's learning-rate decay
-
-
-def _serve_module() -> Any:
-    spec = importlib.util.spec_from_file_location("microgpt_web_serve", WEB / "serve.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +43,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
     docs = mx.default_docs()
     tokenizer = mx.Tokenizer.from_docs(docs)
     params = mx.init_params(mx.GPTConfig(tokenizer.vocab_size), seed=1)
-    serve = _serve_module()
+    serve = load_module(WEB / "serve.py", "microgpt_web_serve")
     folder = serve.write_model(tmp_path_factory.mktemp("model"), params, tokenizer, docs,
                                seed=0, num_steps=NUM_STEPS)  # fmt: skip
     return serve, folder, params, tokenizer, docs
@@ -88,8 +73,6 @@ def page(setup: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_sample_equals_mx_sample(setup: Any, page: Any) -> None:
-    from microgpt_xp.sample import row_uniforms
-
     _, _, params, tokenizer, _ = setup
     n, width = 200, params.config.block_size
     for seed, temperature in [(3, 0.5), (4, 1.0)]:
@@ -102,22 +85,9 @@ def test_sample_equals_mx_sample(setup: Any, page: Any) -> None:
         assert got == want
 
 
-def _batches(tokenizer: Any, docs: list[str], block_size: int, steps: int, b: int) -> Any:
-    rng = np.random.default_rng(7)
-    out = []
-    for _ in range(steps):
-        rows = [[tokenizer.bos, *tokenizer.encode(docs[i]), tokenizer.bos][: block_size + 1]
-                for i in rng.integers(0, len(docs), b)]  # fmt: skip
-        t = max(len(r) for r in rows)
-        tokens = np.array([r + [0] * (t - len(r)) for r in rows], dtype=np.int64)
-        out.append((tokens, np.array([len(r) for r in rows], dtype=np.int64)))
-    return out
-
-
 def test_train_gives_numpy_losses(setup: Any, page: Any) -> None:
-    _, _, params, tokenizer, docs = setup
-    cfg = params.config
-    batches = _batches(tokenizer, docs, cfg.block_size, 50, 8)
+    cfg = setup[2].config
+    batches = name_batches([8] * 50, cfg.block_size, seed=7)
     got = page.evaluate(
         "([t, l]) => window.microgpt.train({tokens: t, lengths: l})",
         [[t.tolist() for t, _ in batches], [n.tolist() for _, n in batches]],

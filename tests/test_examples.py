@@ -21,11 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
-def run_example(
-    name: str, *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run ``examples/<name>`` with this interpreter; the output is returned, not checked."""
-    return subprocess.run(
+def run_example(name: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Run ``examples/<name>`` with this interpreter; its output, once it exited with 0."""
+    proc = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
         cwd=cwd,
         env={**os.environ, **(env or {})},
@@ -33,9 +31,6 @@ def run_example(
         text=True,
         timeout=600,
     )
-
-
-def _ok(proc: subprocess.CompletedProcess[str]) -> str:
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
@@ -51,7 +46,7 @@ def _only(backend_name: str) -> None:
 
 def test_numpy_quickstart(tmp_path: Path) -> None:
     args = ["--steps", "30", "--batch-size", "8", "--samples", "3"]
-    out = _ok(run_example("numpy_quickstart.py", *args, cwd=tmp_path))
+    out = run_example("numpy_quickstart.py", *args, cwd=tmp_path)
     head = re.search(r"^(\d+) docs, vocab (\d+), (\d+) params$", out, re.M)
     assert head, out
     vocab, num_params = int(head[2]), int(head[3])
@@ -74,7 +69,7 @@ def test_torch_interop(backend, tmp_path: Path) -> None:
     _only("torch")
     weights = tmp_path / "weights.json"
     args = ("--steps", "10", "--batch-size", "8", "--samples", "2", "--out", str(weights))
-    out = _ok(run_example("torch_interop.py", *args, cwd=tmp_path))
+    out = run_example("torch_interop.py", *args, cwd=tmp_path)
     assert "trained 10 steps on torch" in out
     assert "params.wte is a torch.Tensor" in out
     assert "round trip exact: True" in out
@@ -92,7 +87,7 @@ def test_torch_interop(backend, tmp_path: Path) -> None:
 @pytest.mark.parametrize("backend", ["jax"], indirect=True)
 def test_jax_forward(backend, tmp_path: Path) -> None:
     _only("jax")
-    out = _ok(run_example("jax_forward.py", "--batch-size", "4", "--n-layer", "2", cwd=tmp_path))
+    out = run_example("jax_forward.py", "--batch-size", "4", "--n-layer", "2", cwd=tmp_path)
     diffs = dict(re.findall(r"^  (\S+) +max relative difference (\S+)$", out, re.M))
     expected = {"logits", "loss"} | {f"d{key.split('.')[-1]}" for key in SPEC_SHAPES}
     assert set(diffs) == expected, out
@@ -102,8 +97,7 @@ def test_jax_forward(backend, tmp_path: Path) -> None:
 
 def test_cupy_example_here(tmp_path: Path) -> None:
     """On this machine: trains when CuPy has a GPU, else exits 0 with the skip message."""
-    proc = run_example("cupy_train.py", "--steps", "5", "--samples", "2", cwd=tmp_path)
-    out = _ok(proc)
+    out = run_example("cupy_train.py", "--steps", "5", "--samples", "2", cwd=tmp_path)
     if gpu_usable("cupy"):
         assert "trained 5 steps on" in out
         assert len(_samples(out)) == 2
@@ -120,7 +114,7 @@ def test_cupy_example_skips_when_the_gpu_is_unavailable(tmp_path: Path) -> None:
         "class cuda:\n    @staticmethod\n    def is_available():\n        return False\n"
     )
     path = os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    out = _ok(run_example("cupy_train.py", cwd=tmp_path, env={"PYTHONPATH": path}))
+    out = run_example("cupy_train.py", cwd=tmp_path, env={"PYTHONPATH": path})
     assert out.strip() == "skipped: no CUDA GPU (cupy.cuda.is_available() is False)"
 
 
@@ -128,7 +122,7 @@ def test_cupy_example_skips_when_the_gpu_is_unavailable(tmp_path: Path) -> None:
 def test_cupy_train_on_gpu(backend, tmp_path: Path) -> None:
     _only("cupy")
     args = ["--steps", "20", "--batch-size", "32", "--samples", "3"]
-    out = _ok(run_example("cupy_train.py", *args, cwd=tmp_path))
+    out = run_example("cupy_train.py", *args, cwd=tmp_path)
     assert "trained 20 steps on" in out
     first, last = map(float, re.search(r"^loss (\S+) -> (\S+)$", out, re.M).groups())
     assert last < first

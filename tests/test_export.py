@@ -4,7 +4,6 @@ and time, and the example sampler built on the decode graph gives ``mx.sample``'
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx_testing import ROOT, load_module, run, session
 from xp_testing import xp_assert_close
 
 import microgpt_xp as mx
@@ -23,7 +23,6 @@ ort = pytest.importorskip("onnxruntime")
 
 from microgpt_xp.export import export_onnx, onnx_model  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = mx.GPTConfig(27)
 BIG = mx.GPTConfig(27, n_layer=4, n_embd=128, n_head=4, block_size=64)
 #: several layers, whose caches the decode graph stacks, but quick to export
@@ -37,22 +36,7 @@ def exported(config: mx.GPTConfig, dtype: str, graph: str) -> tuple[Params, Any,
     """``(params, model, session)``: NumPy params, their graph and an onnxruntime session."""
     params = mx.init_params(config, seed=1, dtype=dtype)
     model = onnx_model(params, graph=graph)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return params, model, session
-
-
-def check_forward(config: mx.GPTConfig, dtype: str, b: int, t: int, seed: int) -> None:
-    """Random rows of length ``1..t`` (the first full), padded with out-of-range ids."""
-    params, _, session = exported(config, dtype, "forward")
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, t + 1, size=b)
-    lengths[0] = t
-    real = np.arange(t)[None, :] < lengths[:, None]
-    tokens = np.where(real, rng.integers(0, config.vocab_size, size=(b, t)), config.vocab_size + 5)
-    (logits,) = session.run(None, {"tokens": tokens, "lengths": lengths})
-    want = mx.forward(params, tokens, lengths)
-    assert logits.shape == (b, t, config.vocab_size) and want.dtype == np.dtype(dtype)
-    xp_assert_close(logits[real], want[real], rtol=TOL[dtype])
+    return params, model, session(model)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -67,8 +51,19 @@ def check_forward(config: mx.GPTConfig, dtype: str, b: int, t: int, seed: int) -
 def test_forward_equals_numpy(
     config: mx.GPTConfig, sizes: list[tuple[int, int]], dtype: str
 ) -> None:
+    """Random rows of length ``1..t`` (the first full), padded with out-of-range ids."""
+    params, _, sess = exported(config, dtype, "forward")
     for b, t in sizes:
-        check_forward(config, dtype, b, t, seed=100 * b + t)
+        rng = np.random.default_rng(100 * b + t)
+        lengths = rng.integers(1, t + 1, size=b)
+        lengths[0] = t
+        real = np.arange(t)[None, :] < lengths[:, None]
+        ids = rng.integers(0, config.vocab_size, size=(b, t))
+        tokens = np.where(real, ids, config.vocab_size + 5)
+        (logits,) = sess.run(None, {"tokens": tokens, "lengths": lengths})
+        want = mx.forward(params, tokens, lengths)
+        assert logits.shape == (b, t, config.vocab_size) and want.dtype == np.dtype(dtype)
+        xp_assert_close(logits[real], want[real], rtol=TOL[dtype])
 
 
 def test_graphs_fix_no_batch_and_no_time() -> None:
@@ -109,7 +104,7 @@ def test_weights_are_initializers(graph: str) -> None:
     ids=["default-float32", "default-float64", "3-layers-float64"],
 )
 def test_decode_graph_equals_decode_step(config: mx.GPTConfig, dtype: str) -> None:
-    params, _, session = exported(config, dtype, "decode")
+    params, _, sess = exported(config, dtype, "decode")
     rng = np.random.default_rng(3)
     b = 5
     cache = mx.KVCache()
@@ -119,11 +114,10 @@ def test_decode_graph_equals_decode_step(config: mx.GPTConfig, dtype: str) -> No
         **{f"{kind}_{i}": zeros for kind in ("keys", "values") for i in layers},
         "pos": np.array(0, dtype=np.int64),
     }
-    outputs = [o.name for o in session.get_outputs()]
     for pos in range(config.block_size):
         ids = rng.integers(0, config.vocab_size, size=b)
         want, cache = mx.decode_step(params, ids, cache)
-        got = dict(zip(outputs, session.run(None, {**feed, "token_ids": ids}), strict=True))
+        got = run(sess, {**feed, "token_ids": ids})
         assert want.dtype == np.dtype(dtype)
         xp_assert_close(got["logits"], want, rtol=TOL[dtype])
         for i in layers:
@@ -136,7 +130,7 @@ def test_decode_graph_equals_decode_step(config: mx.GPTConfig, dtype: str) -> No
 def test_export_writes_a_standalone_file_or_refuses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    params, _, session = exported(DEFAULT, "float32", "forward")
+    params, _, sess = exported(DEFAULT, "float32", "forward")
     tokenizer = mx.Tokenizer("abcdefghijklmnopqrstuvwxyz")
     path = tmp_path / "new" / "model.onnx"
     path.parent.mkdir()
@@ -145,24 +139,15 @@ def test_export_writes_a_standalone_file_or_refuses(
     assert export_onnx(on_ndonnx, path, tokenizer=tokenizer) == path
     assert [p.name for p in path.parent.iterdir()] == ["model.onnx"]  # no temporary left
     onnx.checker.check_model(onnx.load(path))
-    loaded = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    loaded = session(path)
     meta = loaded.get_modelmeta().custom_metadata_map
     assert json.loads(meta["microgpt_xp.config"]) == DEFAULT.to_dict()
     assert meta["microgpt_xp.graph"] == "forward"
     assert mx.Tokenizer.from_dict(json.loads(meta["microgpt_xp.tokenizer"])) == tokenizer
     feed = {"tokens": np.array([[26, 0, 1]]), "lengths": np.array([3])}
-    np.testing.assert_array_equal(loaded.run(None, feed)[0], session.run(None, feed)[0])
-    # export errors
-    params = mx.init_params(DEFAULT)
+    np.testing.assert_array_equal(loaded.run(None, feed)[0], sess.run(None, feed)[0])
+    # without ndonnx (the other refusals: test_graphs.py)
     path = tmp_path / "m.onnx"
-    with pytest.raises(TypeError, match="params must be a Params"):
-        export_onnx(params.arrays(), path)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="unknown graph 'backward'; choose one of forward, decode"):
-        export_onnx(params, path, graph="backward")
-    with pytest.raises(TypeError, match="tokenizer must be a Tokenizer"):
-        export_onnx(params, path, tokenizer="abc")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="tokenizer has 4 ids but the model 27"):
-        export_onnx(params, path, tokenizer=mx.Tokenizer("abc"))
     monkeypatch.setitem(sys.modules, "ndonnx", None)  # what a missing package looks like
     with pytest.raises(ImportError, match=r"pip install 'microgpt-xp\[onnx\]'"):
         export_onnx(params, path)
@@ -171,11 +156,7 @@ def test_export_writes_a_standalone_file_or_refuses(
 
 # -- examples/onnx_sample.py ------------------------------------------------------------------
 def load_example() -> Any:
-    spec = importlib.util.spec_from_file_location("onnx_sample", ROOT / "examples/onnx_sample.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / "examples/onnx_sample.py", "onnx_sample")
 
 
 def test_onnx_sample_gives_the_names_of_mx_sample(
@@ -186,20 +167,18 @@ def test_onnx_sample_gives_the_names_of_mx_sample(
     path = export_onnx(
         result.params, tmp_path / "decode.onnx", graph="decode", tokenizer=result.tokenizer
     )
-    session = example.load_session(path)
+    sess = example.load_session(path)
     # 1e-306: below 1e4 / finfo(float64).max, the greedy limit
     for temperature, seed in [(0.5, 0), (1.0, 7), (1e-306, 2)]:
-        names = example.sample_names(
-            session, 300, temperature=temperature, seed=seed, batch_size=128
-        )
+        names = example.sample_names(sess, 300, temperature=temperature, seed=seed, batch_size=128)
         assert names == mx.sample(
             result.params, result.tokenizer, 300, temperature=temperature, seed=seed
         )
     # onnx sample main and refusal
     example = load_example()
-    _, _, session = exported(DEFAULT, "float32", "forward")
+    _, _, sess = exported(DEFAULT, "float32", "forward")
     with pytest.raises(ValueError, match="not a decode graph"):
-        example.decode_rows(session, DEFAULT.vocab_size - 1, np.zeros((1, 16)), 0.5)
+        example.decode_rows(sess, DEFAULT.vocab_size - 1, np.zeros((1, 16)), 0.5)
     assert example.main(["--steps", "20", "--samples", "3", "--seed", "4"]) == 0
     out = capsys.readouterr().out
     assert len([line for line in out.splitlines() if line.startswith("sample ")]) == 3

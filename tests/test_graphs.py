@@ -1,7 +1,7 @@
 """The generate and train_step graphs in onnxruntime equal the library: ``generate`` gives
 ``mx.sample``'s ids, ``train_step`` (from the ``train_init`` graph's state) NumPy's losses
-and weights, with a dynamic batch or a fixed one; sizes past protobuf's limit are refused
-before anything is built."""
+and weights, with a dynamic batch or a fixed one; sizes past protobuf's limit and bad
+arguments of every graph are refused before anything is built."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx_testing import name_batches, run, session
 
 import microgpt_xp as mx
 from microgpt_xp.params import Params, field_shapes
@@ -26,12 +27,6 @@ from microgpt_xp.sample import decode_batch, row_uniforms  # noqa: E402
 
 DEFAULT = mx.GPTConfig(27)
 TWO = mx.GPTConfig(27, n_layer=2)
-
-
-def session(model: Any) -> Any:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 @functools.cache
@@ -70,33 +65,14 @@ def test_generate_any_batch_and_declared_shapes() -> None:
         np.testing.assert_array_equal(ids, decode_batch(params, 26, u, 1.0 / 0.7))
 
 
-def _batches(steps: int, block_size: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Batches of names of varying batch size and length (dynamic B and T)."""
-    docs = mx.default_docs()
-    tok = mx.Tokenizer.from_docs(docs)
-    rng = np.random.default_rng(seed)
-    out = []
-    for step in range(steps):
-        b = (32, 5, 1, 17)[step % 4]
-        rows = [[tok.bos, *tok.encode(docs[i]), tok.bos][: block_size + 1]
-                for i in rng.integers(0, len(docs), b)]  # fmt: skip
-        t = max(len(r) for r in rows)
-        tokens = np.array([r + [0] * (t - len(r)) for r in rows], dtype=np.int64)
-        out.append((tokens, np.array([len(r) for r in rows], dtype=np.int64)))
-    return out
-
-
 @pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-5), ("float64", 1e-10)])
 def test_train_step_equals_numpy(dtype: str, tol: float) -> None:
     params = mx.init_params(DEFAULT, seed=2, dtype=dtype)
     sess = session(onnx_model(params, graph="train_step"))
-    init = session(onnx_model(params, graph="train_init"))
-    names = [o.name for o in sess.get_outputs()]
-    state = dict(zip([o.name for o in init.get_outputs()], init.run(None, {}), strict=True))
+    state = run(session(onnx_model(params, graph="train_init")), {})
     p, s = params, mx.adam_init(params)
-    for tokens, lengths in _batches(100, DEFAULT.block_size, seed=3):
-        res = dict(zip(names, sess.run(None, {"tokens": tokens, "lengths": lengths, **state}),
-                       strict=True))  # fmt: skip
+    for tokens, lengths in name_batches([32, 5, 1, 17] * 25, DEFAULT.block_size, seed=3):
+        res = run(sess, {"tokens": tokens, "lengths": lengths, **state})
         p, s, loss = mx.train_step(p, s, tokens, lengths)
         assert abs(float(res["loss"]) - float(loss)) <= tol * abs(float(loss))
         state = {n[4:]: v for n, v in res.items() if n.startswith("new_")}
@@ -110,21 +86,20 @@ def test_train_step_static_shapes_and_metadata(tmp_path: Path) -> None:
     hp = mx.AdamConfig(lr=0.02, num_steps=50)
     path = export_onnx(params, tmp_path / "t.onnx", graph="train_step", batch=5, time=17,
                        optimizer=hp)  # fmt: skip
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = session(path)
     meta = sess.get_modelmeta().custom_metadata_map
     assert json.loads(meta["microgpt_xp.optimizer"]) == dataclasses.asdict(hp)
     assert sess.get_inputs()[0].shape == [5, 17]
-    init = session(onnx_model(params, graph="train_init"))
-    state = dict(zip([o.name for o in init.get_outputs()], init.run(None, {}), strict=True))
+    state = run(session(onnx_model(params, graph="train_init")), {})
     assert list(state) == [i.name for i in sess.get_inputs()][2:]
-    ((tokens, lengths),) = [b for b in _batches(2, DEFAULT.block_size, seed=4) if len(b[0]) == 5]
+    tokens, lengths = name_batches([32, 5], DEFAULT.block_size, seed=4)[1]
     tokens = np.pad(tokens, ((0, 0), (0, 17 - tokens.shape[1])))
     loss = sess.run(["loss"], {"tokens": tokens, "lengths": lengths, **state})[0]
     want = mx.train_step(params, mx.adam_init(params), tokens, lengths, optimizer=hp)[2]
     assert abs(float(loss) - float(want)) <= 1e-5 * float(want)
 
 
-def test_size_and_shape_refusals(tmp_path: Path) -> None:
+def test_size_refusal(tmp_path: Path) -> None:
     """Past 2 GiB of weights, refused from the sizes alone (the arrays take no memory)."""
     big = mx.GPTConfig(27, n_layer=40, n_embd=2048, n_head=16, block_size=64)
     arrays = {k: np.broadcast_to(np.float32(0), a) for k, a in field_shapes(big).items()}
@@ -133,14 +108,23 @@ def test_size_and_shape_refusals(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="past protobuf's 2 GiB limit") as info:
         export_onnx(huge, path, graph="generate")
     assert info.value.param == "params"  # type: ignore[attr-defined]
-    params = mx.init_params(DEFAULT)
-    for kwargs, message in [
-        ({"batch": 0}, "batch must be a positive int"),
-        ({"time": 17}, "time must be at most 16"),
-        ({"graph": "decode", "time": 3}, "time is fixed by the decode graph"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            export_onnx(params, path, **kwargs)
-    with pytest.raises(TypeError, match="optimizer must be an AdamConfig"):
-        export_onnx(params, path, graph="train_step", optimizer={"lr": 1.0})  # type: ignore[arg-type]
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [({"params": {}}, TypeError, "params must be a Params"),
+     ({"graph": "backward"}, ValueError, "unknown graph 'backward'; choose one of forward, decode"),
+     ({"tokenizer": "abc"}, TypeError, "tokenizer must be a Tokenizer"),
+     ({"tokenizer": mx.Tokenizer("abc")}, ValueError, "tokenizer has 4 ids but the model 27"),
+     ({"batch": 0}, ValueError, "batch must be a positive int"),
+     ({"time": 17}, ValueError, "time must be at most 16"),
+     ({"graph": "decode", "time": 3}, ValueError, "time is fixed by the decode graph"),
+     ({"graph": "train_step", "optimizer": {"lr": 1.0}}, TypeError,
+      "optimizer must be an AdamConfig")],
+)  # fmt: skip
+def test_argument_refusals(tmp_path: Path, kwargs: dict[str, Any], error: Any, match: str) -> None:
+    path = tmp_path / "m.onnx"
+    with pytest.raises(error, match=match):
+        export_onnx(**{"params": mx.init_params(DEFAULT), "path": path, **kwargs})
     assert not path.exists()

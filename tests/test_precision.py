@@ -26,15 +26,9 @@ def _bf16_torch() -> tuple[Any, Callable[[], AbstractContextManager[Any]]]:
     torch = pytest.importorskip("torch")
     from torch.overrides import TorchFunctionMode
 
-    products = {
-        torch.matmul,
-        torch.Tensor.__matmul__,
-        torch.Tensor.__rmatmul__,
-        torch.mm,
-        torch.bmm,
-        torch.Tensor.matmul,
-        torch.Tensor.mm,
-        torch.Tensor.bmm,
+    products = {torch.matmul, torch.mm, torch.bmm}
+    products |= {
+        getattr(torch.Tensor, n) for n in ("__matmul__", "__rmatmul__", "matmul", "mm", "bmm")
     }
 
     class Bfloat16Products(TorchFunctionMode):

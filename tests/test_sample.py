@@ -11,7 +11,6 @@ import json
 import math
 import random
 import sys
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -41,17 +40,6 @@ N = 4
 def _params(backend: Any = None, dtype: str = "float64", seed: int = 0) -> Params:
     kw = {} if backend is None else dict(backend=backend.name, device=backend.device)
     return init_params(CONFIG, seed=seed, dtype=dtype, **kw)
-
-
-class FeedRandom(random.Random):
-    """A ``random.Random`` whose ``random()`` returns given values in order."""
-
-    def __init__(self, values: Iterable[float]) -> None:
-        super().__init__(0)
-        self._values = iter(values)
-
-    def random(self) -> float:
-        return float(next(self._values))
 
 
 def _cut(row: np.ndarray) -> list[int]:
@@ -105,22 +93,6 @@ def test_independent_of_batch_size_and_streamed_batch_by_batch() -> None:
     assert next(ids).shape == (3, CONFIG.block_size)
 
 
-@pytest.mark.parametrize("fn", [sample, iter_samples])
-def test_arguments_are_checked_at_the_call(fn: Any) -> None:
-    with pytest.raises(ValueError, match="temperature"):
-        fn(_params(), TOKENIZER, 3, temperature=0)
-    with pytest.raises(ValueError, match="batch_size"):
-        fn(_params(), TOKENIZER, 3, batch_size=0)
-    with pytest.raises(ValueError, match="tokenizer has 7 ids but the model 6"):
-        fn(_params(), Tokenizer("abcdef"), 3)
-    with pytest.raises(ValueError, match="in this process") as info:  # a stream is drawn here
-        fn(_params(), TOKENIZER, 2, length=5, workers=2)
-    assert info.value.param == "length"
-    for bos in (-1, CONFIG.vocab_size):
-        with pytest.raises(ValueError, match="bos"):
-            sample_tokens(_params(), bos, 2)
-
-
 # -- the protocol -------------------------------------------------------------------------------
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_matches_the_reference_sampler(backend: Any, temperature: float) -> None:
@@ -132,9 +104,9 @@ def test_matches_the_reference_sampler(backend: Any, temperature: float) -> None
     uniforms = np.random.default_rng(seed).random((N, CONFIG.block_size))
     sd = {k: v.tolist() for k, v in params.to_state_dict().items()}
     for i in range(N):
-        want = reference.sample_one(
-            sd, FeedRandom(uniforms[i]), BOS, temperature=temperature, n_head=CONFIG.n_head
-        )
+        rng = random.Random()  # whose random() returns row i's uniforms in order
+        rng.random = iter(uniforms[i].tolist()).__next__  # type: ignore[method-assign]
+        want = reference.sample_one(sd, rng, BOS, temperature=temperature, n_head=CONFIG.n_head)
         assert _cut(ids[i]) == want, i
 
 
@@ -144,6 +116,9 @@ def test_samples_are_valid_names_and_temperature_narrows_them() -> None:
     ids = sample_tokens(params, BOS, n, temperature=1.0, seed=0)
     assert ids.shape == (n, CONFIG.block_size) and ids.dtype == np.int64
     assert ids.min() >= 0 and ids.max() < CONFIG.vocab_size
+    for bos in (-1, CONFIG.vocab_size):
+        with pytest.raises(ValueError, match="bos"):
+            sample_tokens(params, bos, 2)
     names = sample(params, TOKENIZER, n, temperature=1.0, seed=0)
     for row, name in zip(ids, names, strict=True):
         prefix = _cut(row)
@@ -249,17 +224,23 @@ def test_choose_matches_random_choices(backend: Any) -> None:
 
 
 # -- errors ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("fn", [sample, iter_samples])
 @pytest.mark.parametrize(
     ("kwargs", "match", "param"),
     [*[({"num_samples": v}, "num_samples must be a positive int", "num_samples")
        for v in (0, -1, 2.0, True)],
      *[({"temperature": v}, "temperature", None)
        for v in (0, 0.0, -0.5, math.nan, math.inf, "1", True, np.bool_(True), 1j, None)],
-     *[({"length": v}, "length", "length") for v in (0, -1, 2.0, True, "3")]],
+     *[({"length": v}, "length", "length") for v in (0, -1, 2.0, True, "3")],
+     ({"batch_size": 0}, "batch_size", None),
+     ({"tokenizer": Tokenizer("abcdef")}, "tokenizer has 7 ids but the model 6", None),
+     ({"length": 5, "workers": 2}, "in this process", "length")],  # a stream is drawn here
 )  # fmt: skip
-def test_bad_arguments(kwargs: dict[str, Any], match: str, param: str | None) -> None:
+def test_bad_arguments_are_refused_at_the_call(
+    fn: Any, kwargs: dict[str, Any], match: str, param: str | None
+) -> None:
     with pytest.raises(ValueError, match=match) as info:
-        sample(_params(), TOKENIZER, **{"num_samples": 2, **kwargs})
+        fn(_params(), **{"tokenizer": TOKENIZER, "num_samples": 2, **kwargs})
     assert param is None or info.value.param == param  # type: ignore[attr-defined]
 
 
