@@ -297,8 +297,9 @@ def materialize(*items: Any) -> tuple[Any, ...]:
     """Evaluate the arrays of ``items`` (arrays, ``Params``, dataclasses and tuples of them)
     in one Dask computation whose results stay in memory, so that a training loop's graph
     does not grow; returns ``items`` rebuilt (the very same objects on eager backends)."""
-    flat = list(_leaves(items))
-    if not any(_xp.is_lazy(a) for a in flat):
+    flat: list[Any] = []
+    _leaves(items, flat)
+    if not any(_xp.is_lazy(a) for a in {type(a): a for a in flat}.values()):  # one per type
         return items
     done = iter(_xp.persist(flat))
     return tuple(_rebuild(item, done) for item in items)
@@ -313,12 +314,18 @@ def _parts(item: Any) -> dict[str, Any] | tuple[Any, ...] | None:
     return item if isinstance(item, tuple) else None
 
 
-def _leaves(item: Any) -> Iterator[Any]:
+def _leaves(item: Any, out: list[Any]) -> None:
+    """Append the arrays of ``item`` to ``out``, in :func:`_rebuild`'s order (a training
+    step's records hold about twenty: the walk is kept short)."""
+    if isinstance(item, Params):
+        out.extend(getattr(item, f) for f in FIELDS)
+        return
     parts = _parts(item)
     if parts is None:
-        yield item
-    for x in parts.values() if isinstance(parts, dict) else parts or ():
-        yield from _leaves(x)
+        out.append(item)
+        return
+    for x in parts.values() if isinstance(parts, dict) else parts:
+        _leaves(x, out)
 
 
 def _rebuild(item: Any, done: Iterator[Any]) -> Any:
