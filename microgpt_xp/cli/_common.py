@@ -70,14 +70,12 @@ def number(
     def parse(text: str) -> Any:
         try:
             value = kind(text)
+            fits = value > least if strict else value >= least
         except ValueError:
-            what = "an integer" if kind is int else f"a number {rule}"
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if kind is int and value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        fits = value > least if strict else value >= least
-        if not (math.isfinite(value) and fits and (below is None or value < below)):
-            raise argparse.ArgumentTypeError(f"must be a finite number {rule}, got {text!r}")
+            fits = False
+        if not (fits and (below is None or value < below)) or not math.isfinite(value):
+            what = "an integer" if kind is int else "a finite number"
+            raise argparse.ArgumentTypeError(f"expected {what} {rule}, got {text!r}")
         return value
 
     return parse

@@ -64,10 +64,6 @@ def run(args: argparse.Namespace) -> int:
     if args.length is not None and args.text is None:
         raise cli.UsageError("--length is the length of a passage: it needs --text")
     cli.check_common(args)
-    from .._xp import entry
-
-    if args.chunk_size is not None and not entry(args.backend).chunked:
-        raise ValueError("--chunk-size is the rows of a Dask task: it needs --backend dask")
     cli.check_plot(args.plot)
     cli.check_files(args)
     exists = args.checkpoint is not None and Path(args.checkpoint).exists()
@@ -144,11 +140,6 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
         longest = None if text_mode else default_block_size(every_doc)  # a stream: the spec's
         config = GPTConfig(
             tokenizer.vocab_size, **cli.shape_of(args, longest, tokenizer.vocab_size)
-        )
-    if not text_mode and len(docs := corpus["docs"]) < args.batch_size:
-        raise ValueError(
-            f"the corpus has {len(docs)} documents, fewer than the batch size "
-            f"{args.batch_size}: use --batch-size {len(docs)} (or less), or more documents"
         )
     state: dict[str, Any] = {"bar": None, "step": None}
     speed = _Speed()
