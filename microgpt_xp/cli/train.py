@@ -298,14 +298,12 @@ def _header(args: argparse.Namespace, corpus: dict[str, Any], config: Any) -> st
 def _resumed_config(args: argparse.Namespace, ck: Any, tokenizer: Any) -> Any:
     """The shape of the run that --resume continues; a shape option given, or the corpus's
     characters, must match it (the library checks the rest)."""
+    from ..resume import ResumeError
+
     for key in cli.SPEC_SHAPE:
         given, saved = getattr(args, key), getattr(ck.config, key)
         if given is not None and given != saved:
-            option = cli.OPTIONS[key]
-            raise ValueError(
-                f"cannot resume {args.checkpoint!r} with {option} {given}: its run has "
-                f"{option} {saved}"
-            )
+            raise ValueError(resume_words(ResumeError(key, saved, given, args.checkpoint), args))
     if ck.tokenizer is not None and ck.tokenizer != tokenizer:
         raise ValueError(
             f"cannot resume {args.checkpoint!r} with {_source(args)}: its run trained on a "
