@@ -363,6 +363,23 @@ def check_common(args: argparse.Namespace) -> None:
         ) from exc
 
 
+#: An option that does nothing without another: the options, one of which it needs.
+NEEDS = {
+    "newlines": "microgpt_exact",
+    **dict.fromkeys(["resume", "overwrite", "checkpoint_every"], "checkpoint"),
+    **dict.fromkeys(["eval_every", "eval_tokens"], "val_data val_fraction"),
+    "length": "text",
+}
+
+
+def check_needs(args: argparse.Namespace, names: str) -> None:
+    """:class:`UsageError` for an option of ``names`` given without one it needs (:data:`NEEDS`)."""
+    for option in names.split():
+        needed = NEEDS[option].split()
+        if getattr(args, option) and all(getattr(args, n, None) in (None, False) for n in needed):
+            raise UsageError(f"{OPTIONS[option]} needs {' or '.join(OPTIONS[n] for n in needed)}")
+
+
 def check_files(args: argparse.Namespace, out: str | None = None) -> None:
     """Outputs never replace inputs: refuse an ``--out`` that is ``--checkpoint`` and a
     ``--checkpoint`` that is ``--data``/``--text``/``--val-data`` (however spelled); fail now

@@ -46,8 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from .._files import claim
     from ..exact import run_exact
 
-    if args.overwrite and args.checkpoint is None:
-        raise cli.UsageError("--overwrite needs --checkpoint PATH")
+    cli.check_needs(args, "overwrite")
     cli.check_plot(args.plot)
     cli.check_files(args)
     if args.checkpoint is not None and Path(args.checkpoint).exists() and not args.overwrite:

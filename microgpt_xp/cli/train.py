@@ -36,7 +36,7 @@ def add_parser(sub: cli.Subcommands) -> None:
         "the command that continues it.",
         "backend device dtype steps batch_size lr data|text val_data|val_fraction eval_every "
         "eval_tokens warmup decay min_lr weight_decay grad_clip init_std beta1 beta2 seed "
-        "checkpoint/save checkpoint_every resume overwrite chunk_size workers threads jit "
+        "checkpoint/save checkpoint_every resume|overwrite chunk_size workers threads jit "
         "scheduler verbose n_layer n_embd n_head block_size plot num_samples/train length "
         "temperature json microgpt_exact newlines",
     ).set_defaults(handler=run)
@@ -48,21 +48,9 @@ def run(args: argparse.Namespace) -> int:
         from . import replay
 
         return replay.run(replay.parse_train_argv(args.argv[1:]))
-    if args.newlines:
-        raise cli.UsageError("--newlines applies only with --microgpt-exact")
-    if args.resume and args.overwrite:
-        raise cli.UsageError(
-            "--resume continues the run in --checkpoint and --overwrite replaces it: give one"
-        )
-    if (args.resume or args.overwrite or args.checkpoint_every) and args.checkpoint is None:
-        raise cli.UsageError("--resume, --overwrite and --checkpoint-every need --checkpoint PATH")
-    for option in cli.keywords(args, "eval_every eval_tokens", given=True):
-        if args.val_data is None and args.val_fraction is None:
-            raise cli.UsageError(
-                f"{cli.OPTIONS[option]} scores held-out text: give --val-data or --val-fraction"
-            )
-    if args.length is not None and args.text is None:
-        raise cli.UsageError("--length is the length of a passage: it needs --text")
+    cli.check_needs(
+        args, "newlines resume overwrite checkpoint_every eval_every eval_tokens length"
+    )
     cli.check_common(args)
     cli.check_plot(args.plot)
     cli.check_files(args)
