@@ -109,25 +109,31 @@ def _quote(text: str, limit: int = 40) -> str:
     return f"{text[:limit]!r}… ({len(text):,} characters)"
 
 
-def split_docs(docs: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
+def split_docs(
+    docs: Sequence[str], fraction: float, seed: int, param: str = "fraction"
+) -> tuple[list[str], list[str]]:
     """``(train, held_out)`` in corpus order, ``round(fraction * len(docs))`` documents (at
-    least one) held out by ``numpy.random.default_rng([seed, 1])``; ``DataError`` unless
-    ``0 < fraction < 1`` leaves a document on each side."""
-    if not 0.0 < fraction < 1.0:
-        raise DataError(f"the held-out fraction must lie in (0, 1), got {fraction!r}", "fraction")
+    least one) held out by ``numpy.random.default_rng([seed, 1])``; ``DataError`` naming
+    ``param`` unless ``0 < fraction < 1`` leaves a document on each side."""
+    _check_fraction(fraction, param)
     n = len(docs)
     held = max(1, round(fraction * n))
     if held >= n:
         raise DataError(
             f"holding out {held} of {n} documents leaves none to train on: a smaller "
             "fraction, or more documents",
-            "fraction",
+            param,
         )
     chosen = set(np.random.default_rng([seed, 1]).permutation(n)[:held].tolist())
     return (
         [d for i, d in enumerate(docs) if i not in chosen],
         [d for i, d in enumerate(docs) if i in chosen],
     )
+
+
+def _check_fraction(fraction: float, param: str) -> None:
+    if not 0.0 < fraction < 1.0:
+        raise DataError(f"the held-out fraction must lie in (0, 1), got {fraction!r}", param)
 
 
 def check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
@@ -377,10 +383,7 @@ def split_text(text: str, fraction: float) -> tuple[str, str]:
     """``(train, held_out)``: the text cut in two, the last ``round(fraction * len(text))``
     characters held out (contiguous, as nanoGPT's last 10%); :class:`DataError` naming
     ``val_fraction`` unless ``0 < fraction < 1`` leaves two characters on each side."""
-    if not 0.0 < fraction < 1.0:
-        raise DataError(
-            f"the held-out fraction must lie in (0, 1), got {fraction!r}", "val_fraction"
-        )
+    _check_fraction(fraction, "val_fraction")
     cut = len(text) - round(fraction * len(text))
     if min(cut, len(text) - cut) < 2:
         raise DataError(

@@ -25,7 +25,6 @@ from .checkpoint import save
 from .config import GPTConfig
 from .data import (
     TEXT_BLOCK_SIZE,
-    DataError,
     Tokenizer,
     batch_indices,
     check_docs,
@@ -213,7 +212,26 @@ def train(
         )
     backend = _xp.check_backend(backend)
     runner = runners.pick(runner, backend, workers=workers, chunk_size=chunk_size, jit=jit)
-    _check_corpora(docs, text, val_docs, val_text, val_fraction)
+    held = [v is not None for v in (val_docs, val_text, val_fraction)]
+    no_path, no_held_out = checkpoint is None, not any(held)
+    path, data = "needs a checkpoint path", "needs held-out data (val_docs, val_text, val_fraction)"
+    for name, clash, why in (  # corpora that do not go together; options that would do nothing
+        ("text", text is not None and docs is not None, "and docs= are exclusive"),
+        ("val_docs", text is not None and held[0], "goes with docs=, not text="),
+        ("val_text", text is None and held[1], "goes with text=, not docs="),
+        ("val_fraction", held[2] and (held[0] or held[1]), "excludes val_docs= and val_text="),
+        ("resume", resume and no_path, path),
+        ("overwrite", overwrite and no_path, path),
+        ("checkpoint_every", checkpoint_every > 0 and no_path, path),
+        ("eval_every", eval_every is not None and no_held_out, data),
+        ("eval_tokens", eval_tokens is not None and no_held_out, data),
+    ):
+        if clash:
+            raise ArgumentValueError(name, f"{name}= {why}")
+    if held[2] and (isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real)):
+        raise ArgumentTypeError(
+            "val_fraction", f"val_fraction must be a real number: {val_fraction!r}"
+        )
     changes = {
         "lr": lr,
         "warmup": warmup,
@@ -225,19 +243,6 @@ def train(
     }
     given = {k: v for k, v in changes.items() if v is not None}
     optimizer = adam_config(optimizer, **given, num_steps=steps)  # one call: warmup < steps
-    no_held_out = val_docs is None and val_text is None and val_fraction is None
-    for name, idle in (
-        ("resume", resume and checkpoint is None),
-        ("overwrite", overwrite and checkpoint is None),
-        ("checkpoint_every", checkpoint_every > 0 and checkpoint is None),
-        ("eval_every", eval_every is not None and no_held_out),
-        ("eval_tokens", eval_tokens is not None and no_held_out),
-    ):
-        if idle:  # an option that would do nothing
-            needs = "held-out data (val_docs, val_text or val_fraction)"
-            raise ArgumentValueError(
-                name, f"{name}= needs {needs if name.startswith('eval') else 'a checkpoint path'}"
-            )
     if checkpoint is not None and Path(checkpoint).exists() and not (resume or overwrite):
         raise FileExistsError(
             f"checkpoint {str(checkpoint)!r} exists; resume it (resume=True) or replace it "
@@ -273,10 +278,8 @@ def train(
     if eval_tokens is None:
         eval_tokens = max(EVAL_MIN_TOKENS, math.ceil(EVAL_SHARE * every * step_tokens))
     scorer = None
-    if held_out and text is not None:
-        scorer = _held_out_text(tokenizer, held_out[0], block, eval_tokens)
-    elif held_out:
-        scorer = _held_out_docs(tokenizer, held_out, block, eval_tokens)
+    if held_out:
+        scorer = _held_out(tokenizer, held_out, text is not None, block, eval_tokens)
     run = run_record(
         seed,
         batch_size,
@@ -325,31 +328,6 @@ def train(
     return result
 
 
-def _check_corpora(docs: Any, text: Any, val_docs: Any, val_text: Any, val_fraction: Any) -> None:
-    """``ArgumentValueError`` for corpora that do not go together."""
-    if text is not None and docs is not None:
-        raise ArgumentValueError(
-            "text", "text= and docs= are exclusive: one stream of text or a list of documents"
-        )
-    if text is not None and val_docs is not None:
-        raise ArgumentValueError(
-            "val_docs", "val_docs= goes with docs=; a text run holds out val_text= or val_fraction="
-        )
-    if text is None and val_text is not None:
-        raise ArgumentValueError(
-            "val_text", "val_text= goes with text=; a run on documents holds out val_docs="
-        )
-    if val_fraction is not None:
-        if val_docs is not None or val_text is not None:
-            raise ArgumentValueError(
-                "val_fraction", "val_fraction= and val_docs=/val_text= are exclusive"
-            )
-        if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real):
-            raise ArgumentTypeError(
-                "val_fraction", f"val_fraction must be a real number, got {val_fraction!r}"
-            )
-
-
 def _corpora(
     docs: Sequence[str] | None,
     text: Any,
@@ -371,10 +349,7 @@ def _corpora(
     corpus = check_docs(docs, "docs")
     held = None if val_docs is None else check_docs(val_docs, "val_docs")
     if val_fraction is not None:
-        try:
-            corpus, held = split_docs(corpus, float(val_fraction), seed)
-        except DataError as exc:
-            raise DataError(str(exc), "val_fraction") from exc
+        corpus, held = split_docs(corpus, float(val_fraction), seed, "val_fraction")
     return corpus, held, tokenizer or Tokenizer.from_docs([*corpus, *(held or [])])
 
 
@@ -397,26 +372,23 @@ def _doc_batch(
 Scorer = Callable[[Params, runners.Runner], tuple[float, float]]
 
 
-def _held_out_docs(tokenizer: Tokenizer, docs: list[str], block: int, max_tokens: int) -> Scorer:
-    """The scorer of the first held-out documents that predict at most ``max_tokens``
-    tokens in all (at least one)."""
-    fits = np.cumsum([min(len(d) + 1, block) for d in docs])
-    first = docs[: max(1, int(np.searchsorted(fits, max_tokens, side="right")))]
+def _held_out(
+    tokenizer: Tokenizer, held_out: list[str], text: bool, block: int, max_tokens: int
+) -> Scorer:
+    """The scorer of a held-out stream's fixed windows (both means per token), or of the first
+    held-out documents that predict at most ``max_tokens`` tokens in all (at least one)."""
+    if text:
+        tokens, lengths = held_out_rows(tokenizer, held_out[0], block, max_tokens)
+    else:
+        fits = np.cumsum([min(len(d) + 1, block) for d in held_out])
+        first = held_out[: max(1, int(np.searchsorted(fits, max_tokens, side="right")))]
 
     def scorer(params: Params, runner: runners.Runner) -> tuple[float, float]:
+        if text:
+            mean = score_encoded(params, tokens, lengths, runner=runner).token_mean
+            return mean, mean
         summary = score_docs(params, tokenizer, first, runner=runner)
         return summary.mean, summary.token_mean
-
-    return scorer
-
-
-def _held_out_text(tokenizer: Tokenizer, text: str, block: int, max_tokens: int) -> Scorer:
-    """The scorer of a held-out stream's fixed windows (both means per token)."""
-    tokens, lengths = held_out_rows(tokenizer, text, block, max_tokens)
-
-    def scorer(params: Params, runner: runners.Runner) -> tuple[float, float]:
-        mean = score_encoded(params, tokens, lengths, runner=runner).token_mean
-        return mean, mean
 
     return scorer
 
