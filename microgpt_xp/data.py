@@ -143,9 +143,7 @@ def check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
         return default_docs()
     if isinstance(docs, (str, bytes)):
         raise ArgumentTypeError(
-            what,
-            f"{what} must be a sequence of documents, not one string (a string would be read "
-            "as one-character documents): pass [text] or text.splitlines()",
+            what, f"{what} must be a sequence of documents, not one string: [text] or text="
         )
     docs = list(docs)
     if not docs:
@@ -428,11 +426,9 @@ def text_windows(
 
 
 def eval_windows(num_tokens: int, block_size: int, max_tokens: int) -> np.ndarray:
-    """Start offsets of the fixed held-out windows of a stream of ``num_tokens``: ``k``
-    windows of ``block_size + 1`` tokens, evenly spaced from the first character to the
-    last, that predict disjoint tokens (consecutive windows share at most one character),
-    ``k`` as many as fit but at most ``max_tokens // block_size`` (at least one). A stream
-    shorter than a window is one window of all of it."""
+    """Start offsets of the fixed held-out windows of ``block_size + 1`` tokens in a stream
+    of ``num_tokens``: evenly spaced, end to end, predicting disjoint tokens, as many as fit
+    but at most ``max_tokens // block_size`` (at least one, all of a shorter stream)."""
     room = num_tokens - 1 - block_size  # the last start
     if room < 0:
         return np.zeros(1, dtype=np.int64)

@@ -72,6 +72,9 @@ DIVERGED = 100.0
 EVAL_SHARE = 0.3
 EVAL_MIN_TOKENS = 512
 
+#: train()'s keywords that replace a field of its optimizer's AdamConfig.
+_ADAM_KEYWORDS = ("lr", "warmup", "decay", "min_lr", "weight_decay", "grad_clip", "init_std")
+
 #: ``(tokens (B, L), lengths (B,))`` of a step (0-based) on the host, rows trimmed to the
 #: longest if the second argument says so (else one shape).
 Batches = Callable[[int, bool], tuple[np.ndarray, np.ndarray]]
@@ -232,16 +235,8 @@ def train(
         raise ArgumentTypeError(
             "val_fraction", f"val_fraction must be a real number: {val_fraction!r}"
         )
-    changes = {
-        "lr": lr,
-        "warmup": warmup,
-        "decay": decay,
-        "min_lr": min_lr,
-        "weight_decay": weight_decay,
-        "grad_clip": grad_clip,
-        "init_std": init_std,
-    }
-    given = {k: v for k, v in changes.items() if v is not None}
+    values = (lr, warmup, decay, min_lr, weight_decay, grad_clip, init_std)
+    given = {k: v for k, v in zip(_ADAM_KEYWORDS, values, strict=True) if v is not None}
     optimizer = adam_config(optimizer, **given, num_steps=steps)  # one call: warmup < steps
     if checkpoint is not None and Path(checkpoint).exists() and not (resume or overwrite):
         raise FileExistsError(
