@@ -369,9 +369,7 @@ def check_text(text: Any, what: str) -> str:
     """``text`` if it is a string of at least two characters, else ``ArgumentTypeError`` or
     :class:`DataError` naming the argument ``what``."""
     if not isinstance(text, str):
-        raise ArgumentTypeError(
-            what, f"{what} must be a string (one stream of text), got {type(text).__name__}"
-        )
+        raise ArgumentTypeError(what, f"{what} must be a string, got {type(text).__name__}")
     if len(text) < 2:
         raise DataError(f"{what} holds {len(text)} characters; a stream needs at least 2", what)
     return text
@@ -416,11 +414,8 @@ def text_windows(
     tokens in a stream of ``num_tokens``: uniform in ``[0, num_tokens - block_size - 1]``
     by ``numpy.random.default_rng([seed, step])`` (a resumed run draws the same)."""
     if num_tokens < block_size + 1:
-        raise DataError(
-            f"the text has {num_tokens} characters, fewer than a window of block_size + 1 = "
-            f"{block_size + 1}",
-            "text",
-        )
+        why = f"fewer than a window of block_size + 1 = {block_size + 1}"
+        raise DataError(f"the text has {num_tokens} characters, {why}", "text")
     rng = np.random.default_rng([seed, step])
     return rng.integers(0, num_tokens - block_size, size=batch_size, dtype=np.int64)
 
