@@ -41,9 +41,8 @@ def _newlines(text: str) -> str:
 
 
 def read_docs(path: str | Path) -> list[str]:
-    """The documents of a UTF-8 text file (:func:`docs_from_text`); a byte-order mark at the
-    start is dropped. :class:`DataError` for a missing file, one that is not a regular file
-    (a folder, FIFO or device: never waited on), bytes that are not UTF-8 or no document."""
+    """The documents of a UTF-8 text file (:func:`docs_from_text`, a leading BOM dropped);
+    :class:`DataError` for a missing or irregular file (never waited on), non-UTF-8 or none."""
     docs = docs_from_text(_read_utf8(path))
     if not docs:
         raise DataError(f"data file {str(path)!r} holds no documents (it is empty or blank)")
@@ -51,10 +50,8 @@ def read_docs(path: str | Path) -> list[str]:
 
 
 def read_text(path: str | Path) -> str:
-    r"""A UTF-8 text file as one stream of text (for ``train(text=...)``): its characters as
-    ``open()`` reads them (``\r\n`` and ``\r`` become ``\n``), a byte-order mark at the
-    start dropped; :class:`DataError` as :func:`read_docs`, and for fewer than two
-    characters."""
+    """A UTF-8 text file as one stream (``train(text=...)``), read as ``open()`` does (a
+    leading BOM dropped); :class:`DataError` as :func:`read_docs`, or under two characters."""
     text = _newlines(_read_utf8(path))
     if len(text) < 2:
         raise DataError(
@@ -293,9 +290,8 @@ def encode_docs(
 
 
 def batch_indices(num_docs: int, batch_size: int, step: int, seed: int) -> np.ndarray:
-    """Indices ``(batch_size,)`` of training step ``step`` (0-based): positions ``s*B ..
-    s*B + B - 1`` of epochs, each a permutation by ``numpy.random.default_rng([seed,
-    epoch])``, so a resumed run sees the same batches."""
+    """Indices ``(batch_size,)`` of step ``step`` (0-based): its ``batch_size`` positions
+    in :func:`epoch_positions` (a resumed run sees the same batches)."""
     if batch_size < 1:
         raise DataError(f"batch size must be at least 1, got {batch_size}", "batch_size")
     if num_docs < batch_size:
@@ -330,9 +326,8 @@ def predicted(lengths: np.ndarray, block_size: int) -> np.ndarray:
 
 
 def length_groups(lengths: np.ndarray, block_size: int, call_cost: float) -> list[np.ndarray]:
-    """The rows of a batch ``lengths (B,)`` in groups of near-equal length (row indices,
-    shortest first), each computed trimmed to its longest: the cut that minimizes the
-    positions computed plus ``call_cost`` positions a group; one group where no cut pays."""
+    """Row indices of ``lengths (B,)`` in groups of near-equal length, shortest first, that
+    minimize the positions computed (each group trimmed) plus ``call_cost`` a group."""
     computed, useful = padding(lengths, block_size)
     if computed - useful <= call_cost:
         return [np.arange(len(lengths))]  # even no padding at all would not pay for a call
@@ -376,9 +371,9 @@ def check_text(text: Any, what: str) -> str:
 
 
 def split_text(text: str, fraction: float) -> tuple[str, str]:
-    """``(train, held_out)``: the text cut in two, the last ``round(fraction * len(text))``
-    characters held out (contiguous, as nanoGPT's last 10%); :class:`DataError` naming
-    ``val_fraction`` unless ``0 < fraction < 1`` leaves two characters on each side."""
+    """``(train, held_out)``: the last ``round(fraction * len(text))`` characters held out
+    (as nanoGPT's last 10%); :class:`DataError` naming ``val_fraction`` unless ``0 < fraction
+    < 1`` leaves two characters on each side."""
     _check_fraction(fraction, "val_fraction")
     cut = len(text) - round(fraction * len(text))
     if min(cut, len(text) - cut) < 2:
@@ -391,9 +386,8 @@ def split_text(text: str, fraction: float) -> tuple[str, str]:
 
 
 def encode_text(tokenizer: Tokenizer, text: str) -> np.ndarray:
-    """The character ids of ``text``, ``(len(text),)`` int64 (every character a token,
-    newlines too, no BOS); ``ValueError`` naming the first character not in the
-    vocabulary and its position."""
+    """The character ids ``(len(text),)`` int64 of ``text`` (no BOS); ``ValueError`` naming
+    the first character not in the vocabulary and its position."""
     codes = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
     table = np.frombuffer("".join(tokenizer.chars).encode("utf-32-le"), dtype="<u4")
     ids = np.minimum(np.searchsorted(table, codes), len(table) - 1)  # chars are sorted
