@@ -159,16 +159,16 @@ def train(
         docs: the corpus (default :func:`~microgpt_xp.data.default_docs`), read in epochs
             (:func:`~microgpt_xp.data.batch_indices`); or ``text``: one stream, each row a
             window of ``block_size + 1`` characters drawn by ``default_rng([seed, step])``.
-        steps, batch_size, seed: Adam steps (the length of the decay), rows a step, and the
-            seed of the initial weights and the batch order.
+        steps, batch_size, seed: Adam steps (the decay's length), rows a step, and the seed
+            of the initial weights and the batch order.
         config, params: the model's shape (default: the spec's with the tokenizer's
             vocabulary and :func:`~microgpt_xp.data.default_block_size`, 16 for text), or
             weights to start from.
-        backend, device, dtype: where the weights live: a table name (``"numpy"``, ...,
-            ``"dask"``: tasks over NumPy chunks) or an Array API namespace.
-        runner, workers, chunk_size, jit: how a batch is spread (:mod:`microgpt_xp.runners`,
-            default ``Local(jit)``; ``workers=N``: ``Processes(N)``; ``chunk_size``: a Dask
-            task's rows); ``jit=None`` compiles where the namespace can, ``False`` never.
+        backend, device, dtype: where the weights live (a table name or an Array API
+            namespace; ``"dask"``: tasks over NumPy chunks).
+        runner, workers, chunk_size, jit: how a batch is spread (default ``Local(jit)``;
+            ``workers=N``: ``Processes(N)``; ``chunk_size``: a Dask task's rows; ``jit=None``
+            compiles where the namespace can, ``False`` never).
         threads: BLAS threads during the run: a count, ``"auto"`` or ``None`` (untouched).
         optimizer, lr, warmup, decay, min_lr, weight_decay, grad_clip, init_std: Adam's
             :class:`~microgpt_xp.AdamConfig` (``num_steps=steps``), fields replaced where given.
@@ -178,19 +178,18 @@ def train(
             every ``checkpoint_every`` steps and at the end; an existing one is refused
             unless ``resume`` (the uninterrupted run's losses; :class:`ResumeError` names an
             argument that differs; more ``steps`` extend a finished run) or ``overwrite``.
-        val_docs, val_text, val_fraction: held-out data (or this fraction held out: the
-            text's end, :func:`~microgpt_xp.data.split_docs` by ``seed``), scored every
-            ``eval_every`` steps (default a tenth of the run) and at the end, predicting at
-            most ``eval_tokens`` (default 0.3 times the tokens trained between two, at least
-            512); ``on_eval(step, val_loss)`` after each.
-        callback, on_step: called after each step as ``callback(step, loss)`` (1-based),
-            then ``on_step(StepStats(...))``.
+        val_docs, val_text, val_fraction: held-out data (or this fraction: the text's end,
+            :func:`~microgpt_xp.data.split_docs` by ``seed``), scored every ``eval_every``
+            steps (default a tenth of the run) and at the end on at most ``eval_tokens``
+            (default 0.3 times the tokens trained in between, at least 512); then
+            ``on_eval(step, val_loss)``.
+        callback, on_step: after each step, ``callback(step, loss)`` (1-based), then
+            ``on_step(StepStats(...))``.
 
-    A ``KeyboardInterrupt`` in a run with a ``checkpoint`` saves the last step completed
-    (its update and any evaluation due) before it goes on up, so resuming gives the
-    uninterrupted run. Raises ``ValueError``/``TypeError`` for bad arguments,
-    ``FileExistsError`` for a checkpoint in the way, and :class:`TrainingError` for a loss
-    or weight that is not finite or a diverged loss (the last good checkpoint is kept).
+    A ``KeyboardInterrupt`` with a ``checkpoint`` first saves the last step completed, so
+    resuming gives the uninterrupted run. ``ValueError``/``TypeError`` for bad arguments,
+    ``FileExistsError`` for a checkpoint in the way, :class:`TrainingError` for a loss or
+    weight that is not finite or a diverged loss (the last good checkpoint is kept).
     """
     _xp.check_dtype(dtype)
     _xp.check_positive_int(steps, "steps")
