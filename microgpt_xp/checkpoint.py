@@ -66,6 +66,9 @@ class _Record(NamedTuple):  # one array as the header lists it
     sha256: str
 
 
+_Hp = tuple[AdamConfig, int] | None  # Adam's config and step, if the file has them
+
+
 def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
 
@@ -178,9 +181,7 @@ def peek(path: str | Path) -> Header:
 
 def _read_file(
     path: Path, name: str, config: GPTConfig | None, arrays: bool = True
-) -> tuple[
-    dict[str, Any], GPTConfig, tuple[AdamConfig, int] | None, Tokenizer | None, dict[str, Any]
-]:
+) -> tuple[dict[str, Any], GPTConfig, _Hp, Tokenizer | None, dict[str, Any]]:
     """``(header, config, (Adam's config, step) or None, tokenizer, arrays)`` of a checkpoint:
     the header against its SHA-256, each array's declared size before it is inflated, then its
     dtype, shape and SHA-256 against the header (``arrays=False``: none read, ``{}``)."""
@@ -257,9 +258,7 @@ def _read(
 
 def _header(
     raw: bytes | None, stored: bytes | None, name: str
-) -> tuple[
-    dict[str, Any], GPTConfig, dict[str, _Record], tuple[AdamConfig, int] | None, Tokenizer | None
-]:
+) -> tuple[dict[str, Any], GPTConfig, dict[str, _Record], _Hp, Tokenizer | None]:
     """``(header, config, records, (Adam's config, step) or None, tokenizer)`` of the JSON
     header, once its format, SHA-256 (which must be there), version and content pass."""
     not_ours = f"{name} is not a microgpt-xp checkpoint"

@@ -594,10 +594,8 @@ def weighted_loss_and_grads(
 
 
 def row_groups(params: Params, lengths: np.ndarray, compiled: bool) -> list[np.ndarray]:
-    """The rows of a shard's batch ``lengths (B,)`` in the groups computed one call each,
-    each trimmed to its longest: :func:`~microgpt_xp.data.length_groups` at
-    :data:`CALL_COST` for eager arrays on a CPU; one group (the batch as it came) where
-    the step is compiled (one shape) or on an accelerator (where calls cost more)."""
+    """A shard's rows ``lengths (B,)`` in the groups computed one call each: eager on a CPU,
+    :func:`~microgpt_xp.data.length_groups` at :data:`CALL_COST`; else one group, as it came."""
     cfg = params.config
     if compiled or len(lengths) < 2 or "cpu" not in str(params.device).lower():
         return [np.arange(len(lengths))]
