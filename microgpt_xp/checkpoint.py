@@ -66,8 +66,15 @@ class _Record(NamedTuple):  # one array as the header lists it
     sha256: str
 
 
+_Hp = tuple[AdamConfig, int] | None  # Adam's config and step, if the file has them
+
+
 def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def _corrupt(name: str, why: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint {name} is corrupt: {why}")
 
 
 def _bytes(raw: bytes) -> np.ndarray:
@@ -174,9 +181,7 @@ def peek(path: str | Path) -> Header:
 
 def _read_file(
     path: Path, name: str, config: GPTConfig | None, arrays: bool = True
-) -> tuple[
-    dict[str, Any], GPTConfig, tuple[AdamConfig, int] | None, Tokenizer | None, dict[str, Any]
-]:
+) -> tuple[dict[str, Any], GPTConfig, _Hp, Tokenizer | None, dict[str, Any]]:
     """``(header, config, (Adam's config, step) or None, tokenizer, arrays)`` of a checkpoint:
     the header against its SHA-256, each array's declared size before it is inflated, then its
     dtype, shape and SHA-256 against the header (``arrays=False``: none read, ``{}``)."""
@@ -190,7 +195,7 @@ def _read_file(
             infos = archive.infolist()
             members = {i.filename: i for i in infos}
             if len(members) != len(infos):
-                raise CheckpointError(f"checkpoint {name} is corrupt: a member appears twice")
+                raise _corrupt(name, "a member appears twice")
             raw, stored = (
                 _read(archive, members[k], name, None, most).tobytes() if k in members else None
                 for k, most in zip(_HEADERS, (MAX_HEADER_BYTES, 64), strict=True)
@@ -214,7 +219,7 @@ def _read_file(
         raise CheckpointError(f"checkpoint {name} is corrupt or truncated: {exc!r}") from exc
     bad = [k for k, a in data.items() if _digest(a) != table[k].sha256]
     if bad:
-        raise CheckpointError(f"checkpoint {name} is corrupt: array {bad[0]!r} fails its checksum")
+        raise _corrupt(name, f"array {bad[0]!r} fails its checksum")
     bad = [k for k, a in data.items() if not np.isfinite(a).all()]
     if bad:
         raise CheckpointError(f"checkpoint {name} holds non-finite values in {bad}")
@@ -230,9 +235,8 @@ def _read(
         most = np.dtype(rec.dtype).itemsize * math.prod(rec.shape)
     least = 0 if rec is None else most
     if not least <= info.file_size <= most + _NPY_HEADER_BYTES:
-        raise CheckpointError(
-            f"checkpoint {name} is corrupt: member {info.filename!r} declares a size of "
-            f"{info.file_size} bytes, for {least} to {most} bytes of data"
+        raise _corrupt(
+            name, f"member {info.filename!r} declares {info.file_size} bytes, for {least} to {most}"
         )
     with archive.open(info) as f:
         version = np.lib.format.read_magic(f)
@@ -243,10 +247,8 @@ def _read(
             if dtype != np.uint8 or len(shape) != 1:
                 raise ValueError(f"member {info.filename!r} is not a byte string")
         elif dtype.str != rec.dtype or tuple(shape) != rec.shape:
-            raise CheckpointError(
-                f"checkpoint {name} is corrupt: array {info.filename[:-4]!r} is stored as "
-                f"{dtype.str} {tuple(shape)}, and its header says {rec.dtype} {rec.shape}"
-            )
+            why = f"{dtype.str} {tuple(shape)}, and its header says {rec.dtype} {rec.shape}"
+            raise _corrupt(name, f"array {info.filename[:-4]!r} is stored as {why}")
         buf = bytearray(f.read())  # bounded by the declared size; the end checks the CRC
     if len(buf) != dtype.itemsize * math.prod(shape):
         raise ValueError(f"member {info.filename!r} is shorter or longer than its shape {shape}")
@@ -256,9 +258,7 @@ def _read(
 
 def _header(
     raw: bytes | None, stored: bytes | None, name: str
-) -> tuple[
-    dict[str, Any], GPTConfig, dict[str, _Record], tuple[AdamConfig, int] | None, Tokenizer | None
-]:
+) -> tuple[dict[str, Any], GPTConfig, dict[str, _Record], _Hp, Tokenizer | None]:
     """``(header, config, records, (Adam's config, step) or None, tokenizer)`` of the JSON
     header, once its format, SHA-256 (which must be there), version and content pass."""
     not_ours = f"{name} is not a microgpt-xp checkpoint"
@@ -269,9 +269,9 @@ def _header(
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise CheckpointError(f"{not_ours} (its header names no microgpt-xp format)")
     if stored is None:
-        raise CheckpointError(f"checkpoint {name} is corrupt: it has no header checksum")
+        raise _corrupt(name, "it has no header checksum")
     if stored.decode(errors="replace") != hashlib.sha256(raw).hexdigest():  # type: ignore[arg-type]
-        raise CheckpointError(f"checkpoint {name} is corrupt: its header fails its checksum")
+        raise _corrupt(name, "its header fails its checksum")
     if header.get("version") not in READS:
         raise CheckpointError(
             f"checkpoint {name} has format version {header.get('version')!r}; this microgpt-xp "

@@ -41,9 +41,8 @@ def _newlines(text: str) -> str:
 
 
 def read_docs(path: str | Path) -> list[str]:
-    """The documents of a UTF-8 text file (:func:`docs_from_text`); a byte-order mark at the
-    start is dropped. :class:`DataError` for a missing file, one that is not a regular file
-    (a folder, FIFO or device: never waited on), bytes that are not UTF-8 or no document."""
+    """The documents of a UTF-8 text file (:func:`docs_from_text`, a leading BOM dropped);
+    :class:`DataError` for a missing or irregular file (never waited on), non-UTF-8 or none."""
     docs = docs_from_text(_read_utf8(path))
     if not docs:
         raise DataError(f"data file {str(path)!r} holds no documents (it is empty or blank)")
@@ -51,10 +50,8 @@ def read_docs(path: str | Path) -> list[str]:
 
 
 def read_text(path: str | Path) -> str:
-    r"""A UTF-8 text file as one stream of text (for ``train(text=...)``): its characters as
-    ``open()`` reads them (``\r\n`` and ``\r`` become ``\n``), a byte-order mark at the
-    start dropped; :class:`DataError` as :func:`read_docs`, and for fewer than two
-    characters."""
+    """A UTF-8 text file as one stream (``train(text=...)``), read as ``open()`` does (a
+    leading BOM dropped); :class:`DataError` as :func:`read_docs`, or under two characters."""
     text = _newlines(_read_utf8(path))
     if len(text) < 2:
         raise DataError(
@@ -109,25 +106,31 @@ def _quote(text: str, limit: int = 40) -> str:
     return f"{text[:limit]!r}… ({len(text):,} characters)"
 
 
-def split_docs(docs: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
+def split_docs(
+    docs: Sequence[str], fraction: float, seed: int, param: str = "fraction"
+) -> tuple[list[str], list[str]]:
     """``(train, held_out)`` in corpus order, ``round(fraction * len(docs))`` documents (at
-    least one) held out by ``numpy.random.default_rng([seed, 1])``; ``DataError`` unless
-    ``0 < fraction < 1`` leaves a document on each side."""
-    if not 0.0 < fraction < 1.0:
-        raise DataError(f"the held-out fraction must lie in (0, 1), got {fraction!r}", "fraction")
+    least one) held out by ``numpy.random.default_rng([seed, 1])``; ``DataError`` naming
+    ``param`` unless ``0 < fraction < 1`` leaves a document on each side."""
+    _check_fraction(fraction, param)
     n = len(docs)
     held = max(1, round(fraction * n))
     if held >= n:
         raise DataError(
             f"holding out {held} of {n} documents leaves none to train on: a smaller "
             "fraction, or more documents",
-            "fraction",
+            param,
         )
     chosen = set(np.random.default_rng([seed, 1]).permutation(n)[:held].tolist())
     return (
         [d for i, d in enumerate(docs) if i not in chosen],
         [d for i, d in enumerate(docs) if i in chosen],
     )
+
+
+def _check_fraction(fraction: float, param: str) -> None:
+    if not 0.0 < fraction < 1.0:
+        raise DataError(f"the held-out fraction must lie in (0, 1), got {fraction!r}", param)
 
 
 def check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
@@ -137,9 +140,7 @@ def check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
         return default_docs()
     if isinstance(docs, (str, bytes)):
         raise ArgumentTypeError(
-            what,
-            f"{what} must be a sequence of documents, not one string (a string would be read "
-            "as one-character documents): pass [text] or text.splitlines()",
+            what, f"{what} must be a sequence of documents, not one string: [text] or text="
         )
     docs = list(docs)
     if not docs:
@@ -289,9 +290,8 @@ def encode_docs(
 
 
 def batch_indices(num_docs: int, batch_size: int, step: int, seed: int) -> np.ndarray:
-    """Indices ``(batch_size,)`` of training step ``step`` (0-based): positions ``s*B ..
-    s*B + B - 1`` of epochs, each a permutation by ``numpy.random.default_rng([seed,
-    epoch])``, so a resumed run sees the same batches."""
+    """Indices ``(batch_size,)`` of step ``step`` (0-based): its ``batch_size`` positions
+    in :func:`epoch_positions` (a resumed run sees the same batches)."""
     if batch_size < 1:
         raise DataError(f"batch size must be at least 1, got {batch_size}", "batch_size")
     if num_docs < batch_size:
@@ -326,9 +326,8 @@ def predicted(lengths: np.ndarray, block_size: int) -> np.ndarray:
 
 
 def length_groups(lengths: np.ndarray, block_size: int, call_cost: float) -> list[np.ndarray]:
-    """The rows of a batch ``lengths (B,)`` in groups of near-equal length (row indices,
-    shortest first), each computed trimmed to its longest: the cut that minimizes the
-    positions computed plus ``call_cost`` positions a group; one group where no cut pays."""
+    """Row indices of ``lengths (B,)`` in groups of near-equal length, shortest first, that
+    minimize the positions computed (each group trimmed) plus ``call_cost`` a group."""
     computed, useful = padding(lengths, block_size)
     if computed - useful <= call_cost:
         return [np.arange(len(lengths))]  # even no padding at all would not pay for a call
@@ -365,22 +364,17 @@ def check_text(text: Any, what: str) -> str:
     """``text`` if it is a string of at least two characters, else ``ArgumentTypeError`` or
     :class:`DataError` naming the argument ``what``."""
     if not isinstance(text, str):
-        raise ArgumentTypeError(
-            what, f"{what} must be a string (one stream of text), got {type(text).__name__}"
-        )
+        raise ArgumentTypeError(what, f"{what} must be a string, got {type(text).__name__}")
     if len(text) < 2:
         raise DataError(f"{what} holds {len(text)} characters; a stream needs at least 2", what)
     return text
 
 
 def split_text(text: str, fraction: float) -> tuple[str, str]:
-    """``(train, held_out)``: the text cut in two, the last ``round(fraction * len(text))``
-    characters held out (contiguous, as nanoGPT's last 10%); :class:`DataError` naming
-    ``val_fraction`` unless ``0 < fraction < 1`` leaves two characters on each side."""
-    if not 0.0 < fraction < 1.0:
-        raise DataError(
-            f"the held-out fraction must lie in (0, 1), got {fraction!r}", "val_fraction"
-        )
+    """``(train, held_out)``: the last ``round(fraction * len(text))`` characters held out
+    (as nanoGPT's last 10%); :class:`DataError` naming ``val_fraction`` unless ``0 < fraction
+    < 1`` leaves two characters on each side."""
+    _check_fraction(fraction, "val_fraction")
     cut = len(text) - round(fraction * len(text))
     if min(cut, len(text) - cut) < 2:
         raise DataError(
@@ -392,9 +386,8 @@ def split_text(text: str, fraction: float) -> tuple[str, str]:
 
 
 def encode_text(tokenizer: Tokenizer, text: str) -> np.ndarray:
-    """The character ids of ``text``, ``(len(text),)`` int64 (every character a token,
-    newlines too, no BOS); ``ValueError`` naming the first character not in the
-    vocabulary and its position."""
+    """The character ids ``(len(text),)`` int64 of ``text`` (no BOS); ``ValueError`` naming
+    the first character not in the vocabulary and its position."""
     codes = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
     table = np.frombuffer("".join(tokenizer.chars).encode("utf-32-le"), dtype="<u4")
     ids = np.minimum(np.searchsorted(table, codes), len(table) - 1)  # chars are sorted
@@ -415,21 +408,16 @@ def text_windows(
     tokens in a stream of ``num_tokens``: uniform in ``[0, num_tokens - block_size - 1]``
     by ``numpy.random.default_rng([seed, step])`` (a resumed run draws the same)."""
     if num_tokens < block_size + 1:
-        raise DataError(
-            f"the text has {num_tokens} characters, fewer than a window of block_size + 1 = "
-            f"{block_size + 1}",
-            "text",
-        )
+        why = f"fewer than a window of block_size + 1 = {block_size + 1}"
+        raise DataError(f"the text has {num_tokens} characters, {why}", "text")
     rng = np.random.default_rng([seed, step])
     return rng.integers(0, num_tokens - block_size, size=batch_size, dtype=np.int64)
 
 
 def eval_windows(num_tokens: int, block_size: int, max_tokens: int) -> np.ndarray:
-    """Start offsets of the fixed held-out windows of a stream of ``num_tokens``: ``k``
-    windows of ``block_size + 1`` tokens, evenly spaced from the first character to the
-    last, that predict disjoint tokens (consecutive windows share at most one character),
-    ``k`` as many as fit but at most ``max_tokens // block_size`` (at least one). A stream
-    shorter than a window is one window of all of it."""
+    """Start offsets of the fixed held-out windows of ``block_size + 1`` tokens in a stream
+    of ``num_tokens``: evenly spaced, end to end, predicting disjoint tokens, as many as fit
+    but at most ``max_tokens // block_size`` (at least one, all of a shorter stream)."""
     room = num_tokens - 1 - block_size  # the last start
     if room < 0:
         return np.zeros(1, dtype=np.int64)

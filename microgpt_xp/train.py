@@ -25,7 +25,6 @@ from .checkpoint import save
 from .config import GPTConfig
 from .data import (
     TEXT_BLOCK_SIZE,
-    DataError,
     Tokenizer,
     batch_indices,
     check_docs,
@@ -72,6 +71,9 @@ DIVERGED = 100.0
 #: forward costs about a third of a step: about a tenth of the run), and its floor.
 EVAL_SHARE = 0.3
 EVAL_MIN_TOKENS = 512
+
+#: train()'s keywords that replace a field of its optimizer's AdamConfig.
+_ADAM_KEYWORDS = ("lr", "warmup", "decay", "min_lr", "weight_decay", "grad_clip", "init_std")
 
 #: ``(tokens (B, L), lengths (B,))`` of a step (0-based) on the host, rows trimmed to the
 #: longest if the second argument says so (else one shape).
@@ -157,16 +159,16 @@ def train(
         docs: the corpus (default :func:`~microgpt_xp.data.default_docs`), read in epochs
             (:func:`~microgpt_xp.data.batch_indices`); or ``text``: one stream, each row a
             window of ``block_size + 1`` characters drawn by ``default_rng([seed, step])``.
-        steps, batch_size, seed: Adam steps (the length of the decay), rows a step, and the
-            seed of the initial weights and the batch order.
+        steps, batch_size, seed: Adam steps (the decay's length), rows a step, and the seed
+            of the initial weights and the batch order.
         config, params: the model's shape (default: the spec's with the tokenizer's
             vocabulary and :func:`~microgpt_xp.data.default_block_size`, 16 for text), or
             weights to start from.
-        backend, device, dtype: where the weights live: a table name (``"numpy"``, ...,
-            ``"dask"``: tasks over NumPy chunks) or an Array API namespace.
-        runner, workers, chunk_size, jit: how a batch is spread (:mod:`microgpt_xp.runners`,
-            default ``Local(jit)``; ``workers=N``: ``Processes(N)``; ``chunk_size``: a Dask
-            task's rows); ``jit=None`` compiles where the namespace can, ``False`` never.
+        backend, device, dtype: where the weights live (a table name or an Array API
+            namespace; ``"dask"``: tasks over NumPy chunks).
+        runner, workers, chunk_size, jit: how a batch is spread (default ``Local(jit)``;
+            ``workers=N``: ``Processes(N)``; ``chunk_size``: a Dask task's rows; ``jit=None``
+            compiles where the namespace can, ``False`` never).
         threads: BLAS threads during the run: a count, ``"auto"`` or ``None`` (untouched).
         optimizer, lr, warmup, decay, min_lr, weight_decay, grad_clip, init_std: Adam's
             :class:`~microgpt_xp.AdamConfig` (``num_steps=steps``), fields replaced where given.
@@ -176,19 +178,18 @@ def train(
             every ``checkpoint_every`` steps and at the end; an existing one is refused
             unless ``resume`` (the uninterrupted run's losses; :class:`ResumeError` names an
             argument that differs; more ``steps`` extend a finished run) or ``overwrite``.
-        val_docs, val_text, val_fraction: held-out data (or this fraction held out: the
-            text's end, :func:`~microgpt_xp.data.split_docs` by ``seed``), scored every
-            ``eval_every`` steps (default a tenth of the run) and at the end, predicting at
-            most ``eval_tokens`` (default 0.3 times the tokens trained between two, at least
-            512); ``on_eval(step, val_loss)`` after each.
-        callback, on_step: called after each step as ``callback(step, loss)`` (1-based),
-            then ``on_step(StepStats(...))``.
+        val_docs, val_text, val_fraction: held-out data (or this fraction: the text's end,
+            :func:`~microgpt_xp.data.split_docs` by ``seed``), scored every ``eval_every``
+            steps (default a tenth of the run) and at the end on at most ``eval_tokens``
+            (default 0.3 times the tokens trained in between, at least 512); then
+            ``on_eval(step, val_loss)``.
+        callback, on_step: after each step, ``callback(step, loss)`` (1-based), then
+            ``on_step(StepStats(...))``.
 
-    A ``KeyboardInterrupt`` in a run with a ``checkpoint`` saves the last step completed
-    (its update and any evaluation due) before it goes on up, so resuming gives the
-    uninterrupted run. Raises ``ValueError``/``TypeError`` for bad arguments,
-    ``FileExistsError`` for a checkpoint in the way, and :class:`TrainingError` for a loss
-    or weight that is not finite or a diverged loss (the last good checkpoint is kept).
+    A ``KeyboardInterrupt`` with a ``checkpoint`` first saves the last step completed, so
+    resuming gives the uninterrupted run. ``ValueError``/``TypeError`` for bad arguments,
+    ``FileExistsError`` for a checkpoint in the way, :class:`TrainingError` for a loss or
+    weight that is not finite or a diverged loss (the last good checkpoint is kept).
     """
     _xp.check_dtype(dtype)
     _xp.check_positive_int(steps, "steps")
@@ -213,31 +214,29 @@ def train(
         )
     backend = _xp.check_backend(backend)
     runner = runners.pick(runner, backend, workers=workers, chunk_size=chunk_size, jit=jit)
-    _check_corpora(docs, text, val_docs, val_text, val_fraction)
-    changes = {
-        "lr": lr,
-        "warmup": warmup,
-        "decay": decay,
-        "min_lr": min_lr,
-        "weight_decay": weight_decay,
-        "grad_clip": grad_clip,
-        "init_std": init_std,
-    }
-    given = {k: v for k, v in changes.items() if v is not None}
-    optimizer = adam_config(optimizer, **given, num_steps=steps)  # one call: warmup < steps
-    no_held_out = val_docs is None and val_text is None and val_fraction is None
-    for name, idle in (
-        ("resume", resume and checkpoint is None),
-        ("overwrite", overwrite and checkpoint is None),
-        ("checkpoint_every", checkpoint_every > 0 and checkpoint is None),
-        ("eval_every", eval_every is not None and no_held_out),
-        ("eval_tokens", eval_tokens is not None and no_held_out),
+    held = [v is not None for v in (val_docs, val_text, val_fraction)]
+    no_path, no_held_out = checkpoint is None, not any(held)
+    path, data = "needs a checkpoint path", "needs held-out data (val_docs, val_text, val_fraction)"
+    for name, clash, why in (  # corpora that do not go together; options that would do nothing
+        ("text", text is not None and docs is not None, "and docs= are exclusive"),
+        ("val_docs", text is not None and held[0], "goes with docs=, not text="),
+        ("val_text", text is None and held[1], "goes with text=, not docs="),
+        ("val_fraction", held[2] and (held[0] or held[1]), "excludes val_docs= and val_text="),
+        ("resume", resume and no_path, path),
+        ("overwrite", overwrite and no_path, path),
+        ("checkpoint_every", checkpoint_every > 0 and no_path, path),
+        ("eval_every", eval_every is not None and no_held_out, data),
+        ("eval_tokens", eval_tokens is not None and no_held_out, data),
     ):
-        if idle:  # an option that would do nothing
-            needs = "held-out data (val_docs, val_text or val_fraction)"
-            raise ArgumentValueError(
-                name, f"{name}= needs {needs if name.startswith('eval') else 'a checkpoint path'}"
-            )
+        if clash:
+            raise ArgumentValueError(name, f"{name}= {why}")
+    if held[2] and (isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real)):
+        raise ArgumentTypeError(
+            "val_fraction", f"val_fraction must be a real number: {val_fraction!r}"
+        )
+    values = (lr, warmup, decay, min_lr, weight_decay, grad_clip, init_std)
+    given = {k: v for k, v in zip(_ADAM_KEYWORDS, values, strict=True) if v is not None}
+    optimizer = adam_config(optimizer, **given, num_steps=steps)  # one call: warmup < steps
     if checkpoint is not None and Path(checkpoint).exists() and not (resume or overwrite):
         raise FileExistsError(
             f"checkpoint {str(checkpoint)!r} exists; resume it (resume=True) or replace it "
@@ -273,10 +272,8 @@ def train(
     if eval_tokens is None:
         eval_tokens = max(EVAL_MIN_TOKENS, math.ceil(EVAL_SHARE * every * step_tokens))
     scorer = None
-    if held_out and text is not None:
-        scorer = _held_out_text(tokenizer, held_out[0], block, eval_tokens)
-    elif held_out:
-        scorer = _held_out_docs(tokenizer, held_out, block, eval_tokens)
+    if held_out:
+        scorer = _held_out(tokenizer, held_out, text is not None, block, eval_tokens)
     run = run_record(
         seed,
         batch_size,
@@ -325,31 +322,6 @@ def train(
     return result
 
 
-def _check_corpora(docs: Any, text: Any, val_docs: Any, val_text: Any, val_fraction: Any) -> None:
-    """``ArgumentValueError`` for corpora that do not go together."""
-    if text is not None and docs is not None:
-        raise ArgumentValueError(
-            "text", "text= and docs= are exclusive: one stream of text or a list of documents"
-        )
-    if text is not None and val_docs is not None:
-        raise ArgumentValueError(
-            "val_docs", "val_docs= goes with docs=; a text run holds out val_text= or val_fraction="
-        )
-    if text is None and val_text is not None:
-        raise ArgumentValueError(
-            "val_text", "val_text= goes with text=; a run on documents holds out val_docs="
-        )
-    if val_fraction is not None:
-        if val_docs is not None or val_text is not None:
-            raise ArgumentValueError(
-                "val_fraction", "val_fraction= and val_docs=/val_text= are exclusive"
-            )
-        if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real):
-            raise ArgumentTypeError(
-                "val_fraction", f"val_fraction must be a real number, got {val_fraction!r}"
-            )
-
-
 def _corpora(
     docs: Sequence[str] | None,
     text: Any,
@@ -371,10 +343,7 @@ def _corpora(
     corpus = check_docs(docs, "docs")
     held = None if val_docs is None else check_docs(val_docs, "val_docs")
     if val_fraction is not None:
-        try:
-            corpus, held = split_docs(corpus, float(val_fraction), seed)
-        except DataError as exc:
-            raise DataError(str(exc), "val_fraction") from exc
+        corpus, held = split_docs(corpus, float(val_fraction), seed, "val_fraction")
     return corpus, held, tokenizer or Tokenizer.from_docs([*corpus, *(held or [])])
 
 
@@ -397,26 +366,23 @@ def _doc_batch(
 Scorer = Callable[[Params, runners.Runner], tuple[float, float]]
 
 
-def _held_out_docs(tokenizer: Tokenizer, docs: list[str], block: int, max_tokens: int) -> Scorer:
-    """The scorer of the first held-out documents that predict at most ``max_tokens``
-    tokens in all (at least one)."""
-    fits = np.cumsum([min(len(d) + 1, block) for d in docs])
-    first = docs[: max(1, int(np.searchsorted(fits, max_tokens, side="right")))]
+def _held_out(
+    tokenizer: Tokenizer, held_out: list[str], text: bool, block: int, max_tokens: int
+) -> Scorer:
+    """The scorer of a held-out stream's fixed windows (both means per token), or of the first
+    held-out documents that predict at most ``max_tokens`` tokens in all (at least one)."""
+    if text:
+        tokens, lengths = held_out_rows(tokenizer, held_out[0], block, max_tokens)
+    else:
+        fits = np.cumsum([min(len(d) + 1, block) for d in held_out])
+        first = held_out[: max(1, int(np.searchsorted(fits, max_tokens, side="right")))]
 
     def scorer(params: Params, runner: runners.Runner) -> tuple[float, float]:
+        if text:
+            mean = score_encoded(params, tokens, lengths, runner=runner).token_mean
+            return mean, mean
         summary = score_docs(params, tokenizer, first, runner=runner)
         return summary.mean, summary.token_mean
-
-    return scorer
-
-
-def _held_out_text(tokenizer: Tokenizer, text: str, block: int, max_tokens: int) -> Scorer:
-    """The scorer of a held-out stream's fixed windows (both means per token)."""
-    tokens, lengths = held_out_rows(tokenizer, text, block, max_tokens)
-
-    def scorer(params: Params, runner: runners.Runner) -> tuple[float, float]:
-        mean = score_encoded(params, tokens, lengths, runner=runner).token_mean
-        return mean, mean
 
     return scorer
 
@@ -628,10 +594,8 @@ def weighted_loss_and_grads(
 
 
 def row_groups(params: Params, lengths: np.ndarray, compiled: bool) -> list[np.ndarray]:
-    """The rows of a shard's batch ``lengths (B,)`` in the groups computed one call each,
-    each trimmed to its longest: :func:`~microgpt_xp.data.length_groups` at
-    :data:`CALL_COST` for eager arrays on a CPU; one group (the batch as it came) where
-    the step is compiled (one shape) or on an accelerator (where calls cost more)."""
+    """A shard's rows ``lengths (B,)`` in the groups computed one call each: eager on a CPU,
+    :func:`~microgpt_xp.data.length_groups` at :data:`CALL_COST`; else one group, as it came."""
     cfg = params.config
     if compiled or len(lengths) < 2 or "cpu" not in str(params.device).lower():
         return [np.arange(len(lengths))]

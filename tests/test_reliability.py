@@ -161,10 +161,3 @@ def test_adam_refuses_grads_that_would_change_the_params() -> None:
     with pytest.raises(TypeError, match="different dtypes: grads are float64, params float32"):
         adam.step(params, params.to(dtype="float64"))
     assert adam.t == 0  # nothing was taken
-
-
-def test_a_string_is_not_a_corpus() -> None:
-    with pytest.raises(TypeError, match="not one string"):
-        mx.train("abc", steps=1)
-    with pytest.raises(TypeError, match="documents must be strings"):
-        mx.train(["abc", 3], steps=1)  # type: ignore[list-item]
