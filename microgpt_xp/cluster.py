@@ -61,15 +61,10 @@ def connect(
         shape = {k: check_positive_int(v, k) for k, v in shape.items() if v is not None}
         kwargs = {"processes": processes, "dashboard_address": ":0", **shape}
     elif not isinstance(address, str) or not address.strip():
-        raise ArgumentValueError(
-            "address", f"the scheduler address must be a non-empty string, got {address!r}"
-        )
+        raise ArgumentValueError("address", f"address must be a non-empty string, got {address!r}")
     elif n_workers is not None or threads_per_worker is not None:
-        raise ArgumentValueError(
-            "n_workers",
-            "n_workers/threads_per_worker shape a new local cluster; "
-            f"they cannot be given with a scheduler address ({address!r})",
-        )
+        msg = f"n_workers/threads_per_worker cannot be given with a scheduler address ({address!r})"
+        raise ArgumentValueError("n_workers", msg)
     else:
         target, where = address, f"the Dask scheduler at {address!r}"
         if address.endswith(".json"):

@@ -97,13 +97,8 @@ def _build(params: Params, clean: bool, options: ExportOptions) -> tuple[Any, li
         model = ndx.build({**inputs, **weights}, outputs)
         _constants_to_initializers(model.graph)
         for value in model.graph.output:  # ndonnx leaves the dynamic dimensions unknown
-            dims = value.type.tensor_type.shape.dim
-            del dims[:]
-            for size in shapes[value.name]:
-                if isinstance(size, str):
-                    dims.add().dim_param = size
-                else:
-                    dims.add().dim_value = size
+            elem, shape = value.type.tensor_type.elem_type, shapes[value.name]
+            value.CopyFrom(onnx.helper.make_tensor_value_info(value.name, elem, shape))
         if clean:
             _clean(model.graph)
             _constants_to_initializers(model.graph)  # those of the inlined branches
