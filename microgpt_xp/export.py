@@ -106,14 +106,10 @@ def _build(params: Params, clean: bool, options: ExportOptions) -> tuple[Any, li
     onnx.helper.set_model_props(model, {**old, **props})
     onnx.checker.check_model(model, full_check=True)  # the weights inputs: no copy of them
     used = set().union(*(_uses(n) for n in model.graph.node))
-    tensors = []
-    for i in reversed(range(len(model.graph.input))):
-        name = model.graph.input[i].name
-        if name in weights:
-            del model.graph.input[i]
-            if name in used:
-                tensors.append(onnx.numpy_helper.from_array(host[name], name))
-    return model, tensors[::-1]
+    inputs = [v for v in model.graph.input if v.name not in weights]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    return model, [onnx.numpy_helper.from_array(host[k], k) for k in weights if k in used]
 
 
 def _as_initializer_field(tensor: Any) -> bytes:
