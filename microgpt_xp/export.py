@@ -106,9 +106,9 @@ def _build(params: Params, clean: bool, options: ExportOptions) -> tuple[Any, li
     onnx.helper.set_model_props(model, {**old, **props})
     onnx.checker.check_model(model, full_check=True)  # the weights inputs: no copy of them
     used = set().union(*(_uses(n) for n in model.graph.node))
-    inputs = [v for v in model.graph.input if v.name not in weights]
+    kept = [v for v in model.graph.input if v.name not in weights]
     del model.graph.input[:]
-    model.graph.input.extend(inputs)
+    model.graph.input.extend(kept)
     return model, [onnx.numpy_helper.from_array(host[k], k) for k in weights if k in used]
 
 
