@@ -1,6 +1,5 @@
-"""A ``dask.distributed`` client with one-line errors (needs the ``dask`` extra):
-:func:`connect` to a scheduler or a new local cluster, :func:`computing` for a lost
-scheduler, :func:`quiet` to silence distributed's logs (the CLI's choice)."""
+"""A ``dask.distributed`` client with one-line errors (the ``dask`` extra): :func:`connect`,
+:func:`computing` for a lost scheduler, :func:`quiet` for distributed's logs."""
 
 from __future__ import annotations
 
@@ -49,10 +48,9 @@ def connect(
     timeout: float = 10.0,
     min_workers: int = 1,
 ) -> Any:
-    """A ``distributed.Client`` (Dask's default scheduler until closed) for ``address``:
-    ``"tcp://host:8786"``, ``"host:8786"``, a scheduler file (``.json``), or ``None``/``"local"``
-    for a new ``LocalCluster`` of ``n_workers``, ``threads_per_worker``, ``processes``. Within
-    ``timeout`` s, or one-line :class:`ClusterError`; ``ValueError`` for bad arguments."""
+    """A ``distributed.Client`` for ``address`` (``"tcp://host:8786"``, ``"host:8786"``, a
+    scheduler file ``.json``, or ``None``/``"local"``: a new ``LocalCluster`` of ``n_workers``,
+    ``threads_per_worker``, ``processes``) within ``timeout`` s, else :class:`ClusterError`."""
     distributed = _distributed()
     if not timeout > 0:
         raise ArgumentValueError("timeout", f"timeout must be positive, got {timeout!r}")
@@ -63,15 +61,10 @@ def connect(
         shape = {k: check_positive_int(v, k) for k, v in shape.items() if v is not None}
         kwargs = {"processes": processes, "dashboard_address": ":0", **shape}
     elif not isinstance(address, str) or not address.strip():
-        raise ArgumentValueError(
-            "address", f"the scheduler address must be a non-empty string, got {address!r}"
-        )
+        raise ArgumentValueError("address", f"address must be a non-empty string, got {address!r}")
     elif n_workers is not None or threads_per_worker is not None:
-        raise ArgumentValueError(
-            "n_workers",
-            "n_workers/threads_per_worker shape a new local cluster; "
-            f"they cannot be given with a scheduler address ({address!r})",
-        )
+        msg = f"n_workers/threads_per_worker cannot be given with a scheduler address ({address!r})"
+        raise ArgumentValueError("n_workers", msg)
     else:
         target, where = address, f"the Dask scheduler at {address!r}"
         if address.endswith(".json"):
@@ -100,8 +93,7 @@ def connect(
 @functools.cache
 def _client_class() -> type:
     class Client(_distributed().Client):  # type: ignore[misc,name-defined]
-        """Closed at once when its start fails (left to ``__del__``, that close would stop
-        the event loop all clients share whenever the collector ran it)."""
+        """Closed at once when its start fails (``__del__``'s close could stop the shared loop)."""
 
         def start(self, **kwargs: Any) -> Any:
             try:
@@ -131,8 +123,7 @@ def _read_scheduler_file(path: str) -> str:
 
 
 def _handshake(distributed: Any, address: str, timeout: float, where: str) -> None:
-    """Dask's handshake with ``address`` within ``timeout`` (+1 s: a connection that never
-    opens is unreachable), on a thread of its own (works in a running loop)."""
+    """Dask's handshake with ``address`` within ``timeout`` + 1 s, on a thread of its own."""
 
     async def shake() -> None:
         comm = await distributed.comm.connect(address, timeout=timeout)
@@ -163,8 +154,8 @@ def _unreachable(where: str, timeout: float) -> str:
 
 @contextlib.contextmanager
 def computing(client: Any = None) -> Iterator[None]:
-    """Turn the errors of a lost scheduler inside the block into a :class:`ClusterError`;
-    others pass through. ``client``: the active distributed client by default."""
+    """A lost scheduler's errors in the block as :class:`ClusterError` (``client``: the active
+    one by default)."""
     if client is None:
         with contextlib.suppress(ImportError, ValueError):  # none: threads or synchronous
             client = _distributed().get_client()
@@ -191,8 +182,8 @@ def computing(client: Any = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Silence distributed's output in the block: its, tornado's, asyncio's and bokeh's
-    loggers (and those of workers started meanwhile) and the "large graph" warning."""
+    """Silence distributed's, tornado's, asyncio's and bokeh's loggers (and new workers') and
+    the "large graph" warning in the block."""
     with contextlib.suppress(ImportError):
         import distributed  # noqa: F401  (its import sets the levels it would reset)
     names = ("distributed", "tornado", "asyncio", "bokeh")

@@ -1,6 +1,5 @@
-"""microgpt-exact mode: the original script's run step for step on any array type, one
-document a step in float64 with the spec's Adam, ``random.Random(42)`` shuffling the documents
-and drawing the weights and each sampled token in the original's order."""
+"""microgpt-exact mode: the original script's run step for step on any array type (float64,
+one document a step, ``random.Random(42)`` drawing in the original's order)."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ INFERENCE_HEADER = "--- inference (new, hallucinated names) ---"
 @dataclass
 class ExactRun:
     """What :func:`run_exact` returns: printed ``lines``, step ``losses``, ``samples``, the
-    trained ``params``, ``adam``, ``tokenizer`` and the generator's state after the
-    initialisation (``sample_rng_state``)."""
+    trained state and the generator's state after the initialisation."""
 
     lines: list[str] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -42,8 +40,7 @@ class ExactRun:
 def original_state_dict(
     config: GPTConfig, rng: random.Random, std: float = 0.08
 ) -> dict[str, list[list[float]]]:
-    """The original's initial weights as nested lists: ``rng.gauss(0, std)`` per entry,
-    keys in the spec's order, each matrix row by row."""
+    """The original's initial weights as nested lists, ``rng.gauss(0, std)`` row by row."""
     return {
         key: [[rng.gauss(0, std) for _ in range(n_in)] for _ in range(n_out)]
         for key, (n_out, n_in) in state_dict_shapes(config).items()
@@ -68,13 +65,10 @@ def sample_exact(
     num_samples: int = NUM_SAMPLES,
     temperature: float = TEMPERATURE,
 ) -> list[str]:
-    """Sample as the original: each name from BOS with a fresh KV cache, each token by
-    ``rng.choices(range(V), weights=softmax(logits * temperature**-1))``, until BOS or
-    ``block_size`` tokens."""
+    """Sample as the original: each token by ``rng.choices(range(V), weights=softmax(logits
+    * temperature**-1))`` with a fresh KV cache a name, until BOS or ``block_size`` tokens."""
     if not temperature > 0:
-        raise ArgumentValueError(
-            "temperature", f"temperature must be positive, got {temperature!r}"
-        )
+        raise ArgumentValueError("temperature", f"temperature must be > 0, got {temperature!r}")
     ids = range(params.config.vocab_size)
     names = []
     for _ in range(num_samples):
@@ -107,9 +101,9 @@ def run_exact(
     print_fn: Callable[[str, str], None] | None = _print,
     newlines: bool = False,
 ) -> ExactRun:
-    """Replay the original run on ``docs`` (the lines of ``input.txt``) in float64,
-    printing through ``print_fn(text, end)`` what it prints (step lines end in ``"\\r"``, or
-    ``"\\n"`` with ``newlines``). ``max_steps`` stops early, keeping the schedule."""
+    """Replay the original run on ``docs`` (``input.txt``'s lines), printing through
+    ``print_fn(text, end)`` (step lines end in ``"\\r"``, ``"\\n"`` with ``newlines``);
+    ``max_steps`` stops early, keeping the schedule."""
     if not docs:
         raise ArgumentValueError("docs", "microgpt-exact needs at least one document")
     run = ExactRun()

@@ -1,6 +1,5 @@
-"""The model as a standalone ONNX file: the model's own code traced on ndonnx's lazy arrays
-(no second implementation), its weights stored as initializers. The graphs (:data:`GRAPHS`),
-their inputs, outputs and metadata: docs/own-namespace.md, "The model as an ONNX graph"."""
+"""The model as a standalone ONNX file: the model's own code traced on ndonnx's lazy arrays, its
+weights as initializers (the graphs: docs/own-namespace.md, "The model as an ONNX graph")."""
 
 from __future__ import annotations
 
@@ -32,11 +31,10 @@ Graph = tuple[dict[str, Any], dict[str, Any], dict[str, tuple[int | str, ...]]]
 
 
 class ExportOptions(TypedDict, total=False):
-    """The keywords of :func:`export_onnx` and :func:`onnx_model`: ``graph`` (one of
-    :data:`GRAPHS`, default ``"forward"``); ``tokenizer`` (stored in the metadata);
-    ``batch``, ``time`` (fix ``B``/``T``, dynamic by default; ``time`` only for ``forward``
-    and ``train_step``); ``optimizer`` (Adam's settings of the train graphs, the spec's by
-    default); ``mode`` (what the model was trained on, ``"docs"`` or ``"text"``, stored)."""
+    """The keywords of :func:`export_onnx`: ``graph`` (of :data:`GRAPHS`, default ``"forward"``);
+    ``tokenizer`` (stored); ``batch``, ``time`` (fixed ``B``/``T``, else dynamic; ``time`` for
+    ``forward``, ``train_step``); ``optimizer`` (of the train graphs); ``mode`` (``"docs"``,
+    ``"text"``, stored)."""
 
     graph: str
     tokenizer: Tokenizer | None
@@ -47,14 +45,9 @@ class ExportOptions(TypedDict, total=False):
 
 
 def export_onnx(params: Params, path: str | Path, **options: Unpack[ExportOptions]) -> Path:
-    """Write the model as a standalone ONNX file (weights inside; replaced atomically,
-    missing folders made) and return its path. ``params``: float32 or float64 (the graph's
-    dtype) on any backend; ``options``: :class:`ExportOptions`.
-
-    ``TypeError`` for arguments of another type, ``ValueError`` for an unknown graph, a
-    tokenizer of another vocabulary size, bad sizes or a model of 2 GiB or more (protobuf's
-    limit, refused before anything is built), ``ImportError`` (saying what to install)
-    without ndonnx or onnx."""
+    """Write the model (float32 or float64 ``params``, any backend) as a standalone ONNX file,
+    replaced atomically, and return its path. ``TypeError``/``ValueError`` for bad options or a
+    model of 2 GiB or more (checked before building), ``ImportError`` without ndonnx or onnx."""
     model, weights = _build(params, True, options)
     with atomic_open(Path(path), "wb") as f:  # the weights one at a time: no copy of it all
         f.write(model.SerializeToString())
@@ -86,9 +79,7 @@ def _build(params: Params, clean: bool, options: ExportOptions) -> tuple[Any, li
     if graph == "train_init":
         model, host, weights = _initial_state_model(params, onnx), {}, {}
     else:
-        # the weights traced as inputs (no copies, no work on them at export; onnxruntime
-        # folds what depends on them alone once per session), made initializers from the
-        # host arrays once the model is checked
+        # the weights traced as inputs (no copies), made initializers once the model is checked
         host = {
             k: a.unwrap_numpy() if isinstance(a, ndx.Array) else np.asarray(_xp.to_numpy(a))
             for k, a in params.arrays().items()
@@ -106,13 +97,8 @@ def _build(params: Params, clean: bool, options: ExportOptions) -> tuple[Any, li
         model = ndx.build({**inputs, **weights}, outputs)
         _constants_to_initializers(model.graph)
         for value in model.graph.output:  # ndonnx leaves the dynamic dimensions unknown
-            dims = value.type.tensor_type.shape.dim
-            del dims[:]
-            for size in shapes[value.name]:
-                if isinstance(size, str):
-                    dims.add().dim_param = size
-                else:
-                    dims.add().dim_value = size
+            elem, shape = value.type.tensor_type.elem_type, shapes[value.name]
+            value.CopyFrom(onnx.helper.make_tensor_value_info(value.name, elem, shape))
         if clean:
             _clean(model.graph)
             _constants_to_initializers(model.graph)  # those of the inlined branches
@@ -120,20 +106,15 @@ def _build(params: Params, clean: bool, options: ExportOptions) -> tuple[Any, li
     onnx.helper.set_model_props(model, {**old, **props})
     onnx.checker.check_model(model, full_check=True)  # the weights inputs: no copy of them
     used = set().union(*(_uses(n) for n in model.graph.node))
-    tensors = []
-    for i in reversed(range(len(model.graph.input))):
-        name = model.graph.input[i].name
-        if name in weights:
-            del model.graph.input[i]
-            if name in used:
-                tensors.append(onnx.numpy_helper.from_array(host[name], name))
-    return model, tensors[::-1]
+    kept = [v for v in model.graph.input if v.name not in weights]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    return model, [onnx.numpy_helper.from_array(host[k], k) for k in weights if k in used]
 
 
 def _as_initializer_field(tensor: Any) -> bytes:
-    """``tensor`` as the bytes of a ``ModelProto`` whose graph holds it as its one
-    initializer: protobuf merges a message field that occurs twice, so these bytes after a
-    model's add the initializer to its graph."""
+    """``tensor`` as a ``ModelProto`` whose graph's one initializer it is: appended to a model's
+    bytes, protobuf merges it into that graph."""
     data: bytes = tensor.SerializeToString()
     for number in (5, 7):  # GraphProto.initializer inside ModelProto.graph
         n, head = len(data), bytearray([number << 3 | 2])  # tag, varint length, payload
@@ -153,8 +134,7 @@ def _metadata(
     optimizer: AdamConfig | None = None,
     mode: str = "docs",
 ) -> dict[str, str]:
-    """The checks of :class:`ExportOptions`, before anything is built, and the
-    ``microgpt_xp.*`` metadata; the one place of their defaults."""
+    """:class:`ExportOptions` checked (their defaults here) -> the ``microgpt_xp.*`` metadata."""
     if not isinstance(params, Params):
         raise ArgumentTypeError("params", f"params must be a Params, got {type(params).__name__}")
     if graph not in GRAPHS:
@@ -223,8 +203,8 @@ def _decode_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Gra
 
 
 def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Graph:
-    """An ONNX ``Loop`` over the positions, carrying ``(token, done, keys_0.., values_0..,
-    pos)``, each position's row of ids a scan output, going while a row has not drawn BOS."""
+    """An ONNX ``Loop`` over the positions carrying ``(token, done, keys.., values.., pos)``,
+    the ids a scan output, going while a row has not drawn BOS."""
     cfg = params.config
     xp, s, n, dtype = ndx, cfg.block_size, cfg.n_layer, params.dtype
     b = sizes["batch"] or "batch"
@@ -259,8 +239,8 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
 
 
 def _loop(trips: Any, cond: Any, initial: list[Any], body: Any) -> list[Any]:
-    """An ONNX ``Loop`` through spox whose body takes the iteration number and condition as
-    scalars (spox's ``loop`` declares them ``(1,)``, which shape inference rejects)."""
+    """An ONNX ``Loop`` whose body takes the iteration and condition as scalars (spox's
+    ``loop`` declares them ``(1,)``, which shape inference rejects)."""
     import spox.opset.ai.onnx.v21 as op
     from spox._attributes import AttrGraph
     from spox._graph import subgraph
@@ -309,16 +289,15 @@ def _train_step_graph(
 
 
 def _state(params: Params) -> dict[str, Any]:
-    """The train_step graph's state, initial (the weights, then Adam's moments in
-    :func:`~microgpt_xp.params.flatten`'s layout and step)."""
+    """The train_step graph's initial state: the weights, Adam's flat moments and step."""
     adam = adam_init(params)
     moments = {"adam_m": flatten(adam.m), "adam_v": flatten(adam.v)}
     return {**params.arrays(), **moments, "adam_step": adam.step}
 
 
 def _initial_state_model(params: Params, onnx: Any) -> Any:
-    """The ``train_init`` graph: one ``Constant`` per state tensor (onnxruntime-web refuses
-    to feed an input that is also an initializer, ONNX's default values)."""
+    """The ``train_init`` graph: one ``Constant`` per state tensor (onnxruntime-web feeds no
+    input that is also an initializer)."""
     helper, nodes, outputs = onnx.helper, [], []
     for name, value in _state(params).items():
         host = np.asarray(_xp.to_numpy(value))
@@ -343,9 +322,8 @@ GRAPHS = (*_BUILDERS, "train_init")
 
 # -- the clean-up of the traced graph (measured: benchmarks/onnx_graphs.py) ------------------
 def _constants_to_initializers(graph: Any) -> None:
-    """Move the tensors of ``Constant`` nodes into ``graph.initializer`` (where ONNX tools
-    look for weights): all of the main graph's, and subgraphs' of 16 elements or more (the
-    ``Loop`` body's weights), one copy at a time."""
+    """Move the tensors of ``Constant`` nodes into ``graph.initializer``: all of the main
+    graph's, and subgraphs' of 16 elements or more (the ``Loop`` body's weights)."""
     outputs = {o.name for o in graph.output}
 
     def walk(g: Any, top: bool) -> None:
@@ -376,10 +354,9 @@ def _constants_to_initializers(graph: Any) -> None:
 
 
 def _clean(graph: Any) -> None:
-    """Remove, in place and in subgraphs, what ndonnx adds for inputs the graphs never take,
-    then what nothing uses: each zero-size guard ``If(Equal(<product of Size>, 0))`` becomes
-    its ``else`` branch; each NaN check ``Where(ReduceMax(IsNaN(x)), NaN, ReduceMax(x))``
-    becomes ``ReduceMax(x)`` (a NaN in ``x`` still reaches the results through ``x - max``)."""
+    """Remove, in place and in subgraphs, ndonnx's zero-size guards ``If(Equal(<product of
+    Size>, 0))`` (their ``else`` branch kept) and NaN checks ``Where(ReduceMax(IsNaN(x)), NaN,
+    ReduceMax(x))`` (a NaN still reaches ``x - max``), then what nothing uses."""
     from onnx import helper, numpy_helper
 
     small = {t.name: t for t in graph.initializer if int(np.prod(t.dims)) == 1}

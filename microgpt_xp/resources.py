@@ -1,6 +1,5 @@
-"""What a run takes of the machine: BLAS threads for a model's size (changed by a library call
-only given ``threads=``; ``--threads auto`` leaves out the busy cores), and how many documents
-are scored at once within a memory budget."""
+"""What a run takes of the machine: BLAS threads for a model's size (``auto``: less the busy
+cores), and how many documents are scored at once within a memory budget."""
 
 from __future__ import annotations
 
@@ -79,8 +78,8 @@ def busy_cpus(window: float = LOAD_WINDOW) -> float:
 def default_threads(
     config: GPTConfig, batch_size: int, *, workload: str = "train", cpus: int | None = None
 ) -> int:
-    """The BLAS threads for ``batch_size`` rows of ``workload`` (``"decode"``: a token a row,
-    else ``block_size``): ``tokens * n_embd**2 // WORK_PER_THREAD`` in ``[1, cpus]``."""
+    """The BLAS threads for ``batch_size`` rows of ``workload`` (of :data:`WORKLOADS`):
+    ``tokens * n_embd**2 // WORK_PER_THREAD`` in ``[1, cpus]``."""
     if workload not in WORKLOADS:
         raise ArgumentValueError(
             "workload", f"workload must be one of {', '.join(WORKLOADS)}, got {workload!r}"
@@ -99,8 +98,8 @@ def auto_threads(
     cpus: int | None = None,
     busy: float | None = None,
 ) -> int:
-    """:func:`default_threads` less the CPUs other processes keep ``busy`` (default
-    :func:`busy_cpus`, sampled only when more than one thread is wanted), at least 1."""
+    """:func:`default_threads` less the CPUs others keep ``busy`` (default :func:`busy_cpus`,
+    sampled only when more than one thread is wanted), at least 1."""
     if (wanted := default_threads(config, batch_size, workload=workload, cpus=cpus)) == 1:
         return 1
     busy = busy_cpus() if busy is None else busy
@@ -109,8 +108,7 @@ def auto_threads(
 
 def check_threads(threads: Any) -> int | str | None:
     """``threads`` checked: ``None``, ``"auto"``, or a positive int capped at
-    :func:`usable_cpus` (with a warning), so that no huge count reaches native code;
-    else :class:`ArgumentValueError` about ``threads``."""
+    :func:`usable_cpus` (with a warning); else :class:`ArgumentValueError`."""
     if threads is None or (isinstance(threads, str) and threads == "auto"):
         return threads
     count = check_positive_int(threads, "threads")
@@ -131,9 +129,8 @@ def use_threads(
     batch_size: int | None = None,
     workload: str = "train",
 ) -> Iterator[int | None]:
-    """Run the ``with`` block on ``threads`` BLAS threads (threadpoolctl) and as many torch
-    threads where torch is imported, restored on exit; yields the count (``None``: nothing
-    changed). ``"auto"``: :func:`auto_threads` for ``config``, ``batch_size``, ``workload``."""
+    """Run the block on ``threads`` BLAS (and imported torch's) threads, restored on exit;
+    yields the count (``None``: unchanged). ``"auto"``: :func:`auto_threads` of the rest."""
     count = check_threads(threads)
     if count == "auto":
         if config is None or batch_size is None:
@@ -158,8 +155,7 @@ def use_threads(
 
 def activation_bytes(config: GPTConfig, docs: int, *, dtype: str = "float32") -> int:
     """Peak activation bytes of scoring ``docs`` documents of ``T = block_size`` tokens at once:
-    ``T*C*(2 + 12*L) + (L+1)*H*T**2 + max(5*T*C, 4*V*T)`` elements and ``32*(T + 1)`` bytes of
-    ids and masks each (within 10 % of tracemalloc's peak, tests/test_resources.py)."""
+    ``T*C*(2 + 12*L) + (L+1)*H*T**2 + max(5*T*C, 4*V*T)`` elements and ``32*(T + 1)`` bytes each."""
     check_positive_int(docs, "docs")
     t, c, layers = config.block_size, config.n_embd, config.n_layer
     elements = t * c * (2 + 12 * layers) + (layers + 1) * config.n_head * t * t

@@ -1,6 +1,5 @@
-"""Batched generation through the KV cache, with temperature, top-k and a prompt: batches go
-through ``runner.map`` to the one decode loop :func:`_decode`; with ``length=N`` the same loop
-writes streams of text through a sliding window."""
+"""Batched generation through the KV cache (temperature, top-k, a prompt): the one decode loop
+:func:`_decode`, for batches through ``runner.map`` and for streams of text (``length=N``)."""
 
 from __future__ import annotations
 
@@ -34,13 +33,10 @@ DEFAULT_BATCH_SIZE = 1_000
 
 
 class SampleOptions(TypedDict, total=False):
-    """The options of every sampling function: ``temperature`` (> 0, default 0.5); ``seed``
-    (default 0: sample ``i`` uses row ``i`` of ``default_rng(seed).random((N, block_size))``
-    whatever the batching); ``top_k`` (the ``k`` largest logits, ties kept; ``None``: all);
-    ``prompt`` (ids after BOS, text for :func:`sample`; returned with the samples);
-    ``batch_size`` (:data:`DEFAULT_BATCH_SIZE`); ``runner`` (default this process) or its
-    one-word spellings ``chunks``, ``workers``, ``jit``. Beside them, ``length`` (``None``:
-    documents; ``N``: streams of text, :func:`iter_sample_tokens`)."""
+    """The sampling options: ``temperature`` (> 0, default 0.5); ``seed`` (default 0: sample
+    ``i`` uses row ``i`` of ``default_rng(seed).random((N, block_size))``); ``top_k`` (ties
+    kept); ``prompt`` (ids, text for :func:`sample`); ``batch_size``; ``runner`` or its
+    spellings ``chunks``, ``workers``, ``jit``."""
 
     temperature: float
     seed: int
@@ -61,14 +57,10 @@ def iter_sample_tokens(
     length: int | None = None,
     **options: Unpack[SampleOptions],
 ) -> Iterator[np.ndarray]:
-    """``num_samples`` sequences from BOS (then the prompt), as ``(b, block_size)`` int64 host
-    batches: the prompt, the sampled ids, BOS from the first sampled BOS on. Checked now, run
-    as batches are taken; for a seed the ids depend not on batch size, runner or ``jit``.
-
-    ``length=N``: ``num_samples`` streams of text instead, one after another in this process
-    (no ``workers``, ``chunks`` or other runner), yielded as 1-d int64 pieces: a row's
-    prompt, then its ``N`` drawn ids one at a time (:func:`_decode`; row ``r`` draws
-    with :func:`stream_uniforms`, so its first ``block_size`` ids are document mode's)."""
+    """``num_samples`` sequences from BOS (then the prompt) as ``(b, block_size)`` int64 host
+    batches, BOS from the first sampled BOS on; the same ids for a seed whatever the batching.
+    ``length=N``: streams instead, in this process, as 1-d int64 pieces (a row's prompt, then
+    its ``N`` ids one at a time). Checked now, run as batches are taken."""
     unknown = set(options) - set(SampleOptions.__annotations__)
     if unknown:
         raise TypeError(f"unexpected sampling options {sorted(unknown)}")
@@ -81,21 +73,26 @@ def iter_sample_tokens(
     temperature = options.get("temperature", 0.5)
     real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
     if not (real and math.isfinite(float(temperature)) and float(temperature) > 0):
-        raise ArgumentValueError(
-            "temperature", f"temperature must be a positive number, got {temperature!r}"
-        )
+        raise ArgumentValueError("temperature", f"temperature must be > 0, got {temperature!r}")
     inv_t = 1.0 / float(temperature)
     seed = options.get("seed", 0)
     _xp.check_nonnegative_int(seed, "seed")
     top_k, chunks = options.get("top_k"), options.get("chunks")
     batch_size = options.get("batch_size")
     batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    for value, name in ((top_k, "top_k"), (batch_size, "batch_size"), (chunks, "chunks")):
+    sizes = {"top_k": top_k, "batch_size": batch_size, "chunks": chunks, "length": length}
+    for name, value in sizes.items():
         if value is not None:
             _xp.check_positive_int(value, name, most=_xp.NATIVE_INT_MAX)
-    prompt = _check_prompt(options.get("prompt"), bos, cfg.vocab_size, cfg.block_size)
-    if length is not None:
-        _xp.check_positive_int(length, "length", most=_xp.NATIVE_INT_MAX)
+    prompt = tuple(int(i) for i in (options.get("prompt") or ()))
+    if any(not 0 <= i < cfg.vocab_size or i == bos for i in prompt):
+        raise ArgumentValueError(
+            "prompt", f"prompt ids not in [0, {cfg.vocab_size}) or BOS: {prompt}"
+        )
+    if len(prompt) >= cfg.block_size:
+        raise ArgumentValueError(
+            "prompt", f"a prompt of {len(prompt)} ids leaves no position to sample"
+        )
     runner = runners.pick(
         options.get("runner"),
         params.backend,
@@ -105,11 +102,8 @@ def iter_sample_tokens(
     )
     if length is not None and not isinstance(runner, runners.Local):
         runner.close()
-        raise ArgumentValueError(
-            "length",
-            f"length={length} draws each stream in this process, one piece at a time: "
-            f"{runner!r} cannot run it (leave out workers, chunks and runner)",
-        )
+        msg = f"length={length} streams are drawn in this process: {runner!r} cannot run them"
+        raise ArgumentValueError("length", msg)
     params = runner.place(params)
     kw: dict[str, Any] = {"prompt": prompt, "top_k": top_k, "jit": runner.jit}
 
@@ -133,22 +127,6 @@ def iter_sample_tokens(
             runner.close()
 
     return batches() if length is None else streams(length)
-
-
-def _check_prompt(prompt: Any, bos: int, vocab_size: int, block_size: int) -> tuple[int, ...]:
-    ids = tuple(int(i) for i in (prompt or ()))
-    if any(not 0 <= i < vocab_size or i == bos for i in ids):
-        raise ArgumentValueError(
-            "prompt",
-            f"prompt ids must lie in [0, {vocab_size}) and not be BOS ({bos}), got {list(ids)}",
-        )
-    if len(ids) >= block_size:
-        raise ArgumentValueError(
-            "prompt",
-            f"a prompt of {len(ids)} tokens leaves no position to sample in a block of "
-            f"{block_size} (BOS comes first)",
-        )
-    return ids
 
 
 def sample_tokens(
@@ -192,9 +170,8 @@ def iter_samples(
     length: int | None = None,
     **options: Unpack[SampleOptions],
 ) -> Iterator[list[str]] | Iterator[str]:
-    """:func:`iter_sample_tokens` as text, a list of names per batch (``prompt`` is text);
-    with ``length=N``, text pieces as they are drawn: each stream's prompt, then its ``N``
-    characters one at a time, the streams one after another.
+    """:func:`iter_sample_tokens` as text (``prompt`` is text): a list of names per batch, or
+    with ``length=N`` the text pieces as drawn.
 
     >>> import microgpt_xp as mx
     >>> from microgpt_xp.sample import iter_samples
@@ -227,9 +204,8 @@ def sample(
     length: int | None = None,
     **options: Unpack[SampleOptions],
 ) -> list[str]:
-    """``num_samples`` documents (names), each from BOS (and ``prompt``) to the first sampled
-    BOS or ``block_size`` tokens (:func:`iter_sample_tokens`); with ``length=N``, streams of
-    text, each ``prompt`` and ``N`` characters.
+    """``num_samples`` documents (names), or with ``length=N`` streams of text of ``prompt`` and
+    ``N`` characters (:func:`iter_sample_tokens`).
 
     >>> import microgpt_xp as mx
     >>> tokenizer = mx.Tokenizer("ab")
@@ -281,11 +257,9 @@ def decode_batch(
     early_stop: bool = True,
     jit: bool | None = None,
 ) -> np.ndarray:
-    """One batch from BOS (then ``prompt``) with host ``uniforms (b, block_size)`` (row ``i``
-    drives sample ``i``) -> ``(b, block_size)`` int64 host ids as :func:`iter_sample_tokens`.
-    Position ``p`` draws token ``p + 1`` with ``uniforms[:, p]`` (:func:`_position`).
-    ``early_stop``: stop once every row drew BOS. A temperature that could overflow the
-    logits (``inv_temperature * LOGIT_BOUND > finfo.max``) draws the argmax, ties drawn among."""
+    """One batch from BOS (then ``prompt``): host ``uniforms (b, block_size)`` -> ``(b,
+    block_size)`` int64 host ids; position ``p`` draws with ``uniforms[:, p]``. ``early_stop``:
+    stop once every row drew BOS; a temperature low enough to overflow the logits: the argmax."""
     b, t = uniforms.shape
     out = np.full((b, t), bos, dtype=np.int64)
     steps = _decode(params, bos, iter([uniforms]), inv_temperature, prompt, top_k, jit, early_stop)
@@ -305,14 +279,9 @@ def _decode(
     early_stop: bool = True,
     length: int | None = None,
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """The one decode loop, ``(step, rows, ids)`` a record. Of :func:`decode_batch`: one
-    chunk of uniforms, a uniform a step, the ids of the ``rows`` still in the batch (an
-    in-place cache drops finished rows once they are a quarter). Of a stream (``length``):
-    one row's ``length`` drawn ids after ``prompt``, ``(1,)`` each as drawn, a uniform a
-    step from the ``(1, w)`` chunks of ``uniforms``, so its first ``block_size`` ids are
-    :func:`decode_batch`'s. When the cache is full the last ``block_size // 2`` ids are
-    read again from position 0 (no BOS); a drawn BOS is not written, the context starts
-    again from BOS alone."""
+    """The one decode loop, yielding ``(step, rows, ids)``: of a batch (one chunk of uniforms),
+    the ids of the ``rows`` still running; of a stream (``length``), one row's drawn ids,
+    ``(1,)`` each, its window sliding by ``block_size // 2`` and restarting after a BOS."""
     xp, backend, dev = params.xp, params.backend, params.device
     compile_fn = _xp.compiler(backend, jit)
     host_u = next(uniforms)
@@ -404,9 +373,8 @@ def _position(
     greedy: bool,
     top_k: int | None,
 ) -> tuple[Any, KVCache, Any, Any]:
-    """One position of :func:`decode_batch`: ``token (B,)`` -> the next ``token``, the cache,
-    ``done (B,)`` (rows that drew BOS) and the ``row (B,)`` to record. ``u (B,)``; ``bos``,
-    ``inv_t`` 0-d arrays; ``greedy``: the largest logits; ``top_k``: the ``k`` largest."""
+    """One position: ``token (B,)``, ``u (B,)`` -> the next ``token``, the cache, ``done (B,)``
+    (rows that drew BOS) and the ``row (B,)`` to record; ``bos``, ``inv_t`` 0-d arrays."""
     xp = params.xp
     x_t, cache = decode_hidden(params, token, cache)  # the model's own draws: no checks
     # logits / temperature laid out (V, B); the draw is scale-free (unnormalised exp)
@@ -429,9 +397,8 @@ def row_uniforms(seed: int, start: int, stop: int, width: int) -> np.ndarray:
 
 
 def stream_uniforms(seed: int, row: int, width: int) -> Iterator[np.ndarray]:
-    """Stream ``row``'s uniforms in ``(1, width)`` chunks: first document mode's row
-    (:func:`row_uniforms`), then those of ``PCG64(seed).jumped(row + 1)``, a stream apart
-    from every row of the first."""
+    """Stream ``row``'s uniforms in ``(1, width)`` chunks: document mode's row, then those of
+    ``PCG64(seed).jumped(row + 1)``."""
     yield row_uniforms(seed, row, row + 1, width)
     rng = np.random.Generator(np.random.PCG64(seed).jumped(row + 1))
     while True:

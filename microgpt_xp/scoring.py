@@ -1,5 +1,4 @@
-"""Scoring a corpus, a chunk of documents at a time, on a runner: the mean loss that
-``eval`` and the held-out loss of training report."""
+"""Scoring a corpus a chunk of documents at a time on a runner (``eval``, held-out loss)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ from .runners import Local, Runner, chunk_bounds, pick
 
 @dataclass(frozen=True)
 class ScoreSummary:
-    """What :func:`score_docs` returns: the mean over documents of their losses, the mean
-    over all predicted tokens, the number of documents, the per-document ``losses (N,)``
-    (float64) and ``num_predictions (N,)``."""
+    """The mean loss over documents and over predicted tokens, the number of documents, and
+    the per-document ``losses (N,)`` (float64) and ``num_predictions (N,)``."""
 
     mean: float
     token_mean: float
@@ -40,10 +38,9 @@ def score_texts(
     chunk_size: int,
     jit: bool | None = None,
 ) -> np.ndarray:
-    """A shard of :func:`score_docs`: the documents ``docs`` (an object array; ``positions``
-    theirs in the corpus, consecutive) as ``(n, 3)`` float64 ``[loss, loss * predictions,
-    predictions]``, scored in pieces cut where the corpus position is a multiple of
-    ``chunk_size``, so that each document is padded, and scored, as in one process."""
+    """A shard of :func:`score_docs`: ``docs`` (object array) at consecutive ``positions`` ->
+    ``(n, 3)`` float64 ``[loss, loss * predictions, predictions]``, in pieces cut at multiples
+    of ``chunk_size`` (each document padded, and scored, as in one process)."""
     first = int(positions[0]) if len(positions) else 0
     parts = []
     for a, b in _pieces(first, len(docs), chunk_size):
@@ -53,8 +50,8 @@ def score_texts(
 
 
 def _pieces(first: int, n: int, chunk_size: int) -> list[tuple[int, int]]:
-    """The ``(a, b)`` pieces of rows ``0..n`` of a shard that starts at corpus position
-    ``first``, cut where the position is a multiple of ``chunk_size``."""
+    """The ``(a, b)`` pieces of rows ``0..n`` starting at position ``first``, cut at multiples
+    of ``chunk_size``."""
     cuts = [0, *range(-first % chunk_size or chunk_size, n, chunk_size), n]
     return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
 
@@ -84,8 +81,7 @@ def score_positions(
     chunk_size: int,
     jit: bool | None = None,
 ) -> np.ndarray:
-    """:func:`score_texts` of a :class:`~microgpt_xp.corpus.Corpus`'s documents at
-    ``positions``, made here (inside a worker's task)."""
+    """:func:`score_texts` of a corpus's documents at ``positions``, made in the task."""
     start, stop = (int(positions[0]), int(positions[-1]) + 1) if len(positions) else (0, 0)
     docs = corpus.docs(start, stop)
     if len(docs) != stop - start:
@@ -100,8 +96,7 @@ def score_positions(
 def score_rows(
     params: Params, tokens: np.ndarray, lengths: np.ndarray, jit: bool | None = None
 ) -> np.ndarray:
-    """The ``(n, 3)`` columns of :func:`score_texts` of encoded documents ``tokens (n, L)``,
-    ``lengths (n,)``."""
+    """:func:`score_texts`'s ``(n, 3)`` columns of ``tokens (n, L)``, ``lengths (n,)``."""
     tok, lens = _xp.to_batch(tokens, lengths, params.backend, device=params.device)
     losses = _xp.to_numpy(score(params, tok, lens, jit=jit, check=False))  # encoded here
     n = np.minimum(lengths - 1, params.config.block_size)
@@ -119,17 +114,10 @@ def score_docs(
     jit: bool | None = None,
     runner: Runner | None = None,
 ) -> ScoreSummary:
-    """Score every document of a corpus, ``chunk_size`` documents at a time (default:
-    :func:`~microgpt_xp.resources.score_chunk`, the fastest size whose activations stay
-    within a budget).
-
-    ``source`` is a sequence of strings or a :class:`~microgpt_xp.corpus.Corpus` (whose
-    documents are made inside the runner's tasks). ``runner`` spreads the documents over
-    workers (:mod:`microgpt_xp.runners`; default: this process with ``jit`` as in
-    :func:`microgpt_xp.score`, or one Dask task a chunk for Dask-array weights); a
-    document is scored the same wherever it runs. ``callback(done, total)`` is called as
-    documents are scored. Returns a :class:`ScoreSummary`.
-    """
+    """Score every document of ``source`` (strings or a :class:`~microgpt_xp.corpus.Corpus`)
+    ``chunk_size`` at a time (default :func:`~microgpt_xp.resources.score_chunk`) on ``runner``
+    (default this process, with ``jit``), the same wherever it runs, calling ``callback(done,
+    total)`` as it goes -> :class:`ScoreSummary`."""
     if not isinstance(params, Params):
         raise ArgumentTypeError("params", f"params must be a Params, got {type(params).__name__}")
     params, runner, chunk_size = _setup(params, runner, _xp.check_jit(jit), chunk_size)
@@ -157,10 +145,8 @@ def score_encoded(
     chunk_size: int | None = None,
     runner: Runner | None = None,
 ) -> ScoreSummary:
-    """:func:`score_docs` of rows already encoded, ``tokens (N, L)`` and ``lengths (N,)``
-    on the host (documents framed by BOS, or windows of a stream of text), ``chunk_size``
-    rows at a time on ``runner`` (default as :func:`score_docs`); a row is scored the same
-    wherever it runs."""
+    """:func:`score_docs` of encoded host rows ``tokens (N, L)``, ``lengths (N,)`` (documents or
+    windows of text), ``chunk_size`` at a time on ``runner``."""
     params, runner, chunk_size = _setup(params, runner, None, chunk_size)
     n, parts = len(lengths), []
     for start, stop in chunk_bounds(n, chunk_size if isinstance(runner, Local) else n):
@@ -172,8 +158,7 @@ def score_encoded(
 def _setup(
     params: Params, runner: Runner | None, jit: bool | None, chunk_size: int | None
 ) -> tuple[Params, Runner, int]:
-    """The runner (default :func:`~microgpt_xp.runners.pick`'s), the params placed there and
-    the chunk size (default :func:`~microgpt_xp.resources.score_chunk`'s), checked."""
+    """The runner, the params placed there and the chunk size, defaults filled and checked."""
     if runner is None:
         runner = pick(None, params.backend, jit=jit)
     elif not isinstance(runner, Runner):
