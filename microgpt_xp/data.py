@@ -349,9 +349,82 @@ def length_groups(lengths: np.ndarray, block_size: int, call_cost: float) -> lis
     return [order[a:b] for a, b in reversed(cuts)]
 
 
+def pack_batch(
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    block_size: int,
+    reduction: str = "mean",
+    *,
+    width: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A batch of documents ``tokens (B, L)``, ``lengths (B,)`` (rows ``BOS, chars…, BOS``)
+    packed into fewer rows, first-fit decreasing (deterministic) into rows of the room
+    (from the longest document's predictions to ``block_size``) that computes the fewest
+    positions (``width`` given: ``block_size``, the fewest rows): ``(tokens (R, T + 1),
+    lengths (R,), positions (R, T) int64, weights (R, T) float64)``, what
+    :func:`~microgpt_xp.loss_and_grads` takes as a packed batch.
+
+    A row holds documents whose predictions (``n = min(length - 1, block_size)`` each) add
+    up to at most its room, sharing their BOS: ``BOS a… BOS b… BOS``. ``positions``
+    is each input's position in its document (0 at its BOS; 0 at padding); ``weights`` its
+    share of the batch loss: ``1 / (n · B)`` for ``"mean"``, ``1 / Σn`` for ``"token_mean"``,
+    0 at padding, so that the packed loss is ``Σ weights · losses``, the unpacked batch's
+    loss (to rounding), and row shards' results add up. A document that does not end with
+    the token it starts with (one cut at ``block_size``) gets a row of its own. ``T`` is
+    the longest row's inputs, or ``width`` if given (``>=`` that: one shape a run)."""
+    n = predicted(lengths, block_size)
+    starts, ends = tokens[:, 0], tokens[np.arange(len(n)), n]
+    shares = (ends == starts) & (starts == starts[0])  # BOS to BOS: may share a row
+    order = np.argsort(-n, kind="stable").tolist()
+    rows = _first_fit(n, order, shares, block_size)
+    if width is None:  # a smaller room may need as many rows, each shorter: fewer positions
+        for room in range(block_size - 1, int(n.max()) - 1, -1):
+            fewer = _first_fit(n, order, shares, room)
+            if len(fewer) * _longest(n, fewer) < len(rows) * _longest(n, rows):
+                rows = fewer
+    used = [sum(int(n[d]) for d in row) for row in rows]
+    t = max(used) if width is None else width
+    out = np.zeros((len(rows), t + 1), dtype=tokens.dtype)
+    pos = np.zeros((len(rows), t), dtype=np.int64)
+    weights = np.zeros((len(rows), t), dtype=np.float64)
+    per_token = 1.0 / float(n.sum()) if reduction == "token_mean" else None
+    for r, row in enumerate(rows):
+        at = 0
+        for doc in row:
+            size = int(n[doc])
+            out[r, at : at + size + 1] = tokens[doc, : size + 1]
+            pos[r, at : at + size] = np.arange(size)
+            weights[r, at : at + size] = per_token or 1.0 / (size * len(n))
+            at += size
+    return out, np.array(used, dtype=lengths.dtype) + 1, pos, weights
+
+
+def _first_fit(n: np.ndarray, order: list[int], shares: np.ndarray, room: int) -> list[list[int]]:
+    """Documents (predictions ``n``) in rows of at most ``room`` inputs, each in turn of
+    ``order`` into the first row it fits; one that does not share (``shares``) alone."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for doc in order:
+        size = int(n[doc])
+        fit = next((r for r, f in enumerate(free) if f >= size), None) if shares[doc] else None
+        if fit is None:
+            rows.append([doc])
+            free.append(room - size if shares[doc] else 0)
+        else:
+            rows[fit].append(doc)
+            free[fit] -= size
+    return rows
+
+
+def _longest(n: np.ndarray, rows: list[list[int]]) -> int:
+    """The most inputs of any row."""
+    return max(sum(int(n[d]) for d in row) for row in rows)
+
+
 def padding(lengths: np.ndarray, block_size: int) -> tuple[int, int]:
     """``(computed, predicted)`` positions of rows ``lengths (B,)`` trimmed to the longest
-    (the padding is ``1 - predicted / computed``)."""
+    (the padding is ``1 - predicted / computed``); of a packed batch, given the lengths
+    :func:`pack_batch` returns."""
     n = predicted(lengths, block_size)
     return len(lengths) * int(n.max()), int(n.sum())
 
