@@ -374,51 +374,62 @@ def pack_batch(
     the longest row's inputs, or ``width`` if given (``>=`` that: one shape a run)."""
     n = predicted(lengths, block_size)
     starts, ends = tokens[:, 0], tokens[np.arange(len(n)), n]
-    shares = (ends == starts) & (starts == starts[0])  # BOS to BOS: may share a row
-    order = np.argsort(-n, kind="stable").tolist()
-    rows = _first_fit(n, order, shares, block_size)
+    shares = ((ends == starts) & (starts == starts[0])).tolist()  # BOS to BOS: may share
+    sizes = n.tolist()
+    order = sorted(range(len(sizes)), key=lambda d: -sizes[d])  # stable: ties in batch order
+    rows, used = _first_fit(sizes, order, shares, block_size)
     if width is None:  # a smaller room may need as many rows, each shorter: fewer positions
-        for room in range(block_size - 1, int(n.max()) - 1, -1):
-            fewer = _first_fit(n, order, shares, room)
-            if len(fewer) * _longest(n, fewer) < len(rows) * _longest(n, rows):
-                rows = fewer
-    used = [sum(int(n[d]) for d in row) for row in rows]
+        for room in range(block_size - 1, max(sizes) - 1, -1):
+            fewer, fewer_used = _first_fit(sizes, order, shares, room)
+            if len(fewer) * max(fewer_used) < len(rows) * max(used):
+                rows, used = fewer, fewer_used
     t = max(used) if width is None else width
+    # every prediction's slot: document d's k-th input at row r, column (d's offset) + k
+    docs = np.array([d for row in rows for d in row], dtype=np.int64)
+    row_of = np.repeat(np.arange(len(rows)), [len(row) for row in rows])
+    count = n[docs]
+    before = np.cumsum(count) - count  # the predictions before each document, all rows
+    firsts = np.cumsum([0] + [len(row) for row in rows[:-1]])  # each row's first document
+    offset = before - np.repeat(before[firsts], [len(row) for row in rows])  # in its row
+    slot_doc = np.repeat(docs, count)
+    k = np.arange(int(count.sum())) - np.repeat(before, count)
+    slot_row, slot_col = np.repeat(row_of, count), np.repeat(offset, count) + k
     out = np.zeros((len(rows), t + 1), dtype=tokens.dtype)
+    out[slot_row, slot_col] = tokens[slot_doc, k]
+    out[slot_row, slot_col + 1] = tokens[slot_doc, k + 1]  # a shared BOS: the same token twice
     pos = np.zeros((len(rows), t), dtype=np.int64)
+    pos[slot_row, slot_col] = k
     weights = np.zeros((len(rows), t), dtype=np.float64)
-    per_token = 1.0 / float(n.sum()) if reduction == "token_mean" else None
-    for r, row in enumerate(rows):
-        at = 0
-        for doc in row:
-            size = int(n[doc])
-            out[r, at : at + size + 1] = tokens[doc, : size + 1]
-            pos[r, at : at + size] = np.arange(size)
-            weights[r, at : at + size] = per_token or 1.0 / (size * len(n))
-            at += size
+    if reduction == "token_mean":
+        weights[slot_row, slot_col] = 1.0 / float(n.sum())
+    else:
+        weights[slot_row, slot_col] = 1.0 / (n[slot_doc] * float(len(n)))
     return out, np.array(used, dtype=lengths.dtype) + 1, pos, weights
 
 
-def _first_fit(n: np.ndarray, order: list[int], shares: np.ndarray, room: int) -> list[list[int]]:
-    """Documents (predictions ``n``) in rows of at most ``room`` inputs, each in turn of
-    ``order`` into the first row it fits; one that does not share (``shares``) alone."""
+def _first_fit(
+    sizes: list[int], order: list[int], shares: list[bool], room: int
+) -> tuple[list[list[int]], list[int]]:
+    """Documents of ``sizes`` predictions in rows of at most ``room`` inputs, each in turn of
+    ``order`` into the first row it fits (one that does not share, alone): the rows'
+    documents and inputs."""
     rows: list[list[int]] = []
-    free: list[int] = []
+    used: list[int] = []
     for doc in order:
-        size = int(n[doc])
-        fit = next((r for r, f in enumerate(free) if f >= size), None) if shares[doc] else None
-        if fit is None:
+        size = sizes[doc]
+        fit = -1
+        if shares[doc]:
+            for r, u in enumerate(used):
+                if u + size <= room and shares[rows[r][0]]:
+                    fit = r
+                    break
+        if fit < 0:
             rows.append([doc])
-            free.append(room - size if shares[doc] else 0)
+            used.append(size)
         else:
             rows[fit].append(doc)
-            free[fit] -= size
-    return rows
-
-
-def _longest(n: np.ndarray, rows: list[list[int]]) -> int:
-    """The most inputs of any row."""
-    return max(sum(int(n[d]) for d in row) for row in rows)
+            used[fit] += size
+    return rows, used
 
 
 def padding(lengths: np.ndarray, block_size: int) -> tuple[int, int]:
