@@ -6,6 +6,7 @@ resumes bit for bit and gives Dask's bits wherever its chunks run, ``--pack`` on
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +234,29 @@ def test_dask_packed_steps_equal_numpy_and_repeat_bit_for_bit() -> None:
     np.testing.assert_allclose(chunked.losses, ref.losses, rtol=1e-12)
     again = mx.train(DOCS, pack=True, backend="dask", chunk_size=2, **ARGS)
     assert again.losses == chunked.losses
+
+
+def _chunk_tasks_seen(dask_scheduler: Any) -> int:
+    """Training-chunk tasks the scheduler has seen (as tests/test_dask_steps.py counts)."""
+    return sum("microgpt-chunk" in str(msg) for msg in dask_scheduler.transition_log)
+
+
+def test_a_cluster_gives_the_threads_bits_for_packed_rows() -> None:
+    """The same packed run's chunks on a cluster of two processes: the threads' bits."""
+    pytest.importorskip("distributed")
+    import cloudpickle
+
+    from microgpt_xp.cluster import connect
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    threads = mx.train(DOCS, pack=True, backend="dask", chunk_size=2, **ARGS)
+    with connect(None, n_workers=2, threads_per_worker=1, processes=True, timeout=60) as c:
+        on_cluster = mx.train(DOCS, pack=True, backend="dask", chunk_size=2, **ARGS)
+        ran = c.run_on_scheduler(_chunk_tasks_seen)
+    assert ran >= ARGS["steps"] * 2  # the chunk tasks ran on the cluster
+    assert on_cluster.losses == threads.losses
+    for name, a in on_cluster.params.arrays().items():
+        np.testing.assert_array_equal(_xp.to_numpy(a), _xp.to_numpy(getattr(threads.params, name)))
 
 
 def test_worker_processes_split_packed_rows() -> None:
