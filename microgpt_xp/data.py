@@ -349,9 +349,93 @@ def length_groups(lengths: np.ndarray, block_size: int, call_cost: float) -> lis
     return [order[a:b] for a, b in reversed(cuts)]
 
 
+def pack_batch(
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    block_size: int,
+    reduction: str = "mean",
+    *,
+    width: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A batch of documents ``tokens (B, L)``, ``lengths (B,)`` (rows ``BOS, chars…, BOS``)
+    packed into fewer rows, first-fit decreasing (deterministic) into rows of the room
+    (from the longest document's predictions to ``block_size``) that computes the fewest
+    positions (``width`` given: ``block_size``, the fewest rows): ``(tokens (R, T + 1),
+    lengths (R,), positions (R, T) int64, weights (R, T) float64)``, what
+    :func:`~microgpt_xp.loss_and_grads` takes as a packed batch.
+
+    A row holds documents whose predictions (``n = min(length - 1, block_size)`` each) add
+    up to at most its room, sharing their BOS: ``BOS a… BOS b… BOS``. ``positions``
+    is each input's position in its document (0 at its BOS; 0 at padding); ``weights`` its
+    share of the batch loss: ``1 / (n · B)`` for ``"mean"``, ``1 / Σn`` for ``"token_mean"``,
+    0 at padding, so that the packed loss is ``Σ weights · losses``, the unpacked batch's
+    loss (to rounding), and row shards' results add up. A document that does not end with
+    the token it starts with (one cut at ``block_size``) gets a row of its own. ``T`` is
+    the longest row's inputs, or ``width`` if given (``>=`` that: one shape a run)."""
+    n = predicted(lengths, block_size)
+    starts, ends = tokens[:, 0], tokens[np.arange(len(n)), n]
+    shares = ((ends == starts) & (starts == starts[0])).tolist()  # BOS to BOS: may share
+    sizes = n.tolist()
+    order = sorted(range(len(sizes)), key=lambda d: -sizes[d])  # stable: ties in batch order
+    rows, used = _first_fit(sizes, order, shares, block_size)
+    if width is None:  # a smaller room may need as many rows, each shorter: fewer positions
+        for room in range(block_size - 1, max(sizes) - 1, -1):
+            fewer, fewer_used = _first_fit(sizes, order, shares, room)
+            if len(fewer) * max(fewer_used) < len(rows) * max(used):
+                rows, used = fewer, fewer_used
+    t = max(used) if width is None else width
+    # every prediction's slot: document d's k-th input at row r, column (d's offset) + k
+    docs = np.array([d for row in rows for d in row], dtype=np.int64)
+    row_of = np.repeat(np.arange(len(rows)), [len(row) for row in rows])
+    count = n[docs]
+    before = np.cumsum(count) - count  # the predictions before each document, all rows
+    firsts = np.cumsum([0] + [len(row) for row in rows[:-1]])  # each row's first document
+    offset = before - np.repeat(before[firsts], [len(row) for row in rows])  # in its row
+    slot_doc = np.repeat(docs, count)
+    k = np.arange(int(count.sum())) - np.repeat(before, count)
+    slot_row, slot_col = np.repeat(row_of, count), np.repeat(offset, count) + k
+    out = np.zeros((len(rows), t + 1), dtype=tokens.dtype)
+    out[slot_row, slot_col] = tokens[slot_doc, k]
+    out[slot_row, slot_col + 1] = tokens[slot_doc, k + 1]  # a shared BOS: the same token twice
+    pos = np.zeros((len(rows), t), dtype=np.int64)
+    pos[slot_row, slot_col] = k
+    weights = np.zeros((len(rows), t), dtype=np.float64)
+    if reduction == "token_mean":
+        weights[slot_row, slot_col] = 1.0 / float(n.sum())
+    else:
+        weights[slot_row, slot_col] = 1.0 / (n[slot_doc] * float(len(n)))
+    return out, np.array(used, dtype=lengths.dtype) + 1, pos, weights
+
+
+def _first_fit(
+    sizes: list[int], order: list[int], shares: list[bool], room: int
+) -> tuple[list[list[int]], list[int]]:
+    """Documents of ``sizes`` predictions in rows of at most ``room`` inputs, each in turn of
+    ``order`` into the first row it fits (one that does not share, alone): the rows'
+    documents and inputs."""
+    rows: list[list[int]] = []
+    used: list[int] = []
+    for doc in order:
+        size = sizes[doc]
+        fit = -1
+        if shares[doc]:
+            for r, u in enumerate(used):
+                if u + size <= room and shares[rows[r][0]]:
+                    fit = r
+                    break
+        if fit < 0:
+            rows.append([doc])
+            used.append(size)
+        else:
+            rows[fit].append(doc)
+            used[fit] += size
+    return rows, used
+
+
 def padding(lengths: np.ndarray, block_size: int) -> tuple[int, int]:
     """``(computed, predicted)`` positions of rows ``lengths (B,)`` trimmed to the longest
-    (the padding is ``1 - predicted / computed``)."""
+    (the padding is ``1 - predicted / computed``); of a packed batch, given the lengths
+    :func:`pack_batch` returns."""
     n = predicted(lengths, block_size)
     return len(lengths) * int(n.max()), int(n.sum())
 

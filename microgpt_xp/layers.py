@@ -15,23 +15,32 @@ RMSNORM_EPS = 1e-5
 Array = Any
 
 
-def embedding_forward(tokens: Array, wte: Array, wpe: Array) -> tuple[Array, Any]:
+def embedding_forward(
+    tokens: Array, wte: Array, wpe: Array, positions: Array | None = None
+) -> tuple[Array, Any]:
     """``e (B, T, C)``, ``wte[tokens[b, t]] + wpe[t]`` (exact lookups) of ``tokens (B, T)``
-    ids in ``[0, V)``, ``wte (V, C)`` and ``wpe (block_size, C)``."""
+    ids in ``[0, V)``, ``wte (V, C)`` and ``wpe (block_size, C)``; packed rows: ``wpe[
+    positions[b, t]]``, ``positions (B, T)`` each token's position in its document."""
     xp = array_namespace(tokens, wte, wpe)
+    if positions is not None:
+        e = P.embed(tokens, wte) + P.embed(positions, wpe)
+        return e, (tokens, positions, wte.shape[0], wpe.shape[0])
     pos = P.positions(tokens)
     e = P.embed(tokens, wte) + xp.take(wpe, pos, axis=0)
     return e, (tokens, pos, wte.shape[0], wpe.shape[0])
 
 
 def embedding_backward(de: Array, cache: Any) -> tuple[Array, Array]:
-    """``de (B, T, C)`` -> ``(dwte (V, C), dwpe (block_size, C))`` by scatter-adds; rows not
-    used are exactly zero."""
+    """``de (B, T, C)`` -> ``(dwte (V, C), dwpe (block_size, C))`` by scatter-adds (``wpe``'s
+    by the positions of packed rows); rows not used are exactly zero."""
     xp = array_namespace(de)
     tokens, pos, vocab, block_size = cache
     c = de.shape[-1]
     dwte = P.scatter_add_rows(xp.reshape(tokens, (-1,)), xp.reshape(de, (-1, c)), vocab)
-    dwpe = P.scatter_add_rows(pos, xp.sum(de, axis=0), block_size)
+    if pos.ndim == 2:  # packed rows: (B, T) positions
+        dwpe = P.scatter_add_rows(xp.reshape(pos, (-1,)), xp.reshape(de, (-1, c)), block_size)
+    else:
+        dwpe = P.scatter_add_rows(pos, xp.sum(de, axis=0), block_size)
     return dwte, dwpe
 
 

@@ -27,17 +27,21 @@ def qkv_weight(params: Params, layer: int) -> Array:
     )
 
 
-def _forward_cached(params: Params, tokens: Array) -> tuple[Array, list[Any]]:
-    """The last hidden state ``(B, T, C)`` of valid ``tokens (B, T)`` and the caches."""
+def _forward_cached(
+    params: Params, tokens: Array, positions: Array | None = None
+) -> tuple[Array, list[Any]]:
+    """The last hidden state ``(B, T, C)`` of valid ``tokens (B, T)`` and the caches; packed
+    rows: ``positions (B, T)``, each token's position in its document."""
     cfg = params.config
     c = cfg.n_embd
-    e, c_emb = L.embedding_forward(tokens, params.wte, params.wpe)
+    packed = {} if positions is None else {"doc_positions": positions}
+    e, c_emb = L.embedding_forward(tokens, params.wte, params.wpe, positions)
     x, c_norm0 = L.rmsnorm_forward(e, c)
     caches: list[Any] = [c_emb, c_norm0]
     for layer in range(cfg.n_layer):
         h, c1 = L.rmsnorm_forward(x, c)
         qkv, c2 = L.linear_forward(h, qkv_weight(params, layer))
-        a, c3 = P.causal_attention(qkv, cfg.n_head, cfg.head_dim)
+        a, c3 = P.causal_attention(qkv, cfg.n_head, cfg.head_dim, **packed)
         o, c4 = L.linear_forward(a, params.attn_wo[layer, ...])
         x = x + o
         h, c5 = L.rmsnorm_forward(x, c)
@@ -123,15 +127,18 @@ def check_reduction(reduction: str) -> None:
         )
 
 
-def _nll(params: Params, tokens: Array, lengths: Array) -> tuple[Array, ...]:
-    """Of documents ``(B, L)``: losses ``(B, T)`` (0 at padding), ``n = min(lengths - 1,
-    block_size)``, the ``(B, T)`` mask of predicted positions and the caches."""
+def _nll(
+    params: Params, tokens: Array, lengths: Array, positions: Array | None = None
+) -> tuple[Array, ...]:
+    """Of documents ``(B, L)`` (or packed rows, ``positions (B, L - 1)``): losses ``(B, T)``
+    (0 at padding), ``n = min(lengths - 1, block_size)``, the ``(B, T)`` mask of predicted
+    positions and the caches."""
     xp = params.xp
     safe = _safe_tokens(tokens, lengths)
     inputs, targets = safe[:, :-1], safe[:, 1:]
     n = xp.minimum(lengths - 1, xp.full_like(lengths, params.config.block_size))
     valid = xp.astype(P.positions(inputs)[None, :] < n[:, None], params.dtype)
-    x, caches = _forward_cached(params, inputs)
+    x, caches = _forward_cached(params, inputs, positions)
     losses, c_head = P.head_cross_entropy(x, params.lm_head, targets, valid)
     return losses, n, valid, caches, c_head
 
@@ -143,6 +150,8 @@ def loss_and_grads(
     *,
     reduction: Reduction = "mean",
     check: bool = True,
+    positions: Array | None = None,
+    weights: Array | None = None,
 ) -> tuple[Array, Params]:
     """The training loss of a batch of documents and its gradient (hand-written backward).
 
@@ -156,27 +165,78 @@ def loss_and_grads(
             when ``B = 1``); ``"token_mean"``: the mean over all predicted tokens.
         check: check the batch first (below); ``False`` is for a driver whose batches
             were checked once where it made them (``train`` from its encoded corpus).
+        positions, weights: a packed batch (:func:`~microgpt_xp.data.pack_batch`): rows of
+            several documents sharing their BOS, ``positions (B, L − 1)`` each
+            input's position in its document (it sees its document's earlier tokens only)
+            and ``weights (B, L − 1)`` in the params' dtype each prediction's weight: the
+            loss is ``Σ weights · losses`` (``reduction`` unused). ``weights`` alone weighs
+            an unpacked batch so.
 
     Returns:
         ``(loss, grads)``: a 0-d array and a :class:`Params` of the params' namespace,
         device and dtype; rows of ``wte``/``wpe`` the batch does not use get exactly 0.
 
-    Raises ``TypeError``/``ValueError`` as :func:`forward` does (on lazy arrays the value
-    checks run when the result is computed).
+    Raises ``TypeError``/``ValueError`` as :func:`forward` does, and for ``positions``
+    without ``weights`` or either of another shape than the inputs (on lazy arrays the
+    value checks run when the result is computed).
     """
     check_reduction(reduction)
     cfg = params.config
+    if positions is not None and weights is None:
+        raise ArgumentValueError("weights", "positions= (a packed batch) needs weights=")
     if check:
         tokens, lengths = check_tokens(
             params, tokens, lengths, max_len=cfg.block_size + 1, min_length=2
         )
+        if weights is not None:
+            _check_packed(params, tokens, positions, weights)
     xp = params.xp
-    losses, n, valid, caches, c_head = _nll(params, tokens, lengths)
-    weights, inv = _row_weights(n, valid, reduction)
-    loss = xp.mean(xp.sum(losses, axis=1) * inv) if reduction == "mean" else xp.sum(losses) * inv
-    dx, dlm_head = P.head_cross_entropy_backward(weights, c_head)
+    losses, n, valid, caches, c_head = _nll(params, tokens, lengths, positions)
+    if weights is None:
+        dlosses, inv = _row_weights(n, valid, reduction)
+        if reduction == "mean":
+            loss = xp.mean(xp.sum(losses, axis=1) * inv)
+        else:
+            loss = xp.sum(losses) * inv
+    else:
+        dlosses = weights * valid
+        loss = xp.sum(losses * dlosses)
+    dx, dlm_head = P.head_cross_entropy_backward(dlosses, c_head)
     grads = _backward(params, dx, caches)
     return loss, Params.trusted(cfg, {**grads, "lm_head": dlm_head})
+
+
+def _check_packed(params: Params, tokens: Array, positions: Array | None, weights: Array) -> None:
+    """``ArgumentValueError`` unless ``weights`` (and ``positions``) are ``(B, L - 1)`` arrays
+    of the params' namespace, ``weights`` of their dtype, ``positions`` integers with
+    ``0 <= positions[b, i] <= min(i, block_size - 1)`` (read where values are at hand)."""
+    xp = params.xp
+    inputs = tokens[:, :-1]
+    for name, x in (("weights", weights), ("positions", positions)):
+        if x is None:
+            continue
+        if _xp.array_namespace(x) is not xp or getattr(x, "ndim", None) != 2:
+            raise ArgumentValueError(name, f"{name} must be a 2-d array of the params' namespace")
+        shapes = (tuple(x.shape), tuple(inputs.shape))
+        if all(isinstance(d, int) for d in (*shapes[0], *shapes[1])) and shapes[0] != shapes[1]:
+            raise ArgumentValueError(
+                name, f"{name} must have the inputs' shape {shapes[1]}, got {shapes[0]}"
+            )
+    if weights.dtype != params.dtype:
+        raise ArgumentValueError("weights", f"weights must be {params.dtype}, got {weights.dtype}")
+    if positions is None:
+        return
+    if not _xp.is_integral(xp, positions.dtype):
+        raise ArgumentValueError("positions", "positions must have an integer dtype")
+    if _xp.is_lazy(positions) or not isinstance(positions.shape[1], int):
+        return
+    ids = P.positions(inputs)[None, :]
+    bad = (positions < 0) | (positions > ids) | (positions >= params.config.block_size)
+    if _xp.read_scalar(xp.any(bad), bool):
+        raise ArgumentValueError(
+            "positions",
+            "positions must lie in [0, block_size) and count up from 0 at each document's start",
+        )
 
 
 def train_step(
@@ -188,16 +248,26 @@ def train_step(
     reduction: Reduction = "mean",
     optimizer: AdamConfig | None = None,
     check: bool = True,
+    positions: Array | None = None,
+    weights: Array | None = None,
     **changes: Any,
 ) -> tuple[Params, AdamState, Array]:
-    """One pure training step: :func:`loss_and_grads` of the batch (same arguments), then one
-    :func:`~microgpt_xp.adam_update` with ``optimizer`` (the spec's
-    :class:`~microgpt_xp.AdamConfig` by default; ``changes`` replace some of its fields).
-    ``check`` as for :func:`loss_and_grads`.
+    """One pure training step: :func:`loss_and_grads` of the batch (same arguments, a packed
+    batch's ``positions``/``weights`` included), then one :func:`~microgpt_xp.adam_update`
+    with ``optimizer`` (the spec's :class:`~microgpt_xp.AdamConfig` by default; ``changes``
+    replace some of its fields). ``check`` as for :func:`loss_and_grads`.
     Returns ``(new_params, new_state, loss)``, the loss before the update. Nothing is
     modified, so ``jax.jit(train_step)`` compiles it as it is (once per batch shape)."""
     hp = adam_config(optimizer, **changes)
-    loss, grads = loss_and_grads(params, tokens, lengths, reduction=reduction, check=check)
+    loss, grads = loss_and_grads(
+        params,
+        tokens,
+        lengths,
+        reduction=reduction,
+        check=check,
+        positions=positions,
+        weights=weights,
+    )
     new_params, new_state = adam_update(params, grads, state, hp)
     return new_params, new_state, loss
 

@@ -56,10 +56,12 @@ def run_record(
     mode: str = "docs",
     optimizer: dict[str, Any] | None = None,
     eval_tokens: int | None = None,
+    pack: bool = False,
 ) -> dict[str, Any]:
     """The JSON-able record of the settings that fix a run's losses: ``mode`` (``"docs"``, or
-    ``"text"`` where ``docs`` is ``[text]``), the ``optimizer``'s :data:`OPTIMIZER_FIELDS` and
-    the held-out bound ``eval_tokens`` (informative: not checked on resume)."""
+    ``"text"`` where ``docs`` is ``[text]``), the ``optimizer``'s :data:`OPTIMIZER_FIELDS`,
+    the held-out bound ``eval_tokens`` (informative: not checked on resume) and ``pack``
+    (recorded only when true: an unpacked run's record is as before)."""
     return {
         "mode": mode,
         "seed": seed,
@@ -71,6 +73,7 @@ def run_record(
         "val_corpus": None if val_docs is None else corpus_digest(val_docs),
         **{k: (optimizer or {}).get(k, getattr(AdamConfig(), k)) for k in OPTIMIZER_FIELDS},
         "eval_tokens": eval_tokens,
+        **({"pack": True} if pack else {}),
     }
 
 
@@ -115,6 +118,7 @@ def resume(
     checks: list[tuple[str, Any, Any]] = [
         ("dtype", _xp.dtype_name(saved.params.wte), run["dtype"]),
         ("mode", saved_run.get("mode", "docs"), run["mode"]),
+        ("pack", saved_run.get("pack", False), run.get("pack", False)),
         *(
             (k, saved_run[k], run[k])
             for k in ("seed", "batch_size", "lr", "reduction")

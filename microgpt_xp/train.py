@@ -34,6 +34,7 @@ from .data import (
     encode_text,
     held_out_rows,
     length_groups,
+    pack_batch,
     predicted,
     split_docs,
     split_text,
@@ -151,6 +152,7 @@ def train(
     weight_decay: float | None = None,
     grad_clip: float | None = None,
     init_std: float | None = None,
+    pack: bool = False,
 ) -> TrainResult:
     """Train microgpt on documents or a stream of text, ``batch_size`` rows a step, and
     return a :class:`TrainResult` (docs/training.md tells the whole story).
@@ -185,6 +187,9 @@ def train(
             ``on_eval(step, val_loss)``.
         callback, on_step: after each step, ``callback(step, loss)`` (1-based), then
             ``on_step(StepStats(...))``.
+        pack: documents only: each step's documents packed into fewer rows
+            (:func:`~microgpt_xp.data.pack_batch`), the same loss and gradient to rounding
+            with little padding (a stream's windows have none: ``text=`` refuses it).
 
     A ``KeyboardInterrupt`` with a ``checkpoint`` first saves the last step completed, so
     resuming gives the uninterrupted run. ``ValueError``/``TypeError`` for bad arguments,
@@ -227,9 +232,12 @@ def train(
         ("checkpoint_every", checkpoint_every > 0 and no_path, path),
         ("eval_every", eval_every is not None and no_held_out, data),
         ("eval_tokens", eval_tokens is not None and no_held_out, data),
+        ("pack", pack is True and text is not None, "packs documents; a stream has no padding"),
     ):
         if clash:
             raise ArgumentValueError(name, f"{name}= {why}")
+    if not isinstance(pack, bool):
+        raise ArgumentTypeError("pack", f"pack must be True or False, got {pack!r}")
     if held[2] and (isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real)):
         raise ArgumentTypeError(
             "val_fraction", f"val_fraction must be a real number: {val_fraction!r}"
@@ -285,6 +293,7 @@ def train(
         mode="docs" if text is None else "text",
         optimizer={k: getattr(optimizer, k) for k in OPTIMIZER_FIELDS},
         eval_tokens=eval_tokens,
+        pack=pack,
     )
     # the claim checks again, under its lock, that no other run made the file meanwhile
     with (
@@ -308,7 +317,7 @@ def train(
         result = TrainResult(params, adam, tokenizer, step=adam.t, start_step=adam.t)
         loop = _Loop(
             runner, reduction, adam, checkpoint, checkpoint_every, resume, run, history, scorer,
-            every, on_eval,
+            every, on_eval, pack,
         )  # fmt: skip
         with use_threads(threads, config=config, batch_size=batch_size):
             try:
@@ -432,23 +441,35 @@ class _Loop:
     held_out: Scorer | None
     eval_every: int
     on_eval: Callable[[int, float], None] | None
+    pack: bool = False  # documents packed into fewer rows (pack_batch)
     saved: bool = False  # whether this run has written a checkpoint yet
     _update: Callable[..., Any] | None = None
 
     def step(
         self, params: Params, state: AdamState, tokens: np.ndarray, lengths: np.ndarray
     ) -> tuple[Params, AdamState, Any]:
-        """One Adam step on a host batch: the runner's shards' loss and gradient, added."""
-        total = (len(lengths), int(predicted(lengths, params.config.block_size).sum()))
-        loss, flat = self.runner.map(
-            weighted_loss_and_grads,
-            params,
-            [tokens, lengths],
-            self.reduction,
-            *total,
-            self.runner.jit,
-            combine=add_pair,
-        )
+        """One Adam step on a host batch: the runner's shards' loss and gradient, added
+        (packed: the rows of :func:`~microgpt_xp.data.pack_batch`, compiled at one width)."""
+        block = params.config.block_size
+        if self.pack:
+            compiled = _xp.compiler(params.backend, self.runner.jit) is not None
+            rows = pack_batch(
+                tokens, lengths, block, self.reduction, width=block if compiled else None
+            )
+            loss, flat = self.runner.map(
+                packed_loss_and_grads, params, list(rows), self.runner.jit, combine=add_pair
+            )
+        else:
+            total = (len(lengths), int(predicted(lengths, block).sum()))
+            loss, flat = self.runner.map(
+                weighted_loss_and_grads,
+                params,
+                [tokens, lengths],
+                self.reduction,
+                *total,
+                self.runner.jit,
+                combine=add_pair,
+            )
         if self._update is None:
             compile_fn = _xp.compiler(params.backend, self.runner.jit)
             fn = functools.partial(_update, optimizer=self.adam.config)
@@ -571,15 +592,25 @@ def weighted_loss_and_grads(
     total_rows: int,
     total_tokens: int,
     jit: bool | None = False,
+    positions: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> tuple[Any, Any]:
     """One shard's task: its loss and flat gradient, each times the shard's share of the
     batch (of its rows for ``"mean"``, of its predicted tokens for ``"token_mean"``), so
     that the shards' results add up to the batch's; compiled as ``jit`` says, else in
-    :func:`row_groups` (a shard's bits depend on its rows only, wherever it runs)."""
+    :func:`row_groups` (a shard's bits depend on its rows only, wherever it runs). Packed
+    rows (``positions``, ``weights``): one call, the shard's share already in its weights."""
     fn: Callable[..., Any] = _LOSS_AND_GRADS[reduction]
     compiled = _xp.compiler(params.backend, jit) is not None
     if compiled:
         fn = _xp.compiled(fn, params.backend)
+    if positions is not None and weights is not None:
+        place = {"backend": params.backend, "device": params.device}
+        packed = (
+            _xp.asarray(positions, **place),
+            _xp.asarray(weights, **place, dtype=_xp.dtype_name(params.wte)),
+        )
+        return fn(params, *to_batch(tokens, lengths, **place), *packed)  # type: ignore[no-any-return]
     groups = row_groups(params, lengths, compiled)
     parts = []
     for rows in groups:
@@ -593,6 +624,19 @@ def weighted_loss_and_grads(
     return parts[0] if len(parts) == 1 else runners.tree_sum(parts, add_pair)
 
 
+def packed_loss_and_grads(
+    params: Params,
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    positions: np.ndarray,
+    weights: np.ndarray,
+    jit: bool | None = False,
+) -> tuple[Any, Any]:
+    """One shard of packed rows (:func:`~microgpt_xp.data.pack_batch`) as a runner's task:
+    :func:`weighted_loss_and_grads` with its ``positions`` and ``weights``."""
+    return weighted_loss_and_grads(params, tokens, lengths, "mean", 0, 0, jit, positions, weights)
+
+
 def row_groups(params: Params, lengths: np.ndarray, compiled: bool) -> list[np.ndarray]:
     """A shard's rows ``lengths (B,)`` in the groups computed one call each: eager on a CPU,
     :func:`~microgpt_xp.data.length_groups` at :data:`CALL_COST`; else one group, as it came."""
@@ -603,10 +647,19 @@ def row_groups(params: Params, lengths: np.ndarray, compiled: bool) -> list[np.n
 
 
 def _flat_loss_and_grads(
-    params: Params, tokens: Any, lengths: Any, reduction: Reduction
+    params: Params,
+    tokens: Any,
+    lengths: Any,
+    positions: Any = None,
+    weights: Any = None,
+    *,
+    reduction: Reduction,
 ) -> tuple[Any, Any]:
     # the batches come from the corpus encoded and checked once, at the start
-    loss, grads = loss_and_grads(params, tokens, lengths, reduction=reduction, check=False)
+    loss, grads = loss_and_grads(
+        params, tokens, lengths, reduction=reduction, check=False, positions=positions,
+        weights=weights,
+    )  # fmt: skip
     return loss, flatten(grads)
 
 

@@ -181,6 +181,10 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "checkpoint_every": opt("also save every N steps (0: only at the end)", 0, nonnegative_int),
     "resume": flag("continue the run in --checkpoint if it exists (its options must match)"),
     "overwrite": flag("replace an existing --checkpoint with a new run"),
+    "pack": flag(
+        "pack each step's documents into fewer rows, attention kept within each: the same "
+        "loss, little padding (not with --text)"
+    ),
     "chunk_size": opt("dask: documents per task (default: one task a batch)", type=positive_int),
     "chunk_size/eval": opt(
         "documents scored at once, per task on dask (default: the most whose activations fit "

@@ -36,7 +36,7 @@ def add_parser(sub: cli.Subcommands) -> None:
         "the command that continues it.",
         "backend device dtype steps batch_size lr data|text val_data|val_fraction eval_every "
         "eval_tokens warmup decay min_lr weight_decay grad_clip init_std beta1 beta2 seed "
-        "checkpoint/save checkpoint_every resume|overwrite chunk_size workers threads jit "
+        "checkpoint/save checkpoint_every resume|overwrite pack chunk_size workers threads jit "
         "scheduler verbose n_layer n_embd n_head block_size plot num_samples/train length "
         "temperature json microgpt_exact newlines",
     ).set_defaults(handler=run)
@@ -165,6 +165,7 @@ def _train(args: argparse.Namespace, resuming: bool) -> int:
             **cli.keywords(args, f"{SCHEDULE} eval_tokens", given=True),
             **cli.keywords(args, "steps batch_size seed backend device dtype checkpoint lr jit"),
             **cli.keywords(args, "chunk_size workers eval_every checkpoint_every resume overwrite"),
+            **cli.keywords(args, "pack"),
         )
     except training.ResumeError as exc:
         raise ValueError(resume_words(exc, args)) from None

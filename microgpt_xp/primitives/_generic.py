@@ -170,10 +170,15 @@ def _masked_softmax(z: Array, bias: Array) -> Array:
 
 
 @overridable()
-def causal_bias(pos: Array, dtype: Any) -> Array:
-    """``(T, T)`` additive mask of positions ``pos (T,)``: 0 where key ≤ query, else ``-inf``."""
+def causal_bias(pos: Array, dtype: Any, doc_positions: Array | None = None) -> Array:
+    """``(T, T)`` additive mask of positions ``pos (T,)``: 0 where key ≤ query, else ``-inf``;
+    with ``doc_positions (B, T)``, each query's position inside its document (packed rows),
+    ``(B, 1, T, T)``: query ``i`` sees key ``j`` iff ``i - doc_positions[b, i] <= j <= i``."""
     xp = array_namespace(pos)
     visible = pos[:, None] >= pos[None, :]
+    if doc_positions is not None:
+        first = pos[None, :] - doc_positions  # (B, Tq): each query's document start
+        visible = (visible[None, ...] & (pos[None, None, :] >= first[..., None]))[:, None, ...]
     zero = xp.zeros_like(xp.astype(visible, dtype))
     return xp.where(visible, zero, zero - xp.inf)
 
@@ -196,7 +201,7 @@ def merge_heads(y: Array, n_head: int) -> Array:
 @overridable()
 def attention(q: Array, k: Array, v: Array, bias: Array | None, head_dim: int) -> tuple[Array, Any]:
     """``softmax((q * D**-0.5) @ k.T + bias) @ v`` for ``q (B, H, Tq, D)``, ``k, v (B, H, Tk,
-    D)``, ``bias (Tq, Tk)`` or ``None`` -> ``(B, H, Tq, D)`` and the cache."""
+    D)``, ``bias (Tq, Tk)``, ``(B, 1, Tq, Tk)`` or ``None`` -> ``(B, H, Tq, D)`` and the cache."""
     xp = array_namespace(q, k, v)
     scale = float(head_dim) ** -0.5
     qs = q * scale
@@ -217,12 +222,18 @@ def attention_backward(dy: Array, cache: Any) -> tuple[Array, Array, Array]:
 
 
 @overridable()
-def causal_attention(qkv: Array, n_head: int, head_dim: int) -> tuple[Array, Any]:
-    """Causal attention of ``qkv (B, T, 3C)`` (``q | k | v``) -> ``(B, T, C)`` and the cache."""
+def causal_attention(
+    qkv: Array, n_head: int, head_dim: int, doc_positions: Array | None = None
+) -> tuple[Array, Any]:
+    """Causal attention of ``qkv (B, T, 3C)`` (``q | k | v``) -> ``(B, T, C)`` and the cache;
+    with ``doc_positions (B, T)`` (packed rows: each position's place in its document, see
+    :func:`causal_bias`), confined to each document."""
     c = n_head * head_dim
     q, k, v = (split_heads(qkv[..., i * c : (i + 1) * c], n_head, head_dim) for i in range(3))
     pos = positions(qkv[:1, :, 0])  # (1, T): the positions need no more of qkv
-    y, cache = attention(q, k, v, causal_bias(pos, qkv.dtype), head_dim)
+    packed = {} if doc_positions is None else {"doc_positions": doc_positions}
+    bias = causal_bias(pos, qkv.dtype, **packed)
+    y, cache = attention(q, k, v, bias, head_dim)
     return merge_heads(y, n_head), (n_head, head_dim, cache)
 
 

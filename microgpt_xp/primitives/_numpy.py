@@ -104,11 +104,14 @@ class Attention(NamedTuple):
 MASK_CACHE_BYTES = 4 << 20
 
 
-def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
+def causal_attention(
+    qkv: Any, n_head: int, head_dim: int, doc_positions: Any = None
+) -> tuple[Any, Any]:
     """Scores laid out ``(H, Tk, B, Tq)``, written in place by the batched product, so the
     softmax reduces axis 1 over contiguous rows; the mask added in place (a cached full-size
-    copy up to :data:`MASK_CACHE_BYTES`: a 16-long broadcast costs several times more); the
-    output product writes straight into the merged ``(B, T, H, D)`` layout."""
+    copy up to :data:`MASK_CACHE_BYTES`: a 16-long broadcast costs several times more; packed
+    rows' ``doc_positions (B, T)``: a ``(Tk, B, Tq)`` mask of the batch, broadcast over the
+    heads); the output product writes straight into the merged ``(B, T, H, D)`` layout."""
     b, t, _ = qkv.shape
     h, d = n_head, head_dim
     c = h * d
@@ -121,7 +124,9 @@ def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
     att = np.empty((h, t, b, t), dtype)  # att[h, key, b, query]
     np.matmul(k, qs_t, out=att.transpose(2, 0, 1, 3))
     rows = att.reshape(h, t, b * t)
-    if att.nbytes <= MASK_CACHE_BYTES:
+    if doc_positions is not None:
+        np.add(att, _document_mask(doc_positions, dtype)[None], out=att)
+    elif att.nbytes <= MASK_CACHE_BYTES:
         np.add(rows, _key_query_bias(h, t, b, dtype), out=rows)
     else:  # a big batch: broadcast the (Tk, Tq) mask rather than keep a full-size copy
         np.add(att, _key_query(t, dtype)[None, :, None, :], out=att)
@@ -165,6 +170,16 @@ def _key_query_bias(h: int, t: int, b: int, dtype: Any) -> Any:
     mask = mask.reshape(h, t, b * t)
     mask.flags.writeable = False
     return mask
+
+
+def _document_mask(doc_positions: Any, dtype: Any) -> Any:
+    """``(Tk, B, Tq)``: 0 where query ``q`` of row ``b`` sees key ``k`` (``q - doc_positions[b,
+    q] <= k <= q``), else ``-inf``."""
+    ids = np.arange(doc_positions.shape[1])
+    first = ids[None, :] - doc_positions  # (B, Tq)
+    keys = ids[:, None, None]
+    visible = (keys <= ids[None, None, :]) & (keys >= first[None, :, :])
+    return np.where(visible, dtype.type(0), dtype.type(-np.inf))
 
 
 @functools.lru_cache(maxsize=8)

@@ -26,9 +26,12 @@ def relu_backward(dy: Any, y: Any) -> Any:
     return torch.ops.aten.threshold_backward(dy, y, 0)
 
 
-def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
+def causal_attention(
+    qkv: Any, n_head: int, head_dim: int, doc_positions: Any = None
+) -> tuple[Any, Any]:
     """The generic math with fused kernels; ``q, k, v`` made head-major by one copy (a batched
-    product copies a strided operand at every read)."""
+    product copies a strided operand at every read); packed rows' ``doc_positions (B, T)``
+    give a ``(B, 1, T, T)`` mask (:func:`_document_mask`)."""
     b, t, _ = qkv.shape
     h, d = n_head, head_dim
     c = h * d
@@ -37,7 +40,10 @@ def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
     q, k, v = heads.unbind(0)
     qs = q * scale
     scores = torch.matmul(qs, k.transpose(-1, -2))
-    scores.add_(_causal_mask(t, qkv.dtype, qkv.device))
+    if doc_positions is None:
+        scores.add_(_causal_mask(t, qkv.dtype, qkv.device))
+    else:
+        scores.add_(_document_mask(doc_positions, qkv.dtype))
     att = torch.softmax(scores, dim=-1)
     y = torch.matmul(att, v)
     return y.transpose(1, 2).reshape(b, t, c), (qs, k, v, att, scale)
@@ -63,6 +69,16 @@ def causal_attention_backward(dy: Any, cache: Any) -> Any:
 def _causal_mask(t: int, dtype: Any, dev: Any) -> Any:
     """The ``(T, T)`` causal mask, cached (never written to)."""
     return torch.full((t, t), float("-inf"), dtype=dtype, device=dev).triu(1)
+
+
+def _document_mask(doc_positions: Any, dtype: Any) -> Any:
+    """``(B, 1, Tq, Tk)``: 0 where query ``q`` of row ``b`` sees key ``k`` (``q -
+    doc_positions[b, q] <= k <= q``), else ``-inf``."""
+    ids = torch.arange(doc_positions.shape[1], device=doc_positions.device)
+    first = ids[None, :] - doc_positions  # (B, Tq)
+    visible = (ids[None, None, :] <= ids[None, :, None]) & (ids[None, None, :] >= first[..., None])
+    mask = torch.zeros(visible.shape, dtype=dtype, device=doc_positions.device)
+    return mask.masked_fill_(~visible, float("-inf"))[:, None]
 
 
 def cross_entropy(logits: Any, targets: Any, valid: Any) -> tuple[Any, Any]:
