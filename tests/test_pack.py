@@ -5,7 +5,6 @@ resumes bit for bit and gives Dask's bits wherever its chunks run, ``--pack`` on
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,7 @@ from microgpt_xp.model import loss_and_grads
 from microgpt_xp.train import ResumeError
 
 ROOT = Path(__file__).resolve().parent.parent
-#: ../shared/data from the repository root (a worktree elsewhere may name it in the variable).
-SHARED = Path(os.environ.get("MICROGPT_XP_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED = ROOT.parent / "shared" / "data"  # ../shared/data from the repository root
 
 DOCS = [*mx.default_docs()[:60], "a-document-longer-than-the-block"]
 TOKENIZER = Tokenizer.from_docs(DOCS)
