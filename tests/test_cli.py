@@ -85,8 +85,7 @@ class Cli:
         return json.loads(self.ok(*argv, "--json"))
 
     def fails(self, argv: list[Any], status: int, *fragments: str) -> str:
-        """The stderr of a command that exits ``status``, prints nothing on stdout and one
-        error line holding each of ``fragments``."""
+        """The stderr of a command exiting ``status``: one error line holding ``fragments``."""
         rc, out, err = self(*argv)
         assert rc == status and out == "", err
         assert_one_error_line(err, *fragments)
@@ -107,7 +106,7 @@ def assert_one_error_line(err: str, *fragments: str) -> None:
 
 
 def samples_of(out: str) -> list[str]:
-    """The names of the ``sample  i: name`` lines, checking that they are numbered 1, 2, …"""
+    """The names of the ``sample  i: name`` lines, numbered 1, 2, …"""
     matches = [m for m in map(SAMPLE_LINE.match, out.splitlines()) if m]
     assert [int(m.group(1)) for m in matches] == list(range(1, len(matches) + 1))
     return [m.group(2) for m in matches]
@@ -123,42 +122,36 @@ def library_samples(ckpt: Path, n: int, **kwargs: Any) -> list[str]:
 
 
 def make_checkpoint(path: Path, *argv: object) -> Path:
-    """``path``, written by the command ``argv`` (its output dropped)."""
+    """``path``, written by the command ``argv`` (output dropped)."""
     with contextlib.redirect_stdout(io.StringIO()):
         assert main([str(a) for a in [*argv, "--checkpoint", path, "--num-samples", 0]]) == 0
     return path
 
 
-def on_call(monkeypatch: MP, owner: object, name: str, hook: Callable[[int], object]) -> None:
-    """Run ``hook(n)`` before the n-th call (1, 2, …) of ``owner.name``."""
+def on_call(monkeypatch: MP, owner: object, name: str, hook: Any, at: int = 0) -> None:
+    """Before the n-th call (1, 2, …) of ``owner.name``: ``hook(n)``, or raise ``hook`` (an
+    exception) where n is ``at``."""
     original, calls = getattr(owner, name), itertools.count(1)
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        hook(next(calls))
+        n = next(calls)
+        if isinstance(hook, BaseException) and n == at:
+            raise hook
+        if callable(hook):
+            hook(n)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, wrapped)
 
 
-def raise_at(n: int, error: BaseException) -> Callable[[int], None]:
-    """A hook for :func:`on_call` that raises ``error`` at the n-th call."""
-
-    def hook(call: int) -> None:
-        if call == n:
-            raise error
-
-    return hook
-
-
 def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
     """Ctrl-C (KeyboardInterrupt) in step ``stop + 1``, before its update."""
-    on_call(monkeypatch, train_module._Loop, "step", raise_at(stop + 1, KeyboardInterrupt()))
+    on_call(monkeypatch, train_module._Loop, "step", KeyboardInterrupt(), at=stop + 1)
 
 
 def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
-    """``python -m module argv`` (``-c`` where ``module`` is code), stdout and stderr piped;
-    Ctrl-C as a terminal gives it, whatever this process inherited (a shell's background
-    job, CI's for instance, starts with SIGINT ignored, and its children too)."""
+    """``python -m module argv`` (``-c`` for code), piped; SIGINT at its default (not ignored
+    as in a background job's children)."""
     how = ["-c" if "\n" in module else "-m", module, *map(str, argv)]
     pipe = subprocess.PIPE
     popen.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -166,14 +159,14 @@ def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
 
 
 def signal_when(
-    ready: Callable[[], object], child: subprocess.Popen[str], signum: int
+    ready: Callable[[], object], child: subprocess.Popen[str], signum: int, delay: float = 0.3
 ) -> tuple[str, str]:
-    """Send ``signum`` 0.3 s after ``ready()`` (polled, 60 s at most); stdout and stderr."""
+    """Send ``signum`` ``delay`` s after ``ready()`` (polled, 60 s at most); stdout, stderr."""
     try:
         deadline = time.monotonic() + 60
         while not ready() and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.05)
-        time.sleep(0.3)
+        time.sleep(delay)
         child.send_signal(signum)
         return child.communicate(timeout=60)
     finally:
@@ -373,14 +366,6 @@ def test_export_round_trips_via_from_state_dict(cli: Cli, tmp_path: Path, checkp
         assert np.array_equal(restored.to_state_dict()[key], value), key
 
 
-def test_the_default_block_size_reads_every_name_whole(cli: Cli, tmp_path: Path) -> None:
-    long_names = tmp_path / "long.txt"
-    long_names.write_text("\n".join([*NAMES, "maximiliana-josephina-antonia"]), encoding="utf-8")
-    ckpt = tmp_path / "long.npz"
-    out = cli.ok(*train_cmd(long_names, 2, "--checkpoint", ckpt))  # nothing cut: no note
-    assert load(ckpt).config.block_size == 30 and "block_size 30)" in out  # 29 characters + 1
-
-
 def test_the_embedded_corpus_keeps_the_originals_output(cli: Cli, tmp_path: Path) -> None:
     ckpt = tmp_path / "default.npz"
     lines = cli.ok("train", "--steps", 2, "--num-samples", 0, "--checkpoint", ckpt).splitlines()
@@ -395,7 +380,14 @@ def test_the_embedded_corpus_keeps_the_originals_output(cli: Cli, tmp_path: Path
     assert result["num_docs"] == len(default_docs()) and 0 < result["mean_loss"] < 10
 
 
-def test_a_block_size_cutting_names_says_how_many(cli: Cli, tmp_path: Path, names16: Path) -> None:
+def test_the_block_size_reads_every_name_or_says_how_many_it_cuts(
+    cli: Cli, tmp_path: Path, names16: Path
+) -> None:
+    long_names = tmp_path / "long.txt"
+    long_names.write_text("\n".join([*NAMES, "maximiliana-josephina-antonia"]), encoding="utf-8")
+    ckpt = tmp_path / "long.npz"
+    out = cli.ok(*train_cmd(long_names, 2, "--checkpoint", ckpt))  # nothing cut: no note
+    assert load(ckpt).config.block_size == 30 and "block_size 30)" in out  # 29 characters + 1
     cut = sum(len(name) >= 5 for name in NAMES)  # more than 4 characters
     ckpt = tmp_path / "short.npz"
     rc, out, err = cli(*train_cmd(names16, 2, "--block-size", 5, "--checkpoint", ckpt))
@@ -588,7 +580,7 @@ def test_sample_out_is_atomic(cli: Cli, monkeypatch: MP, tmp_path: Path, checkpo
     result = cli.json(*argv, "--out", out_file)
     assert result["num_samples"] == 11 and result["out"] == str(out_file)
     # Ctrl-C after the first batch: the file keeps its old content, no temporary is left
-    on_call(monkeypatch, sample_module, "decode_batch", raise_at(2, KeyboardInterrupt()))
+    on_call(monkeypatch, sample_module, "decode_batch", KeyboardInterrupt(), at=2)
     out_file.write_text("old\n", encoding="utf-8")
     cli.fails([*argv, "--batch-size", 4, "--out", out_file], 130, "interrupted")
     assert out_file.read_text(encoding="utf-8") == "old\n"
@@ -791,7 +783,7 @@ def fault(monkeypatch: MP, what: str) -> None:
     """An extra not installed (None in sys.modules), no dask.distributed, or no memory."""
     if what == "memory":
         error = MemoryError("Unable to allocate 95.4 GiB for an array with shape (10000000, 16)")
-        on_call(monkeypatch, sample_module, "decode_batch", raise_at(1, error))
+        on_call(monkeypatch, sample_module, "decode_batch", error, at=1)
     elif what == "distributed":
         find_spec = importlib.util.find_spec
 
@@ -839,8 +831,7 @@ def test_a_missing_extra_or_memory_is_one_line_saying_what_to_do(
 def test_a_device_the_backend_refuses_is_one_error_line(
     cli: Cli, monkeypatch: MP, checkpoint: Path, command: str, device: str | None
 ) -> None:
-    # what torch.device("bogus") and cupy.cuda.Device() on a machine without a GPU raise (a
-    # RuntimeError, not a ValueError), without importing either
+    # what torch.device("bogus") and cupy.cuda.Device() without a GPU raise: a RuntimeError
     def refuse(backend: str, device: object = None) -> object:
         raise RuntimeError(
             f"Expected one of cpu, cuda device type at start of device string: {device}"
@@ -880,7 +871,7 @@ def test_dead_worker_says_resume(cli: Cli, monkeypatch: MP, tmp_path: Path, name
     from microgpt_xp.runners import processes
 
     died = processes.WorkerDied("a microgpt_xp worker process died during the step")
-    on_call(monkeypatch, processes.WorkerPool, "map", raise_at(3, died))  # in the third step
+    on_call(monkeypatch, processes.WorkerPool, "map", died, at=3)  # in the third step
     ckpt = tmp_path / "run.npz"
     argv = train_cmd(names24, 6, "--workers", 2, "--checkpoint", ckpt, "--checkpoint-every", 1)
     rc, _, err = cli(*argv)
@@ -1016,6 +1007,21 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
     assert [r.getMessage() for r in logged] == []
 
 
+_LOUD = """
+import contextlib, logging, sys, warnings
+from microgpt_xp.cli import _common, main
+quiet = _common.quiet_dask
+@contextlib.contextmanager
+def loud(verbose=False):
+    with quiet(verbose):
+        warnings.warn('Sending large graph of size 20 MiB', UserWarning)
+        logging.getLogger('distributed.client').warning('LOUD')
+        yield
+_common.quiet_dask = loud
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @needs_distributed
 @pytest.mark.parametrize(
     ("data", "status", "verbose"),
@@ -1025,24 +1031,9 @@ def test_dask_local_prints_only_the_commands_lines(
     paths: dict[str, Path], data: str, status: int, verbose: bool
 ) -> None:
     """--scheduler local: distributed's logs and warnings only with MICROGPT_XP_VERBOSE."""
-    code = (
-        "import sys, warnings\nfrom microgpt_xp.cli import _common, main\n"
-        "q = _common.quiet_dask\n"
-        "def loud(verbose=False):\n"
-        "    import contextlib\n"
-        "    @contextlib.contextmanager\n"
-        "    def block():\n"
-        "        with q(verbose):\n"
-        "            warnings.warn('Sending large graph of size 20 MiB', UserWarning)\n"
-        "            import logging; logging.getLogger('distributed.client').warning('LOUD')\n"
-        "            yield\n"
-        "    return block()\n"
-        "_common.quiet_dask = loud\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
     argv = ["eval", "--checkpoint", paths["ckpt"], "--data", paths[data], "--backend", "dask"]
     env = {**os.environ, "MICROGPT_XP_VERBOSE": "1" if verbose else "0"}
-    command = [sys.executable, "-c", code, *map(str, argv), "--scheduler", "local"]
+    command = [sys.executable, "-c", _LOUD, *map(str, argv), "--scheduler", "local"]
     result = subprocess.run(
         [*command, "--chunk-size", "4"], capture_output=True, text=True, timeout=120, env=env
     )
@@ -1070,14 +1061,11 @@ def test_ctrl_c_during_start_up_is_one_line_and_130(
     code = "import sys\nprint(flush=True)\nfrom microgpt_xp.cli import main\nsys.exit(main())\n"
     argv = ["eval", "--checkpoint", checkpoint, "--data", big_corpus, "--backend", "numpy"]
     child = start(code, *argv, text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline() == "\n"  # Python started
-        time.sleep(delay)
-        child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=60)
-    finally:
-        child.kill()
-        child.wait(timeout=30)
+
+    def started() -> bool:  # Python runs the code
+        return child.stdout is not None and child.stdout.readline() == "\n"
+
+    out, err = signal_when(started, child, signal.SIGINT, delay)
     assert child.returncode == 130 and out == "", err
     assert_one_error_line(err, "interrupted")
 
@@ -1228,15 +1216,14 @@ def test_console_script_and_python_m_agree(capsys: pytest.CaptureFixture[str], h
 
 def test_help_imports_no_heavy_module() -> None:
     code = (
-        "import sys\n"
-        "from microgpt_xp.cli import main\n"
-        "assert main(['train', '--help']) == 0\n"
+        "import sys\nfrom microgpt_xp.cli import main\nassert main(['train', '--help']) == 0\n"
         "heavy = ['tqdm', 'dask', 'distributed', 'torch', 'jax', 'matplotlib', 'mimesis']\n"
         "print(' '.join(m for m in heavy if m in sys.modules))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
+
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == ""
 
