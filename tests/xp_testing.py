@@ -34,12 +34,9 @@ def xp_assert_close(
     what: str = "",
     elementwise: bool = False,
 ) -> None:
-    """Assert that ``actual`` (a library result, as it is) shares the namespace, dtype and
-    device of ``like`` (default ``desired``; required when ``desired`` is a host list, number
-    or NumPy array for another backend) and has ``desired``'s shape and values: on the host
-    in float64, ``max|a - d| <= atol + rtol * max|d|``, or with ``elementwise=True`` per entry
-    ``|a - d| <= atol + rtol * |d|``. ``rtol=0`` asks for equal values; NaNs and infinities
-    must stand where the desired ones do."""
+    """``actual`` has the namespace, dtype and device of ``like`` (default ``desired``), and
+    ``desired``'s shape and values: in float64, ``max|a - d| <= atol + rtol * max|d|`` (per entry
+    with ``elementwise=True``); ``rtol=0``: equal; NaNs and infinities where ``desired``'s are."""
     label = f"{what}: " if what else ""
     if like is None:
         if not array_api_compat.is_array_api_obj(desired):
@@ -85,8 +82,7 @@ def xp_assert_close(
 
 
 def assert_params_equal(actual: Params, desired: Params) -> None:
-    """The same config, and every field of ``actual`` equal to that of ``desired`` bit for
-    bit, on the namespace, device and dtype of ``desired``."""
+    """The same config; every field equal bit for bit, on ``desired``'s namespace, device, dtype."""
     assert actual.config == desired.config, f"config {actual.config} != {desired.config}"
     for name, a in actual.arrays().items():
         xp_assert_close(a, getattr(desired, name), rtol=0, what=name)
@@ -98,8 +94,7 @@ def host_arrays(params: Params) -> dict[str, np.ndarray]:
 
 
 def state_dict_arrays(params: Params) -> dict[str, Any]:
-    """``params`` in the original's state-dict keys (``"wte"``, ``"layer0.attn_wq"``, …) as
-    arrays of its own namespace and device (layers sliced, not copied to the host)."""
+    """``params`` by the original's state-dict keys, arrays of its own namespace and device."""
     out = {}
     for key in reference.state_dict_keys(params.config.n_layer):
         layer, _, name = key.rpartition(".")
@@ -119,8 +114,8 @@ def raises_about(error: type, param: str | None, match: str | None = None) -> It
 
 
 def params_on(backend: Any, config: GPTConfig, seed: Any, dtype: str = "float64") -> Params:
-    """The reference state dict of ``config`` and ``seed`` (or the state dict ``seed``) as
-    ``Params`` on ``backend``."""
+    """The reference state dict of ``config`` and ``seed`` (or a state dict) on ``backend``."""
+
     state = ref_state(config, seed) if isinstance(seed, int) else seed
     return Params.from_state_dict(
         state, config=config, backend=backend.name, device=backend.device, dtype=dtype
