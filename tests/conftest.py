@@ -117,7 +117,6 @@ def names_txt() -> Path:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With ``MICROGPT_XP_BACKEND_ONLY=1``, only tests of ``backend`` or ``needs_<backend>``."""
-
     if os.environ.get("MICROGPT_XP_BACKEND_ONLY") != "1":
         return
     markers = {f"needs_{name}" for name in selected_backends()}

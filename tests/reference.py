@@ -271,7 +271,6 @@ def sample_one(
     vocab_size, n_layer, _, block_size = _dims(state_dict, n_head)
     keys, values = [[] for _ in range(n_layer)], [[] for _ in range(n_layer)]
     token_id, sample = bos, []
-
     for pos_id in range(block_size):
         logits = _gpt(state_dict, token_id, pos_id, keys, values, n_head)
         probs = _softmax([z * temperature**-1 for z in logits])

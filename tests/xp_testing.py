@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,14 +116,21 @@ def raises_about(error: type, param: str | None, match: str | None = None) -> It
 
 def params_on(backend: Any, config: GPTConfig, seed: Any, dtype: str = "float64") -> Params:
     """The reference state dict of ``config`` and ``seed`` (or a state dict) on ``backend``."""
-
     state = ref_state(config, seed) if isinstance(seed, int) else seed
     return Params.from_state_dict(
         state, config=config, backend=backend.name, device=backend.device, dtype=dtype
     )
 
 
+def pickle_by_value(module: str) -> None:
+    """Send ``module``'s functions to worker processes by value (they cannot import tests/)."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[module])
+
+
 def _host(x: Any) -> Any:
+
     if isinstance(x, (list, tuple, float, int, np.ndarray, np.generic)):
         return x
     if hasattr(x, "unwrap_numpy"):  # ndonnx's eager arrays offer neither DLPack nor __array__
