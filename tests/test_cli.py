@@ -84,6 +84,12 @@ class Cli:
     def json(self, *argv: object) -> Any:
         return json.loads(self.ok(*argv, "--json"))
 
+    def interrupted(self, stop: int, *argv: object) -> tuple[int, str, str]:
+        """``self(*argv)`` with Ctrl-C (KeyboardInterrupt) in step ``stop + 1``."""
+        with pytest.MonkeyPatch.context() as m:
+            on_call(m, train_module._Loop, "step", KeyboardInterrupt(), at=stop + 1)
+            return self(*argv)
+
     def fails(self, argv: list[Any], status: int, *fragments: str) -> str:
         """The stderr of a command exiting ``status``: one error line holding ``fragments``."""
         rc, out, err = self(*argv)
@@ -142,11 +148,6 @@ def on_call(monkeypatch: MP, owner: object, name: str, hook: Any, at: int = 0) -
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, wrapped)
-
-
-def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
-    """Ctrl-C (KeyboardInterrupt) in step ``stop + 1``, before its update."""
-    on_call(monkeypatch, train_module._Loop, "step", KeyboardInterrupt(), at=stop + 1)
 
 
 def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
@@ -255,15 +256,13 @@ def test_progress_bar_on_a_terminal(
 
 
 def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
-    cli: Cli, monkeypatch: MP, tmp_path: Path, names16: Path
+    cli: Cli, tmp_path: Path, names16: Path
 ) -> None:
     common = train_cmd(names16, 6, "--num-samples", 2)
     uninterrupted = cli.json(*common)
     ckpt = tmp_path / "run.npz"
     argv = [*common, "--checkpoint", ckpt, "--checkpoint-every", 3]
-    with monkeypatch.context() as m:
-        interrupt_training_after(m, 4)
-        rc, _, err = cli(*argv)
+    rc, _, err = cli.interrupted(4, *argv)
     assert rc == 130
     saved = f"last checkpoint is {ckpt} (step 4)"
     assert_one_error_line(err, "interrupted after step 4; its state was saved: ", saved)
@@ -277,15 +276,11 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
     assert load(ckpt).step == 6
 
     # before any save; then --overwrite of an older run (not this run's: not resumed)
-    with monkeypatch.context() as m:
-        interrupt_training_after(m, 2)
-        rc, out, err = cli(*common)
+    rc, out, err = cli.interrupted(2, *common)
     assert rc == 130 and "done:" not in out
     assert_one_error_line(err, "interrupted after step 2; nothing was saved", "--checkpoint PATH")
     argv = [*common, "--checkpoint", ckpt, "--overwrite", "--checkpoint-every", 5]
-    with monkeypatch.context() as m:
-        interrupt_training_after(m, 0)  # before a step is complete: nothing to save
-        rc, _, err = cli(*argv)
+    rc, _, err = cli.interrupted(0, *argv)  # before a step is complete: nothing to save
     assert rc == 130
     assert_one_error_line(err, "no checkpoint of this run was saved yet", "every 5 steps")
     again = err.split("start again with: ", 1)[1].strip()
@@ -470,18 +465,11 @@ def test_resume_errors_name_the_option_and_both_values(
     ckpt = tmp_path / "run.npz"
     argv = train_cmd(names16, 6, "--checkpoint", ckpt, "--num-samples", 0, "--checkpoint-every", 3)
     argv = [str(a) for a in [*argv, *given.split()]]
-    with pytest.MonkeyPatch.context() as m:
-        interrupt_training_after(m, 3)
-        assert cli(*argv)[0] == 130  # an unfinished run, saved at step 3
+    assert cli.interrupted(3, *argv)[0] == 130  # an unfinished run, saved at step 3
     if given.startswith("--beta2"):
         assert load(ckpt).adam.config.beta2 == 0.95  # type: ignore[union-attr]
-    options = list(argv)
-    flag, value = change.format(**files).split()
-    if flag in options:
-        options[options.index(flag) + 1] = value
-    else:
-        options += [flag, value]
-    cli.fails([*options, "--resume"], 1, f"cannot resume '{ckpt}'", fragment.format(**files))
+    options = [*argv, *change.format(**files).split(), "--resume"]  # the last value counts
+    cli.fails(options, 1, f"cannot resume '{ckpt}'", fragment.format(**files))
     assert load(ckpt).step == 3
     cli.ok(*argv, "--resume")  # the same options go on
 
@@ -597,16 +585,12 @@ def test_sigterm_during_sample_out_leaves_no_partial_file(tmp_path: Path, checkp
 
 
 @pytest.mark.parametrize(
-    "argv",
-    [
-        ["sample", "--num-samples", "100000", "--batch-size", "1000"],
-        ["export", "--out", "-"],  # about 1.5 MB of JSON
-    ],
+    "argv", ["sample --num-samples 100000 --batch-size 1000", "export --out -"]
 )
-def test_a_pipe_closed_early_is_no_error(tmp_path: Path, names16: Path, argv: list[str]) -> None:
-    """``sample | head``, ``export --out - | head``: far more than a pipe holds, read 100 bytes."""
+def test_a_pipe_closed_early_is_no_error(tmp_path: Path, names16: Path, argv: str) -> None:
+    """``sample | head``, ``export --out - | head`` (1.5 MB of JSON): read 100 bytes, close."""
     ckpt = make_checkpoint(tmp_path / "wide.npz", *train_cmd(names16, 1, "--n-embd", 64))
-    child = start("microgpt_xp.cli", *argv, "--checkpoint", ckpt)
+    child = start("microgpt_xp.cli", *argv.split(), "--checkpoint", ckpt)
     assert child.stdout is not None and child.stderr is not None
     head = child.stdout.read(100)
     child.stdout.close()  # what `head` does once it has its lines
@@ -1034,9 +1018,8 @@ def test_dask_local_prints_only_the_commands_lines(
     argv = ["eval", "--checkpoint", paths["ckpt"], "--data", paths[data], "--backend", "dask"]
     env = {**os.environ, "MICROGPT_XP_VERBOSE": "1" if verbose else "0"}
     command = [sys.executable, "-c", _LOUD, *map(str, argv), "--scheduler", "local"]
-    result = subprocess.run(
-        [*command, "--chunk-size", "4"], capture_output=True, text=True, timeout=120, env=env
-    )
+    command += ["--chunk-size", "4"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == status, result.stderr
     if verbose:
         assert "LOUD" in result.stderr and "large graph" in result.stderr
@@ -1223,7 +1206,6 @@ def test_help_imports_no_heavy_module() -> None:
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
-
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == ""
 

@@ -288,12 +288,11 @@ def test_cluster_scores_like_threads(client: Any, params64: Params, weights: str
 
 def test_connect_errors_are_clear() -> None:
     t0 = time.perf_counter()
-    with pytest.raises(
-        ClusterError, match=r"cannot reach the Dask scheduler at 'tcp://127\.0\.0\.1:1' within 1 s"
-    ):
+    reach = r"cannot reach the Dask scheduler at 'tcp://127\.0\.0\.1:1' within 1 s"
+    with pytest.raises(ClusterError, match=reach) as unreachable:
         connect("tcp://127.0.0.1:1", timeout=1)
     assert time.perf_counter() - t0 < 15
-    with pytest.raises(ValueError, match="invalid Dask scheduler address 'no-port'"):
+    with pytest.raises(ValueError, match="invalid Dask scheduler address 'no-port'") as malformed:
         connect("no-port", timeout=1)
     with pytest.raises(ValueError, match="unknown address scheme"):
         connect("bogus://x:1", timeout=1)
@@ -304,10 +303,6 @@ def test_connect_errors_are_clear() -> None:
     with pytest.raises(ValueError, match="n_workers"):
         connect(None, n_workers=0)
     # a Client whose start failed is closed by connect(), not left to its __del__
-    with pytest.raises(ClusterError) as unreachable:
-        connect("tcp://127.0.0.1:1", timeout=1)
-    with pytest.raises(ValueError) as malformed:
-        connect("no-port", timeout=1)
     assert unreachable.value is not None and malformed.value is not None  # still held
     failed = [
         o for o in gc.get_objects() if isinstance(o, distributed.Client) and o.status != "running"
