@@ -1053,8 +1053,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_130(
     assert_one_error_line(err, "interrupted")
 
 
-# the command, with a line on stdout once the Dask computation starts (eval prints nothing
-# else there before its result)
+# the command, printing a line once the Dask computation starts (eval prints nothing before)
 _MARKED = (
     "import sys\nfrom microgpt_xp.cli import main\nfrom microgpt_xp.runners import DaskTasks\n"
     "compute = DaskTasks.map\n"

@@ -150,8 +150,7 @@ def test_virtual_corpora_chunking_and_the_graph(params64: Params) -> None:
     got = _on_tasks(p32, docs, 64)
     want, _ = _oracle(p32, docs)
     assert got.losses is not None
-    # chunks of 64 documents against one batch of 200: BLAS may round a float32 row of a
-    # matrix product differently with the number of rows (OpenBLAS does on AVX2-only CPUs)
+    # BLAS may round a float32 row differently with the number of rows (OpenBLAS on AVX2)
     xp_assert_close(got.losses.astype(np.float32), want, rtol=2e-6, like=p32.wte, elementwise=True)
     # the mean accumulates the float32 losses in float64
     assert got.mean == pytest.approx(float(np.mean(got.losses.astype(np.float64))), rel=1e-12)
