@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 import pytest
 import reference
+from onnx_testing import session
+from xp_testing import xp_assert_close
 
-from microgpt_xp import AdamConfig, GPTConfig, Params, __version__, cluster
+from microgpt_xp import AdamConfig, GPTConfig, Params, __version__, cluster, forward
 from microgpt_xp import _xp as cli_xp
 from microgpt_xp.checkpoint import load
 from microgpt_xp.cli import _progress, main
@@ -523,21 +525,15 @@ def test_eval_mean_loss(cli: Cli, checkpoint: Path, names16: Path, chunk_size: i
 
 def test_export_onnx_runs_in_onnxruntime(cli: Cli, tmp_path: Path, checkpoint: Path) -> None:
     for module in ("ndonnx", "onnx", "onnxruntime"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed (the [onnx] extra)")
-    import onnxruntime as ort
-
-    from microgpt_xp import forward
-
+        pytest.importorskip(module, reason=f"{module} is not installed (the [onnx] extra)")
     model = tmp_path / "model.onnx"
     out = cli.ok("export", "--checkpoint", checkpoint, "--format", "onnx", "--out", model)
     assert str(model) in out
     saved = load(checkpoint)
     tokens = np.array([[saved.tokenizer.bos, 0, 1, 2]], dtype=np.int64)
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    (logits,) = session.run(None, {"tokens": tokens, "lengths": np.array([4], dtype=np.int64)})
-    want = np.asarray(forward(saved.params, tokens))
-    assert np.max(np.abs(logits - want)) <= 2e-5 * np.max(np.abs(want))
+    feed = {"tokens": tokens, "lengths": np.array([4], dtype=np.int64)}
+    (logits,) = session(model).run(None, feed)
+    xp_assert_close(logits, np.asarray(forward(saved.params, tokens)), rtol=2e-5)
 
 
 # -- sample: streaming, files, pipes -------------------------------------------------------------
