@@ -105,13 +105,15 @@ def state_dict_arrays(params: Params) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def raises_about(error: type, param: str | None, match: str | None = None) -> Iterator[Any]:
-    """``pytest.raises(error, match=match)`` whose error also names ``param`` (its ``param``
-    attribute; ``None``: not checked)."""
+def raises_about(
+    error: type, param: str | None, match: str | None = None, attr: str = "param"
+) -> Iterator[Any]:
+    """``pytest.raises(error, match=match)`` whose error also names ``param`` (its ``attr``
+    attribute, ``option`` for a ResumeError; ``None``: not checked)."""
     with pytest.raises(error, match=match) as info:
         yield info
     if param is not None:
-        assert getattr(info.value, "param", None) == param, f"param of {info.value!r}"
+        assert getattr(info.value, attr, None) == param, f"{attr} of {info.value!r}"
 
 
 def params_on(backend: Any, config: GPTConfig, seed: Any, dtype: str = "float64") -> Params:
