@@ -20,8 +20,7 @@ import reference
 from microgpt_xp import GPTConfig, _xp
 from microgpt_xp._backends import BACKENDS
 
-#: The device each backend's tests run on where not its default: array-api-strict's
-#: non-default device, so that a forgotten ``device=`` fails loudly.
+#: Backends' test devices where not the default: a forgotten ``device=`` fails loudly.
 TEST_DEVICE = {"array_api_strict": "device1"}
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,9 +52,8 @@ def gpu_usable(name: str) -> bool:
 
 def selected_backends() -> list[str]:
     """Backends chosen by MICROGPT_XP_BACKENDS, or all installed ones."""
-    env = os.environ.get("MICROGPT_XP_BACKENDS", "").strip()
-    if env:
-        names = [n.strip() for n in env.split(",") if n.strip()]
+    names = [n.strip() for n in os.environ.get("MICROGPT_XP_BACKENDS", "").split(",") if n.strip()]
+    if names:
         for n in names:
             _xp.check_backend(n)
         return names
@@ -86,8 +84,7 @@ class Backend:
 
 @pytest.fixture(params=selected_backends())
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    """One array namespace. On JAX and Dask, the functions a test module tags with
-    ``lazy_xp_function`` run lazily (under ``jax.jit``; on Dask with ``compute()`` forbidden)."""
+    """One array namespace; on JAX and Dask, a module's ``lazy_xp_function`` tags run lazily."""
     name = request.param
     spec = BACKENDS[name]
     if importlib.util.find_spec(spec.package) is None:
@@ -95,8 +92,6 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     if spec.needs_gpu and not gpu_usable(name):
         pytest.skip(f"{name} needs a GPU, and none is usable here")
     lazy = contextlib.nullcontext()
-    # only the modules that tag (they import lazy_xp_function) are patched; elsewhere, e.g.
-    # tests/test_validation.py, the functions run eagerly and check values
     if name in ("jax", "dask") and hasattr(request.module, "lazy_xp_function"):
         from array_api_extra.testing import patch_lazy_xp_functions
 
@@ -121,8 +116,7 @@ def names_txt() -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In the non-NumPy nox sessions (``MICROGPT_XP_BACKEND_ONLY=1``) run only the tests that
-    take the ``backend`` fixture or are marked ``needs_<its backend>``."""
+    """With ``MICROGPT_XP_BACKEND_ONLY=1``, only tests of ``backend`` or ``needs_<backend>``."""
     if os.environ.get("MICROGPT_XP_BACKEND_ONLY") != "1":
         return
     markers = {f"needs_{name}" for name in selected_backends()}

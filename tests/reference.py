@@ -1,12 +1,6 @@
-"""Independent pure-Python float64 oracle for Karpathy's ``microgpt.py`` (the final gist
-revision, ``shared/docs/microgpt-spec.md``), standard library only, following the original
-operation by operation so that it agrees with it bit for bit: sums are left-to-right Python
-``sum`` from the integer 0; a division by a ``Value`` is a product with its ``** -1``
-(softmax, rmsnorm mean, attention scale, temperature); rmsnorm scales by ``(ms + 1e-5) **
--0.5``; ReLU is ``max(0, x)``; the autograd graph has the original's nodes, children and
-topological order; all randomness is one ``random.Random(42)`` stream in the original order
-(shuffle, the Gaussian draws, one ``choices`` call per sampled token). The forward pass on
-plain floats performs the same IEEE-754 operations as the ``Value`` path."""
+"""A pure-Python float64 oracle of Karpathy's ``microgpt.py`` (``shared/docs/microgpt-spec.md``),
+operation by operation as the original (sums from 0, divisions as ``** -1``, the same autograd
+graph and ``random.Random(42)`` stream), so that it agrees with it bit for bit."""
 
 from __future__ import annotations
 
@@ -75,9 +69,7 @@ class Value:
         return other * self**-1
 
     def backward(self) -> None:
-        """Backpropagate from this node (grad 1) in the post-order of a depth-first search
-        over children in their stored order, as the original's recursive ``build_topo``
-        (iterative here, so deep graphs cannot hit the recursion limit)."""
+        """Backpropagate from this node in the original's ``build_topo`` order (iteratively)."""
         topo: list[Value] = []
         visited: set[Value] = {self}
         stack: list[tuple[Value, Any]] = [(self, iter(self._children))]
@@ -116,9 +108,8 @@ def init_state_dict(
     rng: random.Random | None = None,
     std: float = 0.08,
 ) -> StateDict:
-    """The initial parameters, ``rng.gauss(0, std)`` in the spec's §4 order, each matrix
-    ``[n_out][n_in]`` row by row; ``rng`` a fresh ``random.Random(42)`` by default (the
-    original shuffles the docs first: pass the generator it used to reproduce that)."""
+    """The initial ``[n_out][n_in]`` matrices, ``rng.gauss(0, std)`` in the spec's §4 order
+    (``rng``: a fresh ``random.Random(42)`` by default)."""
     rng = random.Random(42) if rng is None else rng
     c = n_embd
     layer = [(c, c)] * 4 + [(4 * c, c), (c, 4 * c)]
@@ -208,10 +199,6 @@ def _gpt(
     return _linear(x, state_dict["lm_head"])
 
 
-def _caches(n_layer: int) -> tuple[list, list]:
-    return [[] for _ in range(n_layer)], [[] for _ in range(n_layer)]
-
-
 def _check_tokens(tokens: Sequence[int], vocab_size: int, limit: int) -> None:
     if len(tokens) > limit:
         raise ValueError(f"{len(tokens)} tokens exceed block_size={limit}")
@@ -221,11 +208,10 @@ def _check_tokens(tokens: Sequence[int], vocab_size: int, limit: int) -> None:
 
 
 def gpt_logits(state_dict: StateDict, tokens: list[int], n_head: int = 4) -> list[list[float]]:
-    """The logits ``(len(tokens), vocab_size)`` of ``tokens`` fed one by one with a KV cache;
-    ``ValueError`` for more than ``block_size`` tokens or an id out of range."""
+    """The logits ``(len(tokens), vocab_size)`` of ``tokens`` fed one by one with a KV cache."""
     vocab_size, n_layer, _, block_size = _dims(state_dict, n_head)
     _check_tokens(tokens, vocab_size, block_size)
-    keys, values = _caches(n_layer)
+    keys, values = [[] for _ in range(n_layer)], [[] for _ in range(n_layer)]
     return [
         [float(z) for z in _gpt(state_dict, tok, pos, keys, values, n_head)]
         for pos, tok in enumerate(tokens)
@@ -235,16 +221,15 @@ def gpt_logits(state_dict: StateDict, tokens: list[int], n_head: int = 4) -> lis
 def loss_and_grads(
     state_dict: StateDict, tokens: list[int], n_head: int = 4
 ) -> tuple[float, StateDict]:
-    """The document's loss and gradients by the scalar autograd (spec §6-§7): ``tokens`` is
-    ``[BOS] + ids + [BOS]``, ``n = min(block_size, len(tokens) - 1)`` positions, the loss
-    ``sum(-log p(target_t)) * (1/n)``; the gradients in ``state_dict``'s layout."""
+    """The loss of ``[BOS] + ids + [BOS]`` over ``min(block_size, len(tokens) - 1)`` positions
+    and its gradients in ``state_dict``'s layout, by the scalar autograd (spec §6-§7)."""
     vocab_size, n_layer, _, block_size = _dims(state_dict, n_head)
     if len(tokens) < 2:
         raise ValueError("need at least two tokens (one input and one target)")
     n = min(block_size, len(tokens) - 1)
     _check_tokens(tokens[: n + 1], vocab_size, block_size + 1)
     params = {key: [[Value(p) for p in row] for row in mat] for key, mat in state_dict.items()}
-    keys, values = _caches(n_layer)
+    keys, values = [[] for _ in range(n_layer)], [[] for _ in range(n_layer)]
     losses: list[Value] = []
     for pos_id in range(n):
         probs = _softmax(_gpt(params, tokens[pos_id], pos_id, keys, values, n_head))
@@ -267,8 +252,7 @@ def adam_step(
     eps: float = 1e-8,
     num_steps: int = 1000,
 ) -> None:
-    """One Adam update (spec §8, ``step`` 0-based) in place on ``state_dict``, ``m``, ``v``;
-    every parameter moves, those with a zero gradient too."""
+    """One Adam update (spec §8, ``step`` 0-based) in place on ``state_dict``, ``m``, ``v``."""
     lr_t = lr * (1 - step / num_steps)
     bc1 = 1 - beta1 ** (step + 1)
     bc2 = 1 - beta2 ** (step + 1)
@@ -283,11 +267,9 @@ def adam_step(
 def sample_one(
     state_dict: StateDict, rng: random.Random, bos: int, temperature: float = 0.5, n_head: int = 4
 ) -> list[int]:
-    """One sampled sequence of ids without its final BOS (spec §10): from ``bos`` at
-    position 0, at most ``block_size`` draws of ``rng.choices(range(V), weights=softmax(logits
-    * temperature**-1))``."""
+    """One sampled sequence of ids without its final BOS (spec §10), by ``rng.choices``."""
     vocab_size, n_layer, _, block_size = _dims(state_dict, n_head)
-    keys, values = _caches(n_layer)
+    keys, values = [[] for _ in range(n_layer)], [[] for _ in range(n_layer)]
     token_id, sample = bos, []
     for pos_id in range(block_size):
         logits = _gpt(state_dict, token_id, pos_id, keys, values, n_head)
@@ -316,9 +298,8 @@ def run_microgpt(
     n_head: int = 4,
     print_fn: Callable[[str], Any] = print,
 ) -> list[str]:
-    """The whole original script on a doc list: its output lines (each also passed to
-    ``print_fn``; no ``'\\r'``, no blank line before the inference header). ``max_steps``
-    (default ``num_steps``) steps of one doc each; the decay always uses ``num_steps``."""
+    """The original script's output lines on ``docs`` (each passed to ``print_fn``; no ``'\\r'``
+    or blank line); ``max_steps`` steps (default ``num_steps``), decaying over ``num_steps``."""
     lines: list[str] = []
 
     def emit(line: str) -> None:

@@ -36,7 +36,7 @@ CONFIG = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=2, n_embd=8, n_head=
 def _trained(
     name: str = "numpy", device: Any = None, dtype: str = "float64", steps: int = 2
 ) -> tuple[Params, Adam]:
-    """Params and an Adam whose moments are non-zero (a couple of real updates)."""
+    """Params and an Adam with non-zero moments (a couple of real updates)."""
     params = init_params(CONFIG, seed=3, backend=name, device=device, dtype=dtype)
     adam = Adam(params, lr=0.05, num_steps=10)
     tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
@@ -75,7 +75,6 @@ def test_round_trip(backend: Any, tmp_path: Path, dtype: str) -> None:
     assert got.adam.t == 2 and got.adam.m.backend == backend.name
     assert_params_equal(got.adam.m, adam.m)
     assert_params_equal(got.adam.v, adam.v)
-    # the moments are non-trivial, so the round trip above tested something
     assert np.any(host_arrays(adam.m)["wte"] != 0) and np.any(host_arrays(adam.v)["mlp_fc2"] != 0)
     # the loaded Adam takes the same next step as the one that was saved
     tokens, lengths = encode_docs(TOKENIZER, DOCS[:2], CONFIG.block_size)
@@ -110,8 +109,7 @@ def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params
 
 
 def test_peek_reads_the_header_only(saved: tuple[Path, Params, Adam]) -> None:
-    """What a run needs before it loads (``train --resume``): no array is read, so a damaged
-    array does not show, and a damaged header does."""
+    """The header alone (for ``train --resume``): a damaged array does not show, a header does."""
     path, params, adam = saved
     save(path, params, adam=adam, step=4, tokenizer=TOKENIZER, meta={"run": {"mode": "text"}})
     _rewrite(path, "adam_v/attn_wk", _flip_bit)
@@ -157,9 +155,8 @@ def _npz(path: Path, header: Any = None, **arrays: Any) -> None:
 
 
 def _rewrite(path: Path, member: str, edit: Any) -> None:
-    """Rewrite an .npz, member ``member`` passed through ``edit`` (``None`` drops it; a dict
-    updates the JSON header, ``{"arrays": "version 1"}`` makes it version 1's: a SHA-256 per
-    array, no dtype or shape), the header's checksum recomputed as its writer would have it."""
+    """Rewrite ``member`` of an .npz by ``edit`` (``None`` drops it; a dict updates the header,
+    ``{"arrays": "version 1"}`` makes it version 1's), the header's checksum recomputed."""
     with np.load(path) as z:
         out = {k: z[k] for k in z.files}
     if isinstance(edit, dict):
@@ -195,8 +192,7 @@ def _flip_raw_bytes(path: Path) -> None:
     path.write_bytes(bytes(raw))
 
 
-#: ``damage: (edit, match)``; ``edit`` is a fraction of the file to keep, bytes to write,
-#: ``(member, edit)`` for :func:`_rewrite` or a function of the path.
+#: ``damage: (edit, match)``: a fraction to keep, bytes, ``(member, edit)``, or a function.
 REFUSALS: dict[str, tuple[Any, str]] = {
     "missing": (Path.unlink, "does not exist"),
     **{f"truncated-{k}": (k, "corrupt or truncated") for k in (0.01, 0.1, 0.5, 0.9, 0.999)},
@@ -302,8 +298,7 @@ except MemoryError as exc:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
 def test_a_checkpoint_too_large_for_memory_is_not_called_corrupt(tmp_path: Path) -> None:
-    """A valid 64 MB checkpoint read under a memory limit 16 MiB above the importing
-    process's: a ``MemoryError`` that says so and what to do, never "corrupt"."""
+    """A valid 64 MB checkpoint under a tight memory limit: a ``MemoryError``, never "corrupt"."""
     params = init_params(GPTConfig(vocab_size=3, n_layer=2, n_embd=256), dtype="float64")
     path = save(tmp_path / "big.ckpt", params, adam=Adam(params))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}

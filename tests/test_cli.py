@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 import pytest
 import reference
+from onnx_testing import session
+from xp_testing import xp_assert_close
 
-from microgpt_xp import AdamConfig, GPTConfig, Params, __version__, cluster
+from microgpt_xp import AdamConfig, GPTConfig, Params, __version__, cluster, forward
 from microgpt_xp import _xp as cli_xp
 from microgpt_xp.checkpoint import load
 from microgpt_xp.cli import _progress, main
@@ -84,9 +86,14 @@ class Cli:
     def json(self, *argv: object) -> Any:
         return json.loads(self.ok(*argv, "--json"))
 
+    def interrupted(self, stop: int, *argv: object) -> tuple[int, str, str]:
+        """``self(*argv)`` with Ctrl-C (KeyboardInterrupt) in step ``stop + 1``."""
+        with pytest.MonkeyPatch.context() as m:
+            on_call(m, train_module._Loop, "step", KeyboardInterrupt(), at=stop + 1)
+            return self(*argv)
+
     def fails(self, argv: list[Any], status: int, *fragments: str) -> str:
-        """The stderr of a command that exits ``status``, prints nothing on stdout and one
-        error line holding each of ``fragments``."""
+        """The stderr of a command exiting ``status``: one error line holding ``fragments``."""
         rc, out, err = self(*argv)
         assert rc == status and out == "", err
         assert_one_error_line(err, *fragments)
@@ -107,7 +114,7 @@ def assert_one_error_line(err: str, *fragments: str) -> None:
 
 
 def samples_of(out: str) -> list[str]:
-    """The names of the ``sample  i: name`` lines, checking that they are numbered 1, 2, …"""
+    """The names of the ``sample  i: name`` lines, numbered 1, 2, …"""
     matches = [m for m in map(SAMPLE_LINE.match, out.splitlines()) if m]
     assert [int(m.group(1)) for m in matches] == list(range(1, len(matches) + 1))
     return [m.group(2) for m in matches]
@@ -123,42 +130,31 @@ def library_samples(ckpt: Path, n: int, **kwargs: Any) -> list[str]:
 
 
 def make_checkpoint(path: Path, *argv: object) -> Path:
-    """``path``, written by the command ``argv`` (its output dropped)."""
+    """``path``, written by the command ``argv`` (output dropped)."""
     with contextlib.redirect_stdout(io.StringIO()):
         assert main([str(a) for a in [*argv, "--checkpoint", path, "--num-samples", 0]]) == 0
     return path
 
 
-def on_call(monkeypatch: MP, owner: object, name: str, hook: Callable[[int], object]) -> None:
-    """Run ``hook(n)`` before the n-th call (1, 2, …) of ``owner.name``."""
+def on_call(monkeypatch: MP, owner: object, name: str, hook: Any, at: int = 0) -> None:
+    """Before the n-th call (1, 2, …) of ``owner.name``: ``hook(n)``, or raise ``hook`` (an
+    exception) where n is ``at``."""
     original, calls = getattr(owner, name), itertools.count(1)
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        hook(next(calls))
+        n = next(calls)
+        if isinstance(hook, BaseException) and n == at:
+            raise hook
+        if callable(hook):
+            hook(n)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, wrapped)
 
 
-def raise_at(n: int, error: BaseException) -> Callable[[int], None]:
-    """A hook for :func:`on_call` that raises ``error`` at the n-th call."""
-
-    def hook(call: int) -> None:
-        if call == n:
-            raise error
-
-    return hook
-
-
-def interrupt_training_after(monkeypatch: MP, stop: int) -> None:
-    """Ctrl-C (KeyboardInterrupt) in step ``stop + 1``, before its update."""
-    on_call(monkeypatch, train_module._Loop, "step", raise_at(stop + 1, KeyboardInterrupt()))
-
-
 def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
-    """``python -m module argv`` (``-c`` where ``module`` is code), stdout and stderr piped;
-    Ctrl-C as a terminal gives it, whatever this process inherited (a shell's background
-    job, CI's for instance, starts with SIGINT ignored, and its children too)."""
+    """``python -m module argv`` (``-c`` for code), piped; SIGINT at its default (not ignored
+    as in a background job's children)."""
     how = ["-c" if "\n" in module else "-m", module, *map(str, argv)]
     pipe = subprocess.PIPE
     popen.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -166,14 +162,14 @@ def start(module: str, *argv: object, **popen: Any) -> subprocess.Popen[str]:
 
 
 def signal_when(
-    ready: Callable[[], object], child: subprocess.Popen[str], signum: int
+    ready: Callable[[], object], child: subprocess.Popen[str], signum: int, delay: float = 0.3
 ) -> tuple[str, str]:
-    """Send ``signum`` 0.3 s after ``ready()`` (polled, 60 s at most); stdout and stderr."""
+    """Send ``signum`` ``delay`` s after ``ready()`` (polled, 60 s at most); stdout, stderr."""
     try:
         deadline = time.monotonic() + 60
         while not ready() and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.05)
-        time.sleep(0.3)
+        time.sleep(delay)
         child.send_signal(signum)
         return child.communicate(timeout=60)
     finally:
@@ -262,15 +258,13 @@ def test_progress_bar_on_a_terminal(
 
 
 def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
-    cli: Cli, monkeypatch: MP, tmp_path: Path, names16: Path
+    cli: Cli, tmp_path: Path, names16: Path
 ) -> None:
     common = train_cmd(names16, 6, "--num-samples", 2)
     uninterrupted = cli.json(*common)
     ckpt = tmp_path / "run.npz"
     argv = [*common, "--checkpoint", ckpt, "--checkpoint-every", 3]
-    with monkeypatch.context() as m:
-        interrupt_training_after(m, 4)
-        rc, _, err = cli(*argv)
+    rc, _, err = cli.interrupted(4, *argv)
     assert rc == 130
     saved = f"last checkpoint is {ckpt} (step 4)"
     assert_one_error_line(err, "interrupted after step 4; its state was saved: ", saved)
@@ -284,15 +278,11 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
     assert load(ckpt).step == 6
 
     # before any save; then --overwrite of an older run (not this run's: not resumed)
-    with monkeypatch.context() as m:
-        interrupt_training_after(m, 2)
-        rc, out, err = cli(*common)
+    rc, out, err = cli.interrupted(2, *common)
     assert rc == 130 and "done:" not in out
     assert_one_error_line(err, "interrupted after step 2; nothing was saved", "--checkpoint PATH")
     argv = [*common, "--checkpoint", ckpt, "--overwrite", "--checkpoint-every", 5]
-    with monkeypatch.context() as m:
-        interrupt_training_after(m, 0)  # before a step is complete: nothing to save
-        rc, _, err = cli(*argv)
+    rc, _, err = cli.interrupted(0, *argv)  # before a step is complete: nothing to save
     assert rc == 130
     assert_one_error_line(err, "no checkpoint of this run was saved yet", "every 5 steps")
     again = err.split("start again with: ", 1)[1].strip()
@@ -373,14 +363,6 @@ def test_export_round_trips_via_from_state_dict(cli: Cli, tmp_path: Path, checkp
         assert np.array_equal(restored.to_state_dict()[key], value), key
 
 
-def test_the_default_block_size_reads_every_name_whole(cli: Cli, tmp_path: Path) -> None:
-    long_names = tmp_path / "long.txt"
-    long_names.write_text("\n".join([*NAMES, "maximiliana-josephina-antonia"]), encoding="utf-8")
-    ckpt = tmp_path / "long.npz"
-    out = cli.ok(*train_cmd(long_names, 2, "--checkpoint", ckpt))  # nothing cut: no note
-    assert load(ckpt).config.block_size == 30 and "block_size 30)" in out  # 29 characters + 1
-
-
 def test_the_embedded_corpus_keeps_the_originals_output(cli: Cli, tmp_path: Path) -> None:
     ckpt = tmp_path / "default.npz"
     lines = cli.ok("train", "--steps", 2, "--num-samples", 0, "--checkpoint", ckpt).splitlines()
@@ -395,7 +377,14 @@ def test_the_embedded_corpus_keeps_the_originals_output(cli: Cli, tmp_path: Path
     assert result["num_docs"] == len(default_docs()) and 0 < result["mean_loss"] < 10
 
 
-def test_a_block_size_cutting_names_says_how_many(cli: Cli, tmp_path: Path, names16: Path) -> None:
+def test_the_block_size_reads_every_name_or_says_how_many_it_cuts(
+    cli: Cli, tmp_path: Path, names16: Path
+) -> None:
+    long_names = tmp_path / "long.txt"
+    long_names.write_text("\n".join([*NAMES, "maximiliana-josephina-antonia"]), encoding="utf-8")
+    ckpt = tmp_path / "long.npz"
+    out = cli.ok(*train_cmd(long_names, 2, "--checkpoint", ckpt))  # nothing cut: no note
+    assert load(ckpt).config.block_size == 30 and "block_size 30)" in out  # 29 characters + 1
     cut = sum(len(name) >= 5 for name in NAMES)  # more than 4 characters
     ckpt = tmp_path / "short.npz"
     rc, out, err = cli(*train_cmd(names16, 2, "--block-size", 5, "--checkpoint", ckpt))
@@ -478,18 +467,11 @@ def test_resume_errors_name_the_option_and_both_values(
     ckpt = tmp_path / "run.npz"
     argv = train_cmd(names16, 6, "--checkpoint", ckpt, "--num-samples", 0, "--checkpoint-every", 3)
     argv = [str(a) for a in [*argv, *given.split()]]
-    with pytest.MonkeyPatch.context() as m:
-        interrupt_training_after(m, 3)
-        assert cli(*argv)[0] == 130  # an unfinished run, saved at step 3
+    assert cli.interrupted(3, *argv)[0] == 130  # an unfinished run, saved at step 3
     if given.startswith("--beta2"):
         assert load(ckpt).adam.config.beta2 == 0.95  # type: ignore[union-attr]
-    options = list(argv)
-    flag, value = change.format(**files).split()
-    if flag in options:
-        options[options.index(flag) + 1] = value
-    else:
-        options += [flag, value]
-    cli.fails([*options, "--resume"], 1, f"cannot resume '{ckpt}'", fragment.format(**files))
+    options = [*argv, *change.format(**files).split(), "--resume"]  # the last value counts
+    cli.fails(options, 1, f"cannot resume '{ckpt}'", fragment.format(**files))
     assert load(ckpt).step == 3
     cli.ok(*argv, "--resume")  # the same options go on
 
@@ -543,21 +525,15 @@ def test_eval_mean_loss(cli: Cli, checkpoint: Path, names16: Path, chunk_size: i
 
 def test_export_onnx_runs_in_onnxruntime(cli: Cli, tmp_path: Path, checkpoint: Path) -> None:
     for module in ("ndonnx", "onnx", "onnxruntime"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed (the [onnx] extra)")
-    import onnxruntime as ort
-
-    from microgpt_xp import forward
-
+        pytest.importorskip(module, reason=f"{module} is not installed (the [onnx] extra)")
     model = tmp_path / "model.onnx"
     out = cli.ok("export", "--checkpoint", checkpoint, "--format", "onnx", "--out", model)
     assert str(model) in out
     saved = load(checkpoint)
     tokens = np.array([[saved.tokenizer.bos, 0, 1, 2]], dtype=np.int64)
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    (logits,) = session.run(None, {"tokens": tokens, "lengths": np.array([4], dtype=np.int64)})
-    want = np.asarray(forward(saved.params, tokens))
-    assert np.max(np.abs(logits - want)) <= 2e-5 * np.max(np.abs(want))
+    feed = {"tokens": tokens, "lengths": np.array([4], dtype=np.int64)}
+    (logits,) = session(model).run(None, feed)
+    xp_assert_close(logits, np.asarray(forward(saved.params, tokens)), rtol=2e-5)
 
 
 # -- sample: streaming, files, pipes -------------------------------------------------------------
@@ -588,7 +564,7 @@ def test_sample_out_is_atomic(cli: Cli, monkeypatch: MP, tmp_path: Path, checkpo
     result = cli.json(*argv, "--out", out_file)
     assert result["num_samples"] == 11 and result["out"] == str(out_file)
     # Ctrl-C after the first batch: the file keeps its old content, no temporary is left
-    on_call(monkeypatch, sample_module, "decode_batch", raise_at(2, KeyboardInterrupt()))
+    on_call(monkeypatch, sample_module, "decode_batch", KeyboardInterrupt(), at=2)
     out_file.write_text("old\n", encoding="utf-8")
     cli.fails([*argv, "--batch-size", 4, "--out", out_file], 130, "interrupted")
     assert out_file.read_text(encoding="utf-8") == "old\n"
@@ -605,16 +581,12 @@ def test_sigterm_during_sample_out_leaves_no_partial_file(tmp_path: Path, checkp
 
 
 @pytest.mark.parametrize(
-    "argv",
-    [
-        ["sample", "--num-samples", "100000", "--batch-size", "1000"],
-        ["export", "--out", "-"],  # about 1.5 MB of JSON
-    ],
+    "argv", ["sample --num-samples 100000 --batch-size 1000", "export --out -"]
 )
-def test_a_pipe_closed_early_is_no_error(tmp_path: Path, names16: Path, argv: list[str]) -> None:
-    """``sample | head``, ``export --out - | head``: far more than a pipe holds, read 100 bytes."""
+def test_a_pipe_closed_early_is_no_error(tmp_path: Path, names16: Path, argv: str) -> None:
+    """``sample | head``, ``export --out - | head`` (1.5 MB of JSON): read 100 bytes, close."""
     ckpt = make_checkpoint(tmp_path / "wide.npz", *train_cmd(names16, 1, "--n-embd", 64))
-    child = start("microgpt_xp.cli", *argv, "--checkpoint", ckpt)
+    child = start("microgpt_xp.cli", *argv.split(), "--checkpoint", ckpt)
     assert child.stdout is not None and child.stderr is not None
     head = child.stdout.read(100)
     child.stdout.close()  # what `head` does once it has its lines
@@ -791,7 +763,7 @@ def fault(monkeypatch: MP, what: str) -> None:
     """An extra not installed (None in sys.modules), no dask.distributed, or no memory."""
     if what == "memory":
         error = MemoryError("Unable to allocate 95.4 GiB for an array with shape (10000000, 16)")
-        on_call(monkeypatch, sample_module, "decode_batch", raise_at(1, error))
+        on_call(monkeypatch, sample_module, "decode_batch", error, at=1)
     elif what == "distributed":
         find_spec = importlib.util.find_spec
 
@@ -839,8 +811,7 @@ def test_a_missing_extra_or_memory_is_one_line_saying_what_to_do(
 def test_a_device_the_backend_refuses_is_one_error_line(
     cli: Cli, monkeypatch: MP, checkpoint: Path, command: str, device: str | None
 ) -> None:
-    # what torch.device("bogus") and cupy.cuda.Device() on a machine without a GPU raise (a
-    # RuntimeError, not a ValueError), without importing either
+    # what torch.device("bogus") and cupy.cuda.Device() without a GPU raise: a RuntimeError
     def refuse(backend: str, device: object = None) -> object:
         raise RuntimeError(
             f"Expected one of cpu, cuda device type at start of device string: {device}"
@@ -880,7 +851,7 @@ def test_dead_worker_says_resume(cli: Cli, monkeypatch: MP, tmp_path: Path, name
     from microgpt_xp.runners import processes
 
     died = processes.WorkerDied("a microgpt_xp worker process died during the step")
-    on_call(monkeypatch, processes.WorkerPool, "map", raise_at(3, died))  # in the third step
+    on_call(monkeypatch, processes.WorkerPool, "map", died, at=3)  # in the third step
     ckpt = tmp_path / "run.npz"
     argv = train_cmd(names24, 6, "--workers", 2, "--checkpoint", ckpt, "--checkpoint-every", 1)
     rc, _, err = cli(*argv)
@@ -1016,6 +987,21 @@ def test_a_scheduler_lost_mid_run_is_one_error_line(
     assert [r.getMessage() for r in logged] == []
 
 
+_LOUD = """
+import contextlib, logging, sys, warnings
+from microgpt_xp.cli import _common, main
+quiet = _common.quiet_dask
+@contextlib.contextmanager
+def loud(verbose=False):
+    with quiet(verbose):
+        warnings.warn('Sending large graph of size 20 MiB', UserWarning)
+        logging.getLogger('distributed.client').warning('LOUD')
+        yield
+_common.quiet_dask = loud
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @needs_distributed
 @pytest.mark.parametrize(
     ("data", "status", "verbose"),
@@ -1025,27 +1011,11 @@ def test_dask_local_prints_only_the_commands_lines(
     paths: dict[str, Path], data: str, status: int, verbose: bool
 ) -> None:
     """--scheduler local: distributed's logs and warnings only with MICROGPT_XP_VERBOSE."""
-    code = (
-        "import sys, warnings\nfrom microgpt_xp.cli import _common, main\n"
-        "q = _common.quiet_dask\n"
-        "def loud(verbose=False):\n"
-        "    import contextlib\n"
-        "    @contextlib.contextmanager\n"
-        "    def block():\n"
-        "        with q(verbose):\n"
-        "            warnings.warn('Sending large graph of size 20 MiB', UserWarning)\n"
-        "            import logging; logging.getLogger('distributed.client').warning('LOUD')\n"
-        "            yield\n"
-        "    return block()\n"
-        "_common.quiet_dask = loud\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
     argv = ["eval", "--checkpoint", paths["ckpt"], "--data", paths[data], "--backend", "dask"]
     env = {**os.environ, "MICROGPT_XP_VERBOSE": "1" if verbose else "0"}
-    command = [sys.executable, "-c", code, *map(str, argv), "--scheduler", "local"]
-    result = subprocess.run(
-        [*command, "--chunk-size", "4"], capture_output=True, text=True, timeout=120, env=env
-    )
+    command = [sys.executable, "-c", _LOUD, *map(str, argv), "--scheduler", "local"]
+    command += ["--chunk-size", "4"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == status, result.stderr
     if verbose:
         assert "LOUD" in result.stderr and "large graph" in result.stderr
@@ -1070,20 +1040,16 @@ def test_ctrl_c_during_start_up_is_one_line_and_130(
     code = "import sys\nprint(flush=True)\nfrom microgpt_xp.cli import main\nsys.exit(main())\n"
     argv = ["eval", "--checkpoint", checkpoint, "--data", big_corpus, "--backend", "numpy"]
     child = start(code, *argv, text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline() == "\n"  # Python started
-        time.sleep(delay)
-        child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=60)
-    finally:
-        child.kill()
-        child.wait(timeout=30)
+
+    def started() -> bool:  # Python runs the code
+        return child.stdout is not None and child.stdout.readline() == "\n"
+
+    out, err = signal_when(started, child, signal.SIGINT, delay)
     assert child.returncode == 130 and out == "", err
     assert_one_error_line(err, "interrupted")
 
 
-# the command, with a line on stdout once the Dask computation starts (eval prints nothing
-# else there before its result)
+# the command, printing a line once the Dask computation starts (eval prints nothing before)
 _MARKED = (
     "import sys\nfrom microgpt_xp.cli import main\nfrom microgpt_xp.runners import DaskTasks\n"
     "compute = DaskTasks.map\n"
@@ -1228,9 +1194,7 @@ def test_console_script_and_python_m_agree(capsys: pytest.CaptureFixture[str], h
 
 def test_help_imports_no_heavy_module() -> None:
     code = (
-        "import sys\n"
-        "from microgpt_xp.cli import main\n"
-        "assert main(['train', '--help']) == 0\n"
+        "import sys\nfrom microgpt_xp.cli import main\nassert main(['train', '--help']) == 0\n"
         "heavy = ['tqdm', 'dask', 'distributed', 'torch', 'jax', 'matplotlib', 'mimesis']\n"
         "print(' '.join(m for m in heavy if m in sys.modules))\n"
     )

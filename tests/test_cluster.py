@@ -1,6 +1,5 @@
-"""Tests of microgpt_xp.cluster.connect against addresses that are not Dask schedulers:
-each fails fast with one clear ClusterError. The fake services listen on 127.0.0.1, in
-threads of this process. (The tests with a real cluster are in test_dask_scale.py.)"""
+"""cluster.connect against addresses that are not Dask schedulers (fake services in threads on
+127.0.0.1): each fails fast with one clear ClusterError; real clusters: test_dask_scale.py."""
 
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ TIMEOUT = 2.0
 
 @contextmanager
 def _serving(answer: bytes | None = None) -> Iterator[str]:
-    """A service on 127.0.0.1 (its ``tcp://`` address) that accepts every connection and
-    answers nothing (``answer=None``), or sends ``answer`` once the first bytes come."""
+    """The ``tcp://`` address of a service that accepts connections and answers nothing
+    (``None``: does not even read), or ``answer`` once the first bytes come."""
     server = socket.create_server(("127.0.0.1", 0))
 
     def serve() -> None:
@@ -57,8 +56,8 @@ HTTP_400 = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\n\r\nBad Request"
 
 
 def _refused(address: str, *phrases: str) -> str:
-    """The message of the one-line :class:`ClusterError` that ``connect(address)`` raises,
-    holding ``phrases``, within ``TIMEOUT + 8`` s (in a thread: a hang fails the test)."""
+    """The one-line ClusterError of ``connect(address)``, holding ``phrases``, within
+    ``TIMEOUT + 8`` s (in a thread: a hang fails the test)."""
     outcome: list[BaseException] = []
 
     def attempt() -> None:
@@ -141,8 +140,7 @@ def _fails(params: Any, rows: Any) -> None:
 
 
 def test_quiet_silences_distributed_then_restores_it(capfd: pytest.CaptureFixture[str]) -> None:
-    """Issue 31: under quiet() a failing task is one error (the task's own), with none of
-    distributed's logs; outside it, logging and warnings are as they were."""
+    """Under quiet() a failing task is its own error alone, no logs; after it, all restored."""
     names = ("distributed", "distributed.client", "distributed.worker", "asyncio", "tornado")
     before = [logging.getLogger(n).getEffectiveLevel() for n in names]
     env = os.environ.get(_WORKER_LOG_LEVEL)

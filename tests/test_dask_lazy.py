@@ -1,6 +1,5 @@
-"""Dask: the model builds graphs without computing anything, the results equal NumPy's,
-chunking along the batch does not change them, and the weights enter the graph once
-(single-chunk arrays shared by every batch chunk) instead of being copied per chunk."""
+"""Dask: graphs built without computing, NumPy's results whatever the batch chunks, and the
+weights in the graph once (not copied per chunk)."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ def test_nothing_is_computed_until_compute(dask_params: Params, forbid_compute: 
     for out in (logits, loss, scores, token_mean, *grads.arrays().values()):
         assert isinstance(out, da.Array)
         assert array_api_compat.is_lazy_array(out)
-    # outputs along the batch keep the batch chunks; gradients are reduced over the batch
-    # chunks: one chunk per weight matrix (the stacked per-layer ones: one per layer)
+    # outputs keep the batch chunks; a gradient is one chunk per weight matrix (and layer)
     assert logits.chunks[0] == tok.chunks[0] == scores.chunks[0]
     assert tuple(loss.shape) == ()
     assert all(a.numblocks[-2:] == (1, 1) for a in grads.arrays().values())
@@ -121,9 +119,7 @@ def test_results_equal_numpy(host_params: Params, dask_params: Params, rows_per_
     expected = forward(host_params, tokens[:, :-1], lengths - 1)
     like = dask_params.wte
     for row, n in enumerate(lengths - 1):  # the real positions: the first n of a row
-        xp_assert_close(
-            logits[row, :n, :], expected[row, :n], rtol=RTOL, like=like, what=f"logits row {row}"
-        )
+        xp_assert_close(logits[row, :n, :], expected[row, :n], rtol=RTOL, like=like, what=f"{row}")
     for reduction in ("mean", "token_mean"):
         loss, grads = loss_and_grads(dask_params, tok, lens, reduction=reduction)
         ref_loss, ref_grads = loss_and_grads(host_params, tokens, lengths, reduction=reduction)
@@ -169,8 +165,8 @@ def test_weights_enter_the_graph_once(dask_params: Params, forbid_compute: None)
         for name in weight_names:
             assert keys.count(name) == 1, f"{k} chunks: weight {name} has {keys.count(name)} keys"
 
-    # Layers that depend on the weights only carry the same name (a hash of their inputs)
-    # whatever the chunking, and must not grow with it; every other layer is per chunk.
+    # layers of the weights alone keep their names and sizes whatever the chunking; the rest
+    # grow per chunk
     one, three, six = (_layers(graphs[k]) for k in (1, 3, 6))
     assert len(one) == len(three) == len(six)
     shared = set(one) & set(three) & set(six)

@@ -1,7 +1,5 @@
-"""Dask at scale: scoring and generation on Dask tasks (one task a chunk, documents made in the
-tasks), data-parallel training, a dask.distributed cluster of worker processes: results,
-graph shape, faults and the example. The scoring oracle is the NumPy model on the whole
-corpus, and ``loss_and_grads``' two batch losses (the two corpus means)."""
+"""Dask at scale: scoring and generation in Dask tasks, a tree-reduced gradient, a cluster of
+worker processes (results, graph shape, faults) and the example, against NumPy's model."""
 
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ import pytest
 
 pytest.importorskip("dask")
 import dask
-from xp_testing import xp_assert_close
+from xp_testing import pickle_by_value, xp_assert_close
 
 from microgpt_xp import GPTConfig, Params, init_params, loss_and_grads, sample, score
 from microgpt_xp.corpus import ShuffledRepeat
@@ -152,8 +150,7 @@ def test_virtual_corpora_chunking_and_the_graph(params64: Params) -> None:
     got = _on_tasks(p32, docs, 64)
     want, _ = _oracle(p32, docs)
     assert got.losses is not None
-    # chunks of 64 documents against one batch of 200: BLAS may round a float32 row of a
-    # matrix product differently with the number of rows (OpenBLAS does on AVX2-only CPUs)
+    # BLAS may round a float32 row differently with the number of rows (OpenBLAS on AVX2)
     xp_assert_close(got.losses.astype(np.float32), want, rtol=2e-6, like=p32.wte, elementwise=True)
     # the mean accumulates the float32 losses in float64
     assert got.mean == pytest.approx(float(np.mean(got.losses.astype(np.float64))), rel=1e-12)
@@ -193,14 +190,12 @@ def test_weights_or_chunks_on_another_backend(params64: Params, where: str) -> N
 # -- generation ---------------------------------------------------------------------------------
 def test_row_uniforms_are_rows_of_one_stream_and_names_on_tasks_local(params64: Params) -> None:
     full = np.random.default_rng(11).random((50, 16))
-    np.testing.assert_array_equal(row_uniforms(11, 0, 50, 16), full)
-    np.testing.assert_array_equal(row_uniforms(11, 17, 33, 16), full[17:33])
-    np.testing.assert_array_equal(row_uniforms(11, 49, 50, 16), full[49:])
+    for start, stop in ((0, 50), (17, 33), (49, 50)):
+        np.testing.assert_array_equal(row_uniforms(11, start, stop, 16), full[start:stop])
     # names on tasks are the local names
     names = sample(params64, TOKENIZER, 40, runner=DaskTasks(9), seed=1)
-    assert names == [
-        TOKENIZER.decode(r) for r in sample_tokens(params64, TOKENIZER.bos, 40, seed=1)
-    ]
+    ids = sample_tokens(params64, TOKENIZER.bos, 40, seed=1)
+    assert names == [TOKENIZER.decode(r) for r in ids]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -236,16 +231,13 @@ def test_sampling_on_dask_rejects_bad_arguments(
 
 # -- data-parallel training --------------------------------------------------------------------
 def test_a_gradient_is_reduced_over_the_chunks_in_a_tree() -> None:
-    """(Dask training equals NumPy's: tests/test_dask_steps.py.)"""
+    """Per-chunk partial products of a weight's gradient, combined in a tree (fan-in < 16)."""
     from dask.core import get_dependencies
 
     from microgpt_xp.train import to_batch
 
-    docs = DOCS[:400]
-    # the gradient of a weight is a contraction over the chunked batch axis: per-chunk
-    # partial products combined in a tree (fan-in below the 8 chunks of the batch)
     p = init_params(CONFIG, seed=0, dtype="float64", backend="dask")
-    tokens, lengths = encode_docs(TOKENIZER, docs[:64], CONFIG.block_size)
+    tokens, lengths = encode_docs(TOKENIZER, DOCS[:64], CONFIG.block_size)
     _, grads = loss_and_grads(p, *to_batch(tokens, lengths, "dask", chunk_size=4))
     (g,) = dask.optimize(grads.lm_head)
     graph = dict(g.__dask_graph__())
@@ -259,16 +251,9 @@ distributed = pytest.importorskip("distributed")
 from microgpt_xp.cluster import ClusterError, connect  # noqa: E402
 
 
-def _register_this_module() -> None:
-    # worker processes cannot import tests/; send this module's functions by value
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
-    _register_this_module()
+    pickle_by_value(__name__)
     with connect(None, n_workers=2, threads_per_worker=1, processes=True, timeout=60) as c:
         yield c
 
@@ -302,12 +287,11 @@ def test_cluster_scores_like_threads(client: Any, params64: Params, weights: str
 
 def test_connect_errors_are_clear() -> None:
     t0 = time.perf_counter()
-    with pytest.raises(
-        ClusterError, match=r"cannot reach the Dask scheduler at 'tcp://127\.0\.0\.1:1' within 1 s"
-    ):
+    reach = r"cannot reach the Dask scheduler at 'tcp://127\.0\.0\.1:1' within 1 s"
+    with pytest.raises(ClusterError, match=reach) as unreachable:
         connect("tcp://127.0.0.1:1", timeout=1)
     assert time.perf_counter() - t0 < 15
-    with pytest.raises(ValueError, match="invalid Dask scheduler address 'no-port'"):
+    with pytest.raises(ValueError, match="invalid Dask scheduler address 'no-port'") as malformed:
         connect("no-port", timeout=1)
     with pytest.raises(ValueError, match="unknown address scheme"):
         connect("bogus://x:1", timeout=1)
@@ -317,13 +301,7 @@ def test_connect_errors_are_clear() -> None:
         connect("/nonexistent/scheduler.json")
     with pytest.raises(ValueError, match="n_workers"):
         connect(None, n_workers=0)
-    # a Client whose start failed is closed by connect(), not by its __del__ (which, run by
-    # the garbage collector as the next Client started, made that start hang)
-
-    with pytest.raises(ClusterError) as unreachable:
-        connect("tcp://127.0.0.1:1", timeout=1)
-    with pytest.raises(ValueError) as malformed:
-        connect("no-port", timeout=1)
+    # a Client whose start failed is closed by connect(), not left to its __del__
     assert unreachable.value is not None and malformed.value is not None  # still held
     failed = [
         o for o in gc.get_objects() if isinstance(o, distributed.Client) and o.status != "running"
@@ -334,7 +312,7 @@ def test_connect_errors_are_clear() -> None:
 
 
 class SlowCorpus(ShuffledRepeat):
-    """A corpus whose chunks take a known time to produce, so that a fault lands mid-job."""
+    """A corpus whose chunks take a known time, so that a fault lands mid-job."""
 
     delay: float = 0.15
 
@@ -352,7 +330,7 @@ def _chunks_done(dask_scheduler: Any) -> int:
 
 
 def test_a_killed_worker_does_not_change_the_result(params64: Params) -> None:
-    _register_this_module()
+    pickle_by_value(__name__)
     corpus = SlowCorpus(DOCS, 40 * 200, seed=3)
     want = _on_tasks(params64, ShuffledRepeat(DOCS, 40 * 200, seed=3), 200)
     with connect(None, n_workers=2, threads_per_worker=1, processes=True, timeout=60) as c:
@@ -389,7 +367,7 @@ time.sleep(600)
 def test_a_lost_scheduler_is_a_clear_error_and_writes_nothing(
     params64: Params, tmp_path: Path
 ) -> None:
-    _register_this_module()
+    pickle_by_value(__name__)
     # the scheduler unpickles the graph, SlowCorpus included: let it import this module
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     proc = subprocess.Popen(

@@ -1,13 +1,10 @@
-"""Dask that pays: a training step is one task per chunk with the weights entering its graph
-once; the losses equal NumPy's and repeat bit for bit on threads and on a cluster of
-processes, survive a lost worker, and the trained weights outlive the cluster; the model's own
-Dask graph creates nothing on the host for chunks of another array type."""
+"""Dask training: one task per chunk, the weights in the graph once, NumPy's losses bit for bit
+on threads and on a cluster (a lost worker included); no host pieces for other chunk types."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from typing import Any
 
@@ -18,6 +15,7 @@ dask = pytest.importorskip("dask")
 import dask.array as da  # noqa: E402
 from dask.callbacks import Callback  # noqa: E402
 from fakegpu import FakeGPU  # noqa: E402
+from xp_testing import pickle_by_value  # noqa: E402
 
 import microgpt_xp as mx  # noqa: E402
 from microgpt_xp.data import encode_docs  # noqa: E402
@@ -70,13 +68,6 @@ distributed = pytest.importorskip("distributed")
 from microgpt_xp.cluster import connect  # noqa: E402
 
 
-def _register_this_module() -> None:
-    # worker processes cannot import tests/; send this module's functions by value
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
 def _chunk_tasks_seen(dask_scheduler: Any) -> int:
     """Training-chunk tasks the scheduler has seen (a plugin-free count of its log)."""
     return sum("microgpt-chunk" in str(msg) for msg in dask_scheduler.transition_log)
@@ -86,7 +77,7 @@ def test_a_cluster_trains_and_scores_as_threads_do_and_the_result_outlives_it() 
     from microgpt_xp.corpus import ShuffledRepeat
     from microgpt_xp.scoring import score_docs
 
-    _register_this_module()
+    pickle_by_value(__name__)
     params = mx.init_params(CONFIG, dtype="float64")
     corpus = ShuffledRepeat(tuple(DOCS), 6000, seed=1)
 
@@ -113,7 +104,7 @@ def test_a_cluster_trains_and_scores_as_threads_do_and_the_result_outlives_it() 
 
 
 def test_a_worker_lost_mid_training_does_not_change_the_losses() -> None:
-    _register_this_module()
+    pickle_by_value(__name__)
     want = mx.train(DOCS, backend="dask", chunk_size=8, **{**ARGS, "steps": 8})
     with connect(None, n_workers=2, threads_per_worker=1, processes=True, timeout=60) as c:
         pids = list(c.run(os.getpid).values())
@@ -132,8 +123,7 @@ def test_a_worker_lost_mid_training_does_not_change_the_losses() -> None:
 
 # -- chunks of another array type ----------------------------------------------------------------
 class _NoHostPieces(Callback):  # type: ignore[misc]
-    """Fails a computation in which any task returns a NumPy array: every piece of the
-    graph must be of the chunks' own type (``FakeGPU``), or a scalar."""
+    """Fails a computation in which a task returns a NumPy array (not a scalar)."""
 
     def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
         for r in result if isinstance(result, tuple) else (result,):
@@ -152,17 +142,12 @@ def test_the_model_graph_keeps_the_chunks_type() -> None:
     fake = params.map(lambda a: _on_fake_device(a, -1), check=False)
     tokens, lengths = encode_docs(TOKENIZER, DOCS[:6], CONFIG.block_size)
     tok, lens = _on_fake_device(tokens, (3, -1)), _on_fake_device(lengths, (3,))
-    results = {
-        "forward": (
-            mx.forward(fake, tok[:, :-1], lens - 1),
-            mx.forward(params, tokens[:, :-1], lengths - 1),
-        ),
-        "score": (mx.score(fake, tok, lens), mx.score(params, tokens, lengths)),
-        "grads": (
-            mx.loss_and_grads(fake, tok, lens)[1].wte,
-            mx.loss_and_grads(params, tokens, lengths)[1].wte,
-        ),
+    calls = {
+        "forward": lambda p, t, n: mx.forward(p, t[:, :-1], n - 1),
+        "score": mx.score,
+        "grads": lambda p, t, n: mx.loss_and_grads(p, t, n)[1].wte,
     }
+    results = {k: (f(fake, tok, lens), f(params, tokens, lengths)) for k, f in calls.items()}
     with dask.config.set(scheduler="synchronous"), _NoHostPieces():
         for name, (lazy, want) in results.items():
             assert isinstance(lazy._meta, FakeGPU), name
@@ -174,8 +159,7 @@ def test_the_model_graph_keeps_the_chunks_type() -> None:
 def test_scoring_on_dask_tasks_is_one_graph_of_the_local_chunks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """score_docs on DaskTasks: one task per chunk of documents, all in one graph, each
-    chunk padded as one process pads it, so the losses are the local ones bit for bit."""
+    """score_docs on DaskTasks: one graph (one ``map``) of the local chunks, bit for bit."""
     from microgpt_xp.scoring import score_docs
 
     params = mx.init_params(CONFIG, dtype="float64")

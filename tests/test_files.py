@@ -59,13 +59,9 @@ else:
 
 def _run_together(script: str, argvs: list[list[str]], go: Path) -> list[tuple[int, str, str]]:
     """Start one process per argument list, let them go at once: ``(status, out, err)`` each."""
+    pipe, command = subprocess.PIPE, [sys.executable, "-c", script]
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, *argv, str(go)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        subprocess.Popen([*command, *argv, str(go)], stdout=pipe, stderr=pipe, text=True)
         for argv in argvs
     ]
     deadline = time.monotonic() + 120
@@ -84,8 +80,7 @@ def _leftovers(folder: Path) -> list[str]:
 
 @pytest.mark.parametrize("names", [("nb.npz",) * 3, ("nb.npz", "nb.npz.x")])
 def test_concurrent_writers_never_break_each_other(tmp_path: Path, names: tuple[str, ...]) -> None:
-    """Writers of one file (each write whole), or of names sharing a prefix (no writer removes
-    the other's temporaries)."""
+    """Writers of one file, or of names sharing a prefix (each other's temporaries spared)."""
     n, tags = 150 if len(names) == 3 else 300, "abc"[: len(names)]
     argvs = [[str(tmp_path / name), t, str(n)] for name, t in zip(names, tags, strict=True)]
     for status, _, err in _run_together(WRITER, argvs, tmp_path / "go"):
@@ -224,8 +219,7 @@ def test_check_writable_accepts_a_new_path_and_makes_its_folders(tmp_path: Path)
 
 
 def test_what_a_save_could_not_write_is_refused_first(tmp_path: Path) -> None:
-    """A folder, a path under a regular file, a missing folder not to be made: by
-    check_writable, by a claim and by atomic_open before its block runs."""
+    """A folder, a path under a file, a missing folder: refused by each writer, first."""
     with pytest.raises(NotWritableError, match="it is a folder") as info:
         check_writable(tmp_path)
     assert str(tmp_path) in str(info.value) and "\n" not in str(info.value)

@@ -1,13 +1,10 @@
-"""First steps as written (issue 33): every ```python block of README.md and
-docs/getting-started.md runs as a script, and every ``microgpt-xp``/``python`` command line
-(``$ `` lines of ```console, lines of ```bash) runs as written, in the page's order, in a
-folder that stands for the checkout (``examples`` and ``../shared`` linked). A command skips
-when it needs what is absent (a backend, the ``[onnx]`` extra, a ``../shared/`` file, the
-web page's ``npm ci`` or port 8000); ``pip install`` parts are left out. The extras tables
-and README's test command are checked against pyproject.toml and CI."""
+"""README.md and docs/getting-started.md as written: each ```python block runs as a script and
+each ``microgpt-xp``/``python`` command line in order, in a stand-in checkout (skipped where
+what it needs is absent; no ``pip install``); the extras tables match pyproject.toml and CI."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -78,11 +75,9 @@ def _commands(page: str) -> list[str]:
                 line = line[2:]
             for part in line.split("&&"):
                 argv = shlex.split(part, comments=True)
-                if not argv or argv[0] not in ("microgpt-xp", "python"):
-                    continue
-                if argv[:3] == ["python", "-m", "pip"]:
-                    continue
-                found.append(shlex.join(argv))
+                pip = argv[:3] == ["python", "-m", "pip"]
+                if argv[:1] in (["microgpt-xp"], ["python"]) and not pip:
+                    found.append(shlex.join(argv))
     return found
 
 
@@ -124,8 +119,7 @@ def test_python_block_runs_as_a_script(page: str, index: int, code: str, tmp_pat
 
 
 def test_the_pages_have_blocks() -> None:
-    """The parser finds what the pages hold (a changed fence style would skip them all),
-    the admonition's indented ```bash block included, dedented (its pip lines left out)."""
+    """The parser finds the pages' blocks, an admonition's indented ```bash block dedented."""
     assert len([b for b in PYTHON_BLOCKS if b[0] == "README.md"]) >= 3
     assert "microgpt-xp train" in _commands("README.md")
     assert len(_commands("docs/getting-started.md")) >= 7
@@ -169,14 +163,10 @@ def _port_free(port: int) -> bool:
 
 def _serve(argv: list[str], cwd: Path) -> tuple[str, str]:
     """The web page's server: it starts, serves its page, and stops on Ctrl-C (SIGINT)."""
+    pipe = subprocess.PIPE
+    sigint = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)  # as from a terminal
     with subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
+        argv, cwd=cwd, env=_env(), stdout=pipe, stderr=pipe, text=True, preexec_fn=sigint
     ) as proc:
         try:
             assert proc.stdout is not None
@@ -271,8 +261,7 @@ def _pyproject_extras() -> dict[str, list[str]]:
 
 
 def test_extras_table_matches_pyproject() -> None:
-    """getting-started's extras table names every extra and each one-extra row its packages;
-    the torch row says CUDA and the page gives the CPU index; README's extras exist."""
+    """The extras tables (getting-started's, README's) name pyproject's extras and packages."""
     extras = _pyproject_extras()
     text = (ROOT / "docs/getting-started.md").read_text("utf-8")
     table = text.split("## Installing extras", 1)[1].split("\n\n", 2)[1]

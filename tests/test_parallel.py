@@ -1,5 +1,5 @@
-"""Worker processes (``runner=Processes(N)``, ``workers=N``): one process's results, clear
-errors, and no process left behind, whatever happens to a worker or to the parent."""
+"""Worker processes (``Processes(N)``, ``workers=N``): one process's results, clear errors, no
+process left behind whatever happens to a worker or to the parent."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -60,8 +59,7 @@ def test_bad_workers_are_refused(workers: Any) -> None:
 
 
 def test_processes_and_the_backend_are_two_choices() -> None:
-    """Processes spread the rows; the weights stay where the backend puts them (here
-    array-api-strict, rebuilt in each worker)."""
+    """Processes spread the rows; the weights stay on the backend (here array-api-strict)."""
     strict = pytest.importorskip("array_api_strict")
     args = {**RUN, "steps": 2}
     one = mx.train(DOCS, backend="array_api_strict", **args)
@@ -128,33 +126,32 @@ def test_shards_run_in_workers_that_fail_clearly() -> None:
         killer.wait()
 
 
+_DAEMONIC = """
+import multiprocessing as mp
+import microgpt_xp as mx
+
+def job(q):
+    try:
+        mx.train(mx.default_docs()[:100], steps=1, workers=2)
+        q.put("no error")
+    except Exception as exc:
+        q.put(f"{type(exc).__name__}: {exc}")
+
+if __name__ == "__main__":
+    q = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=job, args=(q,), daemon=True)
+    p.start()
+    print(q.get(timeout=120))
+    p.join()
+"""
+
+
 def test_a_daemonic_process_or_no_main_guard_is_a_clear_error(tmp_path: Path) -> None:
-    code = textwrap.dedent(
-        """
-        import multiprocessing as mp
-        import microgpt_xp as mx
-
-        def job(q):
-            try:
-                mx.train(mx.default_docs()[:100], steps=1, workers=2)
-                q.put("no error")
-            except Exception as exc:
-                q.put(f"{type(exc).__name__}: {exc}")
-
-        if __name__ == "__main__":
-            q = mp.get_context("spawn").Queue()
-            p = mp.get_context("spawn").Process(target=job, args=(q,), daemon=True)
-            p.start()
-            print(q.get(timeout=120))
-            p.join()
-        """
-    )
     script = tmp_path / "daemonic.py"  # spawn imports the job from its file
-    script.write_text(code)
+    script.write_text(_DAEMONIC)
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180)
     assert out.stdout.startswith("RuntimeError:"), out.stdout + out.stderr
     assert "daemonic" in out.stdout
-    # a script without a main guard is one clear error
     script = tmp_path / "unguarded.py"
     script.write_text(
         "import microgpt_xp as mx\nmx.train(mx.default_docs()[:50], steps=1, workers=2)\n"
@@ -165,24 +162,22 @@ def test_a_daemonic_process_or_no_main_guard_is_a_clear_error(tmp_path: Path) ->
     assert 'if __name__ == "__main__":' in out.stderr.splitlines()[-1]
 
 
-_PARENT = textwrap.dedent(
-    """
-    import os, sys, time
-    import microgpt_xp as mx
+_PARENT = """
+import os, sys, time
+import microgpt_xp as mx
 
-    how = sys.argv[1]
-    docs = mx.default_docs()
+how = sys.argv[1]
+docs = mx.default_docs()
 
-    def progress(step, loss):
-        if step == 2:
-            print("training", flush=True)
-        if step == 3 and how == "exit":
-            os._exit(0)
-        time.sleep(0.05)
+def progress(step, loss):
+    if step == 2:
+        print("training", flush=True)
+    if step == 3 and how == "exit":
+        os._exit(0)
+    time.sleep(0.05)
 
-    mx.train(docs, steps=100000, batch_size=64, workers=3, callback=progress)
-    """
-)
+mx.train(docs, steps=100000, batch_size=64, workers=3, callback=progress)
+"""
 
 
 def _descendants(pid: int) -> set[int]:
@@ -260,46 +255,44 @@ def test_this_process_blas_takes_one_core_while_workers_run() -> None:
     assert sorted({i["num_threads"] for i in threadpool_info()}) == counts
 
 
-_KILLS = textwrap.dedent(
-    """
-    import multiprocessing, os, random, signal, sys, threading, time
-    import microgpt_xp as mx
-    from microgpt_xp._files import claim
-    from microgpt_xp.runners import WorkerDied
+_KILLS = """
+import multiprocessing, os, random, signal, sys, threading, time
+import microgpt_xp as mx
+from microgpt_xp._files import claim
+from microgpt_xp.runners import WorkerDied
 
-    docs, cp, rng, killed = mx.default_docs()[:200], sys.argv[1], random.Random(0), []
-    vocab = mx.Tokenizer.from_docs(docs).vocab_size
-    config = mx.GPTConfig(vocab, n_embd=8, n_head=2, n_layer=1, block_size=8)
+docs, cp, rng, killed = mx.default_docs()[:200], sys.argv[1], random.Random(0), []
+vocab = mx.Tokenizer.from_docs(docs).vocab_size
+config = mx.GPTConfig(vocab, n_embd=8, n_head=2, n_layer=1, block_size=8)
 
-    def kill_a_worker(delay):
-        while not multiprocessing.active_children():
-            time.sleep(0.005)
-        time.sleep(delay)  # any moment of a step: sending, computing, replying
-        killed.append(time.monotonic())
-        os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+def kill_a_worker(delay):
+    while not multiprocessing.active_children():
+        time.sleep(0.005)
+    time.sleep(delay)  # any moment of a step: sending, computing, replying
+    killed.append(time.monotonic())
+    os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
 
-    if __name__ == "__main__":
-        for run in range(int(sys.argv[2])):
-            killer = threading.Thread(target=kill_a_worker, args=(rng.uniform(0, 2.0),), daemon=True)
-            killer.start()
-            try:
-                mx.train(docs, steps=10**6, batch_size=4, workers=2, checkpoint=cp,
-                         checkpoint_every=7, overwrite=True, config=config)
-            except WorkerDied as exc:
-                assert "died during the step" in str(exc), exc
-            killer.join()
-            assert time.monotonic() - killed[-1] < 5.0, "ended late"
-            with claim(cp, exist_ok=True):  # released
-                pass
-            if os.path.exists(cp):
-                mx.load(cp)  # intact
-        print("ok", len(killed))
-    """
-)
+if __name__ == "__main__":
+    for run in range(int(sys.argv[2])):
+        killer = threading.Thread(target=kill_a_worker, args=(rng.uniform(0, 2.0),), daemon=True)
+        killer.start()
+        try:
+            mx.train(docs, steps=10**6, batch_size=4, workers=2, checkpoint=cp,
+                     checkpoint_every=7, overwrite=True, config=config)
+        except WorkerDied as exc:
+            assert "died during the step" in str(exc), exc
+        killer.join()
+        assert time.monotonic() - killed[-1] < 5.0, "ended late"
+        with claim(cp, exist_ok=True):  # released
+            pass
+        if os.path.exists(cp):
+            mx.load(cp)  # intact
+    print("ok", len(killed))
+"""
 
 
 def test_a_worker_killed_at_any_moment_ends_the_run(tmp_path: Path) -> None:
-    """Issue 31: a run ends with WorkerDied, whatever moment of a step its worker dies."""
+    """A run ends with WorkerDied, whatever moment of a step its worker dies."""
     script = tmp_path / "kills.py"
     script.write_text(_KILLS)
     cmd = [sys.executable, script, str(tmp_path / "k.npz"), "16"]

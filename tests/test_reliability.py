@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ref_state
-from xp_testing import xp_assert_close
+from xp_testing import params_on, raises_about, xp_assert_close
 
 import microgpt_xp as mx
 from microgpt_xp.checkpoint import CheckpointError
@@ -25,20 +25,15 @@ GAP_CONFIG = mx.GPTConfig(vocab_size=7, n_layer=1, n_embd=8, n_head=2, block_siz
 
 # -- the loss ---------------------------------------------------------------------------------
 def _gap_params(backend: Any, dtype: str, gap: float) -> Params:
-    """Weights whose logits, at every position, put the target ``gap`` below the max:
-    attention and MLP off, every hidden state ``rmsnorm(wte[t] + wpe[p])``, and ``lm_head``
-    rows that read one channel each."""
+    """Weights (attention and MLP off) whose logits put every target ``gap`` below the max."""
     state = {k: np.zeros_like(np.asarray(v)) for k, v in ref_state(GAP_CONFIG, 0).items()}
     state["wte"][:, 0] = 1.0  # every hidden state is rmsnorm(e₀) ≈ sqrt(8)·e₀
     state["lm_head"][0, 0] = gap / np.sqrt(GAP_CONFIG.n_embd)  # id 0: the favourite
-    return Params.from_state_dict(
-        state, config=GAP_CONFIG, backend=backend.name, device=backend.device, dtype=dtype
-    )
+    return params_on(backend, GAP_CONFIG, state, dtype)
 
 
 def test_float32_loss_is_the_true_loss_past_the_underflow(backend: Any) -> None:
-    # the targets are ids 1..5, whose logit is 0 while id 0's is 120: in float32 their
-    # probability exp(-120) underflows to 0, so -log p would be inf; the loss is ~120
+    # the targets' logit is 120 below id 0's: exp(-120) underflows in float32; the loss is ~120
     tokens = np.array([[6, 1, 2, 3, 4, 5, 6], [6, 2, 2, 6, 0, 0, 0]])
     lengths = np.array([7, 4])
     losses = {}
@@ -66,9 +61,7 @@ def _checkpoint(tmp_path: Path) -> Path:
 
 
 def test_every_damaged_byte_is_a_checkpoint_error(tmp_path: Path) -> None:
-    """Flip one bit of every byte in turn: the file either loads exactly as saved (a byte
-    no reader looks at) or is refused with CheckpointError; never another exception, never
-    different contents."""
+    """One bit flipped in each byte: the file loads as saved or is refused, nothing else."""
     path = _checkpoint(tmp_path)
     good = path.read_bytes()
     want = mx.load(path)
@@ -138,21 +131,17 @@ def test_an_empty_batch_is_refused(backend: Any) -> None:
             call()
 
 
-def test_a_vocabulary_needs_two_ids() -> None:
-    with pytest.raises(ValueError, match="vocab_size must be at least 2"):
-        mx.GPTConfig(vocab_size=1)
-
-
 @pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
+    ("call", "error", "param", "match"),
     [
-        ({"lr": "0.01"}, TypeError, "lr must be a real number"),
-        ({"eps": float("nan")}, ValueError, "eps must be finite"),
+        (lambda: mx.GPTConfig(vocab_size=1), ValueError, "vocab_size", "at least 2"),
+        (lambda: mx.Adam(mx.init_params(CONFIG), lr="0.01"), TypeError, "lr", "a real number"),
+        (lambda: mx.Adam(mx.init_params(CONFIG), eps=float("nan")), ValueError, "eps", "finite"),
     ],
 )
-def test_adam_hyperparameters(kwargs: dict[str, Any], error: type, match: str) -> None:
-    with pytest.raises(error, match=match):
-        mx.Adam(mx.init_params(CONFIG), **kwargs)
+def test_bad_hyperparameters(call: Any, error: type, param: str, match: str) -> None:
+    with raises_about(error, param, match):
+        call()
 
 
 def test_adam_refuses_grads_that_would_change_the_params() -> None:

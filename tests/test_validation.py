@@ -29,7 +29,6 @@ GOOD_LENGTHS = [4, 2]
 CALLS: dict[str, Any] = {"forward": forward, "loss_and_grads": loss_and_grads, "score": score}
 DOCS = ("loss_and_grads", "score")  # the calls whose rows are documents (targets included)
 V, T = ValueError, TypeError
-#: Value checks that a lazy (Dask) array runs when it is computed (with the same param).
 IDS, FROM1, FROM2 = r"\[0, 7\)", r"\[1, 4\]", r"\[2, 4\]"
 
 
@@ -225,8 +224,7 @@ def test_call_errors(call: Any, error: type, param: str | None, match: str | Non
 
 
 def test_params_checks(backend: Any) -> None:
-    """A wrong shape in any one field (not only the first), another config, mixed dtypes and
-    integer or float16 weights are refused."""
+    """A wrong shape in any field, another config, mixed dtypes, int or float16 weights."""
     p = params_on(backend)
     arrays = p.arrays()
     for name in FIELDS:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,12 +35,9 @@ def xp_assert_close(
     what: str = "",
     elementwise: bool = False,
 ) -> None:
-    """Assert that ``actual`` (a library result, as it is) shares the namespace, dtype and
-    device of ``like`` (default ``desired``; required when ``desired`` is a host list, number
-    or NumPy array for another backend) and has ``desired``'s shape and values: on the host
-    in float64, ``max|a - d| <= atol + rtol * max|d|``, or with ``elementwise=True`` per entry
-    ``|a - d| <= atol + rtol * |d|``. ``rtol=0`` asks for equal values; NaNs and infinities
-    must stand where the desired ones do."""
+    """``actual`` has the namespace, dtype and device of ``like`` (default ``desired``), and
+    ``desired``'s shape and values: in float64, ``max|a - d| <= atol + rtol * max|d|`` (per entry
+    with ``elementwise=True``); ``rtol=0``: equal; NaNs and infinities where ``desired``'s are."""
     label = f"{what}: " if what else ""
     if like is None:
         if not array_api_compat.is_array_api_obj(desired):
@@ -85,8 +83,7 @@ def xp_assert_close(
 
 
 def assert_params_equal(actual: Params, desired: Params) -> None:
-    """The same config, and every field of ``actual`` equal to that of ``desired`` bit for
-    bit, on the namespace, device and dtype of ``desired``."""
+    """The same config; every field equal bit for bit, on ``desired``'s namespace, device, dtype."""
     assert actual.config == desired.config, f"config {actual.config} != {desired.config}"
     for name, a in actual.arrays().items():
         xp_assert_close(a, getattr(desired, name), rtol=0, what=name)
@@ -98,8 +95,7 @@ def host_arrays(params: Params) -> dict[str, np.ndarray]:
 
 
 def state_dict_arrays(params: Params) -> dict[str, Any]:
-    """``params`` in the original's state-dict keys (``"wte"``, ``"layer0.attn_wq"``, …) as
-    arrays of its own namespace and device (layers sliced, not copied to the host)."""
+    """``params`` by the original's state-dict keys, arrays of its own namespace and device."""
     out = {}
     for key in reference.state_dict_keys(params.config.n_layer):
         layer, _, name = key.rpartition(".")
@@ -109,25 +105,34 @@ def state_dict_arrays(params: Params) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def raises_about(error: type, param: str | None, match: str | None = None) -> Iterator[Any]:
-    """``pytest.raises(error, match=match)`` whose error also names ``param`` (its ``param``
-    attribute; ``None``: not checked)."""
+def raises_about(
+    error: type, param: str | None, match: str | None = None, attr: str = "param"
+) -> Iterator[Any]:
+    """``pytest.raises(error, match=match)`` whose error also names ``param`` (its ``attr``
+    attribute, ``option`` for a ResumeError; ``None``: not checked)."""
     with pytest.raises(error, match=match) as info:
         yield info
     if param is not None:
-        assert getattr(info.value, "param", None) == param, f"param of {info.value!r}"
+        assert getattr(info.value, attr, None) == param, f"{attr} of {info.value!r}"
 
 
 def params_on(backend: Any, config: GPTConfig, seed: Any, dtype: str = "float64") -> Params:
-    """The reference state dict of ``config`` and ``seed`` (or the state dict ``seed``) as
-    ``Params`` on ``backend``."""
+    """The reference state dict of ``config`` and ``seed`` (or a state dict) on ``backend``."""
     state = ref_state(config, seed) if isinstance(seed, int) else seed
     return Params.from_state_dict(
         state, config=config, backend=backend.name, device=backend.device, dtype=dtype
     )
 
 
+def pickle_by_value(module: str) -> None:
+    """Send ``module``'s functions to worker processes by value (they cannot import tests/)."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[module])
+
+
 def _host(x: Any) -> Any:
+
     if isinstance(x, (list, tuple, float, int, np.ndarray, np.generic)):
         return x
     if hasattr(x, "unwrap_numpy"):  # ndonnx's eager arrays offer neither DLPack nor __array__
