@@ -82,6 +82,26 @@ def test_train_step_equals_numpy(dtype: str, tol: float) -> None:
         np.testing.assert_allclose(state[name], np.asarray(a), rtol=0, atol=1e3 * tol)
 
 
+def test_train_step_every_optimizer_feature_equals_numpy() -> None:
+    """Adam in the graph (traced once over the flat vectors) with every feature on: the
+    clipped norm over all the weights, weight decay, warm-up, a floor; two layers (not the
+    cosine decay: onnxruntime has no float64 Cos, ndonnx computes it in float32)."""
+    hp = mx.AdamConfig(lr=0.02, num_steps=8, warmup=2, min_lr=0.001,
+                       weight_decay=0.1, grad_clip=0.05)  # fmt: skip
+    params = mx.init_params(TWO, seed=5, dtype="float64")
+    sess = session(onnx_model(params, graph="train_step", optimizer=hp))
+    state = run(session(onnx_model(params, graph="train_init")), {})
+    p, s = params, mx.adam_init(params)
+    for tokens, lengths in name_batches([6, 3, 9, 2] * 2, TWO.block_size, seed=6):
+        res = run(sess, {"tokens": tokens, "lengths": lengths, **state})
+        p, s, loss = mx.train_step(p, s, tokens, lengths, optimizer=hp)
+        state = {n[4:]: v for n, v in res.items() if n.startswith("new_")}
+        assert abs(float(res["loss"]) - float(loss)) <= 1e-10 * abs(float(loss))
+    for name, a in p.arrays().items():
+        np.testing.assert_allclose(state[name], np.asarray(a), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(state["adam_v"], np.asarray(mx.params.flatten(s.v)), rtol=1e-10)
+
+
 def test_train_step_static_shapes_and_metadata(tmp_path: Path) -> None:
     params = mx.init_params(DEFAULT, seed=2)
     hp = mx.AdamConfig(lr=0.02, num_steps=50)

@@ -26,11 +26,19 @@ ATTENTION_SHAPES = [(64, 16, 16, 4), (3, 7, 12, 3), (2, 5, 6, 2), (1, 1, 4, 1), 
 
 #: The primitives with a backward, each fed its forward's cache.
 BACKWARD = {
-    n: f"{n}_backward" for n in ("relu", "causal_attention", "cross_entropy", "head_cross_entropy")
+    n: f"{n}_backward"
+    for n in ("relu", "attention", "causal_attention", "cross_entropy", "head_cross_entropy")
 }
 
 #: The override modules and the library each needs.
-MODULES = {"_numpy": "numpy", "_torch": "torch", "_jax": "jax", "_dask": "dask", "_cupy": "cupy"}
+MODULES = {
+    "_numpy": "numpy",
+    "_torch": "torch",
+    "_jax": "jax",
+    "_dask": "dask",
+    "_cupy": "cupy",
+    "_ndonnx": "ndonnx",
+}
 
 
 def _rng(*seed: int) -> np.random.Generator:
@@ -55,6 +63,8 @@ def _cases(dtype: str) -> dict[str, list[tuple[Any, ...]]]:
     ce = (f(5, 7, 27, scale=5.0), _ids((5, 7), 27, 4))
     head_valid = (_rng(5).random((4, 6)) > 0.2).astype(dtype)
     head = (f(4, 6, 16), f(27, 16, seed=1, scale=3.0), _ids((4, 6), 27, 5))
+    q, k, v = (f(2, 3, 5, 4, seed=i, scale=1.5) for i in range(3))
+    causal = np.where(np.tri(5, dtype=bool), 0.0, -np.inf).astype(dtype)
     return {
         "sum_last": [(f(5, 7, 16),), (f(4, 16),), (f(16),)],
         "linear": [(f(3, 5, 16), f(48, 16, seed=1)), (f(7, 16), f(27, 16, seed=1))],
@@ -69,6 +79,9 @@ def _cases(dtype: str) -> dict[str, list[tuple[Any, ...]]]:
         "full": [((4, 3), 0.0, f(2, 3))],
         "scatter_add_rows": [(_ids((20,), 27, 3), f(20, 16), 27)],
         "merge_heads": [(f(2, 4, 5, 3), 4)],
+        "split_heads": [(f(2, 5, 12), 4, 3), (f(1, 1, 4), 1, 4)],
+        "embed": [(_ids((3, 5), 27, 1), f(27, 16)), (_ids((1, 1), 27, 2), f(27, 16))],
+        "attention": [(q, k, v, causal, 4), (q, k[:, :, :3], v[:, :, :3], None, 4)],
         "relu": [(relu_x,)],
         "causal_attention": [
             (f(b, t, 3 * c, scale=1.5), h, c // h) for b, t, c, h in ATTENTION_SHAPES
@@ -98,6 +111,8 @@ def _library(module: str) -> tuple[Callable[[Any], Any], Any]:
         import dask.array as da
 
         return (lambda a: da.from_array(a, chunks=-1)), np.dtype
+    if module == "_ndonnx":
+        return lib.asarray, lambda name: getattr(lib, name)
     return lib.asarray, lib.dtype
 
 
@@ -107,6 +122,8 @@ def _convert(args: tuple[Any, ...], to_lib: Callable[[Any], Any], dtype: Any) ->
 
 
 def _host(x: Any) -> np.ndarray:
+    if hasattr(x, "unwrap_numpy"):  # ndonnx's eager arrays offer neither DLPack nor __array__
+        return np.asarray(x.unwrap_numpy(), dtype=np.float64)
     return np.asarray(_xp.to_numpy(x), dtype=np.float64)
 
 

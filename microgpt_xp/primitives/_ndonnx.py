@@ -3,6 +3,220 @@ cheaper ONNX nodes than the generic code (measured: benchmarks/onnx_graphs.py)."
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
+import ndonnx as ndx
+import numpy as np
+import spox.opset.ai.onnx.v21
+
+from . import _generic
+
+#: ONNX's operators at ndonnx's opset (``Any``: most are re-exported from older opsets,
+#: which mypy does not follow).
+op: Any = spox.opset.ai.onnx.v21
+
 # -- the forward and training graphs ------------------------------------------------------
+# Plain ONNX operators through spox where ndonnx's generic forms cost at run time: a lookup
+# is one ``Gather`` (not a one-hot product), heads one ``Reshape`` + ``Transpose`` (not
+# slices and a concat), products and reductions without ndonnx's zero-size guards, the
+# softmax one ``Softmax``. Values equal the generic code's to rounding (tests/test_primitives).
+
+
+def _var(a: Any) -> Any:
+    """The ``spox.Var`` of an ndonnx array."""
+    return a.unwrap_spox()
+
+
+def _ints(*values: int) -> Any:
+    """A 1-d int64 constant (shapes, axes, permutations)."""
+    return op.const(np.array(values, dtype=np.int64))
+
+
+def positions(x: Any, axis: int = 1) -> Any:
+    """``(n,)`` int64 ``0 .. n-1`` along ``axis``: one ``Range`` of ``x``'s dynamic size."""
+    n = x.shape[axis]
+    if isinstance(n, int):
+        return ndx.arange(n, dtype=ndx.int64)
+    axis %= x.ndim
+    size = op.squeeze(op.shape(_var(x), start=axis, end=axis + 1), _ints(0))
+    one = op.const(np.array(1, dtype=np.int64))
+    return ndx.asarray(op.range(op.const(np.array(0, dtype=np.int64)), size, one))
+
+
+def embed(ids: Any, table: Any) -> Any:
+    """Rows of ``table (V, C)`` picked by ``ids (B, T)``: one ``Gather`` -> ``(B, T, C)``."""
+    return ndx.asarray(op.gather(_var(table), _var(ids), axis=0))
+
+
+def scatter_add_rows(ids: Any, values: Any, num_rows: int) -> Any:
+    """``out[i] = Σ values[j] for ids[j] == i`` -> ``(num_rows, C)``: one ``ScatterND``
+    adding ``values (N, C)`` into zeros."""
+    zeros = op.const(np.zeros((num_rows, values.shape[-1]), dtype=values.dtype.unwrap_numpy()))
+    rows = op.unsqueeze(_var(ids), _ints(-1))
+    return ndx.asarray(op.scatter_nd(zeros, rows, _var(values), reduction="add"))
+
+
+def split_heads(x: Any, n_head: int, head_dim: int) -> Any:
+    """``(B, T, H·D)`` -> ``(B, H, T, D)``: one ``Reshape`` and one ``Transpose``."""
+    heads = op.reshape(_var(x), _ints(0, 0, n_head, head_dim))
+    return ndx.asarray(op.transpose(heads, perm=(0, 2, 1, 3)))
+
+
+def merge_heads(y: Any, n_head: int) -> Any:
+    """``(B, H, T, D)`` -> ``(B, T, H·D)``: one ``Transpose`` and one ``Reshape``."""
+    merged = op.transpose(_var(y), perm=(0, 2, 1, 3))
+    return ndx.asarray(op.reshape(merged, _ints(0, 0, -1)))
+
+
+def attention(q: Any, k: Any, v: Any, bias: Any, head_dim: int) -> tuple[Any, Any]:
+    """The generic attention (same cache) with the scores' softmax one ``Softmax`` node
+    (``exp(-inf)`` is 0 there) and products without zero-size guards."""
+    scale = float(head_dim) ** -0.5
+    qs = q * scale
+    scores = op.matmul(_var(qs), op.transpose(_var(k), perm=(0, 1, 3, 2)))
+    if bias is not None:
+        scores = op.add(scores, _var(bias))
+    att = op.softmax(scores, axis=-1)
+    return ndx.asarray(op.matmul(att, _var(v))), (qs, k, v, ndx.asarray(att), scale)
+
+
+def sum_last(x: Any) -> Any:
+    """``(…, n)`` -> ``(…, 1)``: one ``ReduceSum``."""
+    return ndx.asarray(op.reduce_sum(_var(x), _ints(-1), keepdims=1))
+
+
+def linear(x: Any, w: Any) -> Any:
+    """``x @ w.T``: ``x (…, n_in)``, ``w (n_out, n_in)`` -> ``(…, n_out)``."""
+    return ndx.asarray(op.matmul(_var(x), op.transpose(_var(w), perm=(1, 0))))
+
+
+def linear_input_grad(dy: Any, w: Any) -> Any:
+    """``dy @ w``: ``(…, n_out)`` -> ``(…, n_in)``."""
+    return ndx.asarray(op.matmul(_var(dy), _var(w)))
+
+
+def weight_grad(dy: Any, x: Any) -> Any:
+    """``Σ dy ⊗ x`` over the leading positions: leading axes flattened (``Flatten``), one
+    product ``dy2.T @ x2`` -> ``(n_out, n_in)``."""
+    dy2, x2 = (op.flatten(_var(a), axis=a.ndim - 1) for a in (dy, x))
+    return ndx.asarray(op.matmul(op.transpose(dy2, perm=(1, 0)), x2))
+
+
+def relu(x: Any) -> tuple[Any, Any]:
+    """One ``Relu``, the output as cache."""
+    y = ndx.asarray(op.relu(_var(x)))
+    return y, y
+
+
+def relu_backward(dy: Any, y: Any) -> Any:
+    """``dy`` where the output is positive, else 0 (the derivative at 0 is 0)."""
+    zero = op.const(np.zeros((), dtype=dy.dtype.unwrap_numpy()))
+    return ndx.asarray(op.where(op.greater(_var(y), zero), _var(dy), zero))
+
+
+def cross_entropy(logits: Any, targets: Any, valid: Any) -> tuple[Any, Any]:
+    """``-log_softmax(logits)[target]`` by one ``LogSoftmax`` and one ``GatherElements``
+    (0 where ``valid`` is 0); the cache ``(logp, targets)``."""
+    logp = op.log_softmax(_var(logits), axis=-1)
+    picked = op.gather_elements(logp, op.unsqueeze(_var(targets), _ints(-1)), axis=-1)
+    losses = op.neg(op.squeeze(picked, _ints(-1)))
+    if valid is not None:
+        zero = op.const(np.zeros((), dtype=logits.dtype.unwrap_numpy()))
+        losses = op.where(op.equal(_var(valid), op.cast_like(zero, _var(valid))), zero, losses)
+    return ndx.asarray(losses), (logp, _var(targets), logits.shape[-1])
+
+
+def cross_entropy_backward(dlosses: Any, cache: Any) -> Any:
+    """``dlosses (…)`` -> ``dlogits (…, V) = (exp(logp) − onehot(target)) * dlosses``."""
+    logp, targets, vocab = cache
+    p = op.exp(logp)
+    classes = op.const(np.arange(vocab, dtype=np.int64))
+    onehot = op.cast_like(op.equal(op.unsqueeze(targets, _ints(-1)), classes), p)
+    return ndx.asarray(op.mul(op.sub(p, onehot), op.unsqueeze(_var(dlosses), _ints(-1))))
+
+
+def _head_masks(n_head: int, head_dim: int, dtype: Any, scale: float) -> Any:
+    """``(H, 1, C)`` constant: row ``h`` is ``scale`` on head ``h``'s channels, else 0."""
+    heads = np.arange(n_head * head_dim) // head_dim == np.arange(n_head)[:, None]
+    return op.const((heads * scale).astype(dtype)[:, None, :])
+
+
+def _dims(x: Any, *dims: Any) -> Any:
+    """A shape for ``Reshape``: ints as they are, ``"B"``/``"T"`` the sizes of axes 0/1 of
+    ``x`` (known at run time only)."""
+    parts = [op.shape(x, start=0, end=1) if d == "B" else op.shape(x, start=1, end=2)
+             if d == "T" else _ints(d) for d in dims]  # fmt: skip
+    return op.concat(parts, axis=0)
+
+
+#: The largest head size for which :func:`causal_attention` keeps the heads in the channels
+#: (measured: 4 is 1.2x faster in the forward at B=1024 than per-head products, 32 is
+#: 1.4x slower: it multiplies the scores' work by ``H``).
+MASKED_HEAD_DIM = 8
+
+
+class _MaskedHeads(NamedTuple):
+    """:func:`causal_attention`'s cache: ``qh (B, H·T, C)``, ``k, v (B, T, C)``, ``att (B,
+    H·T, T)``."""
+
+    n_head: int
+    head_dim: int
+    qh: Any
+    k: Any
+    v: Any
+    att: Any
+
+
+def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
+    """Heads of more than :data:`MASKED_HEAD_DIM` channels: the generic code (with this
+    module's heads and attention). Smaller ones: the generic causal attention with the
+    heads kept in the channels: the queries of
+    every head as ``(B, H·T, C)`` rows, each zero outside its head's channels (and scaled),
+    so that the scores of all heads are one product per sequence with ``k (B, T, C)``, and
+    the output one product with ``v`` whose other heads' channels are masked off. No head
+    is transposed out, and the products are ``B`` of ``(H·T, C)`` matrices where per-head
+    ones are ``B·H`` tiny ones (measured: benchmarks/onnx_graphs.py). Exact zeros are
+    added, so the values are the generic code's to rounding. Cache: ``(qh, k, v, att)``."""
+    if head_dim > MASKED_HEAD_DIM:
+        generic: Any = _generic.causal_attention.__wrapped__  # type: ignore[attr-defined]
+        return generic(qkv, n_head, head_dim)  # type: ignore[no-any-return]
+    c = n_head * head_dim
+    dtype = qkv.dtype.unwrap_numpy()
+    x = _var(qkv)
+    q, k, v = op.split(x, axis=-1, num_outputs=3)
+    scaled = _head_masks(n_head, head_dim, dtype, float(head_dim) ** -0.5)
+    qh = op.reshape(op.mul(op.unsqueeze(q, _ints(1)), scaled), _ints(0, -1, c))  # (B, H·T, C)
+    scores = op.reshape(
+        op.matmul(qh, op.transpose(k, perm=(0, 2, 1))), _dims(x, 0, n_head, "T", "T")
+    )
+    bias = _generic.causal_bias(positions(qkv[:1, :, 0]), qkv.dtype)  # (T, T)
+    att = op.reshape(op.softmax(op.add(scores, _var(bias)), axis=-1), _dims(x, 0, -1, "T"))
+    heads = op.reshape(op.matmul(att, v), _dims(x, 0, n_head, -1, c))  # (B, H, T, C)
+    y = op.reduce_sum(
+        op.mul(heads, _head_masks(n_head, head_dim, dtype, 1.0)), _ints(1), keepdims=0
+    )
+    return ndx.asarray(y), _MaskedHeads(n_head, head_dim, qh, k, v, att)
+
+
+def causal_attention_backward(dy: Any, cache: Any) -> Any:
+    """``dy (B, T, C)`` -> ``dqkv (B, T, 3C)`` of :func:`causal_attention` (its cache)."""
+    if not isinstance(cache, _MaskedHeads):
+        generic: Any = _generic.causal_attention_backward.__wrapped__  # type: ignore[attr-defined]
+        return generic(dy, cache)
+    n_head, head_dim, qh, k, v, att = cache
+    c = n_head * head_dim
+    dtype = dy.dtype.unwrap_numpy()
+    g = _var(dy)
+    ones = _head_masks(n_head, head_dim, dtype, 1.0)
+    dyh = op.reshape(op.mul(op.unsqueeze(g, _ints(1)), ones), _ints(0, -1, c))  # (B, H·T, C)
+    datt = op.matmul(dyh, op.transpose(v, perm=(0, 2, 1)))  # (B, H·T, T)
+    dscores = op.mul(att, op.sub(datt, op.reduce_sum(op.mul(datt, att), _ints(-1), keepdims=1)))
+    dq_heads = op.reshape(op.matmul(dscores, k), _dims(g, 0, n_head, -1, c))
+    scaled = _head_masks(n_head, head_dim, dtype, float(head_dim) ** -0.5)
+    dq = op.reduce_sum(op.mul(dq_heads, scaled), _ints(1), keepdims=0)
+    dk = op.matmul(op.transpose(dscores, perm=(0, 2, 1)), qh)
+    dv = op.matmul(op.transpose(att, perm=(0, 2, 1)), dyh)
+    return ndx.asarray(op.concat([dq, dk, dv], axis=-1))
+
 
 # -- decoding (the decode and generate graphs) --------------------------------------------
