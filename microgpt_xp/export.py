@@ -18,8 +18,8 @@ from ._files import atomic_open
 from ._version import __version__
 from .data import Tokenizer, check_tokenizer
 from .model import KVCache, decode_step, forward, loss_and_grads
-from .optim import AdamConfig, AdamState, adam_init, adam_update
-from .params import FIELDS, Params, flatten, unflatten
+from .optim import AdamConfig, adam_arrays, adam_init
+from .params import Params, flatten, unflatten
 from .sample import _position
 
 if TYPE_CHECKING:
@@ -277,23 +277,22 @@ def _train_step_graph(
     }
     weights = Params.trusted(cfg, {k: state[k] for k in params.arrays()})
     loss, grads = loss_and_grads(weights, tokens, lengths)  # train_step's two halves
-    # Adam is elementwise: traced once, over the flat vectors (the moments' own layout), in a
-    # record whose other fields are empty (no nodes survive for them, and they add nothing
-    # to a clipped norm), where weight by weight costs ~130 more nodes (~35% of the graph)
-    empty = ndx.zeros((0,), dtype=state["adam_m"].dtype)
-
-    def flat(vector: Any) -> Params:
-        return Params.trusted(cfg, {f: vector if f == FIELDS[0] else empty for f in FIELDS})
-
-    step = AdamState(flat(state["adam_m"]), flat(state["adam_v"]), state["adam_step"])
-    new_flat, new_state = adam_update(flat(flatten(weights)), flat(flatten(grads)), step, optimizer)
-    first = FIELDS[0]
+    # Adam is elementwise: traced once over the flat vectors (the moments' own layout), where
+    # weight by weight costs ~130 more nodes (~35% of the graph)
+    new_flat, new_m, new_v, new_step = adam_arrays(
+        {"all": flatten(weights)},
+        {"all": flatten(grads)},
+        {"all": state["adam_m"]},
+        {"all": state["adam_v"]},
+        state["adam_step"],
+        optimizer,
+    )
     new = {
-        **unflatten(getattr(new_flat, first), cfg).arrays(),
-        "adam_m": getattr(new_state.m, first),
-        "adam_v": getattr(new_state.v, first),
+        **unflatten(new_flat["all"], cfg).arrays(),
+        "adam_m": new_m["all"],
+        "adam_v": new_v["all"],
+        "adam_step": new_step,
     }
-    new["adam_step"] = new_state.step
     outputs = {"loss": loss, **{f"new_{k}": new[k] for k in state}}
     shapes = {"loss": (), **{f"new_{k}": tuple(a.shape) for k, a in state.items()}}
     return {"tokens": tokens, "lengths": lengths, **state}, outputs, shapes

@@ -12,11 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from array_api_compat import device
+
 from . import _pytree
 from . import primitives as P
 from ._errors import ArgumentTypeError, ArgumentValueError
-from ._xp import check_nonnegative_int, check_positive_int
-from .params import FIELDS, INIT_STD, Params
+from ._xp import array_namespace, check_nonnegative_int, check_positive_int
+from .params import INIT_STD, Params
 
 #: The spec's hyperparameters.
 LR, BETA1, BETA2, EPS, NUM_STEPS = 0.01, 0.85, 0.99, 1e-8, 1000
@@ -172,38 +174,58 @@ def adam_update(
     (1 - b2^(t+1))) + eps)`` on every weight. The schedule's factors in float64, rounded
     to the weights' dtype; the norm in that dtype; nothing is read to the host."""
     hp = adam_config(config, **changes)
-    xp, dtype = params.xp, params.dtype
-    t = xp.astype(state.step, xp.float64)
+    p, m, v, step = adam_arrays(
+        params.arrays(), grads.arrays(), state.m.arrays(), state.v.arrays(), state.step, hp
+    )
+    cfg = params.config
+    return Params.trusted(cfg, p), AdamState(Params.trusted(cfg, m), Params.trusted(cfg, v), step)
+
+
+Arrays = dict[str, Any]
+
+
+def adam_arrays(
+    params: Arrays, grads: Arrays, m: Arrays, v: Arrays, step: Any, hp: AdamConfig
+) -> tuple[Arrays, Arrays, Arrays, Any]:
+    """:func:`adam_update`'s math over any arrays of one namespace, dtype and device, keyed
+    alike in the four dicts (the weights one by one, or one flat vector as the exported
+    train_step graph has them) -> ``(params, m, v, step + 1)``, new dicts of the same keys."""
+    first = next(iter(params.values()))
+    xp, dtype = array_namespace(first), first.dtype
+    t = xp.astype(step, xp.float64)
     lr64 = _schedule(hp, t, xp.cos, xp.where)
     lr_t = xp.astype(lr64, dtype)
     bc1 = xp.astype(1.0 - hp.beta1 ** (t + 1.0), dtype)
     bc2 = xp.astype(1.0 - hp.beta2 ** (t + 1.0), dtype)
     keep = xp.astype(1.0 - lr64 * hp.weight_decay, dtype) if hp.weight_decay else None
     scale = None
-    if hp.grad_clip:  # every weight's sum of squares, in the same order in both forms
-        norm = sum(xp.sum(g * g) for g in grads.arrays().values()) ** 0.5
+    if hp.grad_clip:  # every weight's sum of squares, in the keys' order
+        norm = sum(xp.sum(g * g) for g in grads.values()) ** 0.5
         scale = xp.clip(hp.grad_clip / (norm + 1e-6), max=1.0)
 
     # the Python floats as 0-d arrays of the weights' dtype, the values they are rounded to
     # anyway (NumPy multiplies by a 0-d array in about half the time)
     b1, c1, b2, c2, eps = (
-        xp.asarray(x, dtype=dtype, device=params.device)
+        xp.asarray(x, dtype=dtype, device=device(first))
         for x in (hp.beta1, 1 - hp.beta1, hp.beta2, 1 - hp.beta2, hp.eps)
     )
-    new: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
+    new: tuple[Arrays, Arrays, Arrays] = ({}, {}, {})
     # weight by weight: faster than one concatenated vector on NumPy (no copies in and
     # out, arrays that stay in cache) and possible where chunkings differ (Dask)
-    for f in FIELDS:
-        p, g, m, v = getattr(params, f), getattr(grads, f), getattr(state.m, f), getattr(state.v, f)
+    for f, p in params.items():
+        g, m_f, v_f = grads[f], m[f], v[f]
         if scale is not None:
             g = g * scale
         if keep is not None:
             p = p * keep
-        m = b1 * m + c1 * g
-        v = b2 * v + c2 * (g * g)
-        new[0][f], new[1][f], new[2][f] = p - (lr_t * (m / bc1)) / ((v / bc2) ** 0.5 + eps), m, v
-    p, m, v = (Params.trusted(params.config, fields) for fields in new)
-    return p, AdamState(m, v, state.step + 1)
+        m_f = b1 * m_f + c1 * g
+        v_f = b2 * v_f + c2 * (g * g)
+        new[0][f], new[1][f], new[2][f] = (
+            p - (lr_t * (m_f / bc1)) / ((v_f / bc2) ** 0.5 + eps),
+            m_f,
+            v_f,
+        )
+    return new[0], new[1], new[2], step + 1
 
 
 class Adam:
