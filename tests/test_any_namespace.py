@@ -60,7 +60,8 @@ def test_weights_go_there_by_every_door_and_train_as_on_numpy(
         assert params.xp is xp and params.backend == xp.__name__
         for name, a in params.arrays().items():
             xp_assert_close(a, getattr(reference, name), rtol=RTOL, like=params.wte, what=name)
-        assert P.native_module(params.wte) is None  # the generic code, no override
+        module = P.native_module(params.wte)  # the generic code; ndonnx: its graphs' overrides
+        assert module is None or module.__name__.endswith("._ndonnx")
     # training steps equal numpy
     params, state = reference.to(xp), mx.adam_init(reference.to(xp))
     close = functools.partial(xp_assert_close, rtol=RTOL, like=params.wte)

@@ -19,6 +19,7 @@ _MODULES: tuple[tuple[Callable[[Any], bool], str], ...] = (
     (array_api_compat.is_jax_array, "_jax"),
     (array_api_compat.is_cupy_array, "_cupy"),
     (array_api_compat.is_dask_array, "_dask"),
+    (array_api_compat.is_ndonnx_array, "_ndonnx"),
 )
 _PACKAGE = __name__.rsplit(".", 1)[0]
 
