@@ -16,7 +16,7 @@ Array = Any
 __all__ = [
     "arange", "attention", "attention_backward", "cache_write", "causal_attention",
     "causal_attention_backward", "causal_bias", "cross_entropy", "cross_entropy_backward",
-    "cumulative_sum0", "embed", "full", "head_cross_entropy", "head_cross_entropy_backward",
+    "cumulative_sum0", "embed", "embed_columns", "full", "head_cross_entropy", "head_cross_entropy_backward",
     "linear", "linear_input_grad", "merge_heads", "one_hot", "positions", "relu",
     "relu_backward", "scatter_add_rows", "slot_heads", "softmax", "split_heads", "sum_last",
     "weight_grad",
@@ -105,6 +105,14 @@ def embed(ids: Array, table: Array) -> Array:
         rows = xp.take(table, xp.reshape(ids, (-1,)), axis=0)
         return xp.reshape(rows, (b, t, table.shape[1]))
     return one_hot(ids, table.shape[0], table.dtype) @ table
+
+
+@overridable()
+def embed_columns(ids: Array, table: Array) -> Array:
+    """Rows of ``table (V, C)`` picked by ``ids (B,)`` as the columns of ``(C, B)`` (decoding's
+    layout): a ``take`` along ``table.T``'s columns."""
+    xp = array_namespace(table)
+    return xp.take(xp.matrix_transpose(table), ids, axis=1)
 
 
 @overridable()

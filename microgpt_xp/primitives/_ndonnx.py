@@ -14,6 +14,12 @@ from . import _generic
 # -- decoding (the decode and generate graphs) --------------------------------------------
 
 
+def embed_columns(ids: Any, table: Any) -> Any:
+    """Rows taken then transposed: one ``Gather`` of rows, where onnxruntime gathers along the
+    last axis element by element (measured: a fifth of the generate graph's time)."""
+    return ndx.matrix_transpose(ndx.take(table, ids, axis=0))
+
+
 def cache_write(keys: Any, values: Any, k: Any, v: Any, pos: Any) -> tuple[Any, ...]:
     """Buffers of an unknown number of slots (the generate graph's ``Loop`` carries them so)
     hold exactly the ``pos`` slots written: the new one is appended (one ``Concat``), and
