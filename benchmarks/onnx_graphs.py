@@ -135,6 +135,10 @@ def forward_medium_case(args: Any) -> str:
 
 
 def generate_case(args: Any) -> str:
+    """``--samples`` names (default 10,000) at temperature 0.5: ``mx.sample`` with its
+    defaults (NumPy, ``batch_size`` 1,000, finished rows dropped) against the generate
+    graph fed ``--gen-batch`` rows a ``session.run`` (10,000: one call), names decoded on
+    both sides, the same uniforms (``seed=1``)."""
     from microgpt_xp.sample import row_uniforms
 
     result = mx.train(steps=100, dtype="float32")
@@ -156,7 +160,7 @@ def generate_case(args: Any) -> str:
     same = {k: run(s) == want for k, s in sessions.items()}
     fns = {k: (lambda s=s: run(s)) for k, s in sessions.items()}
     line = compare(lambda: mx.sample(params, tokenizer, n, seed=1), fns, args)
-    return line + f"; same names {same}"
+    return line + f"; {gb} rows a call; same names {same}"
 
 
 def train_case(args: Any) -> str:

@@ -206,7 +206,8 @@ def _decode_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Gra
 
 def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Graph:
     """An ONNX ``Loop`` over the positions carrying ``(token, done, keys.., values.., pos)``,
-    the ids a scan output, going while a row has not drawn BOS."""
+    the ids a scan output, going while a row has not drawn BOS. The caches start empty and
+    grow by a slot a position (``cache_write``'s ndonnx form: attention over the slots seen)."""
     cfg = params.config
     xp, s, n, dtype = ndx, cfg.block_size, cfg.n_layer, params.dtype
     b = sizes["batch"] or "batch"
@@ -217,7 +218,7 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
     inv_t = xp.astype(1.0 / xp.astype(temperature, xp.float64), dtype)
     u_t = xp.permute_dims(uniforms, (1, 0))  # (S, B): a position's uniforms are a row
     token0 = xp.astype(xp.zeros_like(uniforms[:, 0]), xp.int64) + bos
-    zeros = xp.zeros_like(uniforms[:, 0])[None, None, :] * xp.zeros((s, cfg.n_embd, 1), dtype=dtype)
+    empty = xp.zeros_like(uniforms[:, 0])[None, None, :] * xp.zeros((0, cfg.n_embd, 1), dtype=dtype)
 
     def body(_i: Any, _cond: Any, *carried: Any) -> list[Any]:
         token, done, *bufs, pos = (ndx.asarray(v) for v in carried)
@@ -232,17 +233,19 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
             for a in (going, token, done, *cache.keys, *cache.values, cache.pos, row)
         ]
 
-    initial = [token0, token0 != token0, *(zeros,) * (2 * n), ndx.asarray(0, dtype=ndx.int64)]
+    initial = [token0, token0 != token0, *(empty,) * (2 * n), ndx.asarray(0, dtype=ndx.int64)]
     trips, cond = ndx.asarray(s, dtype=ndx.int64), ndx.asarray(True)
-    ran = _loop(trips, cond, initial, body)[-1]  # (positions run, B)
+    grows = range(2, 2 + 2 * n)  # the caches: their slot count changes every position
+    ran = _loop(trips, cond, initial, body, grows)[-1]  # (positions run, B)
     ids = xp.concat([ndx.asarray(ran), xp.astype(xp.zeros_like(u_t), xp.int64) + bos], axis=0)
     ids = xp.permute_dims(ids[:s, :], (1, 0))
     return {"uniforms": uniforms, "temperature": temperature}, {"ids": ids}, {"ids": (b, s)}
 
 
-def _loop(trips: Any, cond: Any, initial: list[Any], body: Any) -> list[Any]:
+def _loop(trips: Any, cond: Any, initial: list[Any], body: Any, grows: Any = ()) -> list[Any]:
     """An ONNX ``Loop`` whose body takes the iteration and condition as scalars (spox's
-    ``loop`` declares them ``(1,)``, which shape inference rejects)."""
+    ``loop`` declares them ``(1,)``, which shape inference rejects); the carried values
+    ``grows`` (indices into ``initial``) have a first axis of any length in the body."""
     import spox.opset.ai.onnx.v21 as op
     from spox._attributes import AttrGraph
     from spox._graph import subgraph
@@ -250,7 +253,11 @@ def _loop(trips: Any, cond: Any, initial: list[Any], body: Any) -> list[Any]:
     from spox._var import unwrap_vars
 
     spox = [a.unwrap_spox() for a in initial]
-    types = [Tensor(np.int64, ()), Tensor(np.bool_, ())] + [v.unwrap_type() for v in spox]
+    carried = [v.unwrap_type() for v in spox]
+    for i in grows:
+        t = carried[i].unwrap_tensor()
+        carried[i] = Tensor(t.dtype, (None, *t.shape[1:]))
+    types = [Tensor(np.int64, ()), Tensor(np.bool_, ()), *carried]
     graph = subgraph(types, body)
     node = op._Loop(
         op._Loop.Attributes(body=AttrGraph(graph, name="body")),

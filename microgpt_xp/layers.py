@@ -82,15 +82,16 @@ def decode_attention(
 ) -> Array:
     """One query per sequence over the cache: ``q_t (C, B)``, ``keys, values (P, C, B)`` ->
     ``(C, B)``. ``seen`` from :func:`~microgpt_xp.primitives.cache_write`: an int ``n`` (slots
-    ``0..n-1``) or a ``(P,)`` mask (hidden slots add exact zeros: the same sums)."""
+    ``0..n-1``), a ``(P,)`` mask (hidden slots add exact zeros: the same sums) or ``None``
+    (every slot); ``P`` may be unknown."""
     xp = array_namespace(q_t, keys, values)
     if isinstance(seen, int):
         keys, values = keys[:seen, ...], values[:seen, ...]
-    p, d = keys.shape[0], head_dim
+    d = head_dim
     qs = q_t * float(d) ** -0.5
-    scores = xp.sum(xp.reshape(keys * qs, (p, n_head, d, -1)), axis=2)  # (P, H, B)
-    if not isinstance(seen, int):
+    scores = xp.sum(P.slot_heads(keys * qs, n_head, d), axis=2)  # (P, H, B)
+    if seen is not None and not isinstance(seen, int):
         scores = xp.where(seen[:, None, None], scores, xp.full_like(scores, -xp.inf))
     att = P.softmax(scores, axis=0)
-    y = xp.sum(att[:, :, None, :] * xp.reshape(values, (p, n_head, d, -1)), axis=0)
+    y = xp.sum(att[:, :, None, :] * P.slot_heads(values, n_head, d), axis=0)
     return xp.reshape(y, (n_head * d, -1))

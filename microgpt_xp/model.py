@@ -371,7 +371,7 @@ def decode_hidden(params: Params, token_ids: Array, cache: KVCache) -> tuple[Arr
         wpe = params.wpe[pos : pos + 1, :]
     else:
         wpe = xp.take(params.wpe, xp.reshape(pos, (1,)), axis=0)
-    x = xp.take(xp.matrix_transpose(params.wte), token_ids, axis=1) + xp.matrix_transpose(wpe)
+    x = P.embed_columns(token_ids, params.wte) + xp.matrix_transpose(wpe)
     x = L.rmsnorm_columns(x, c)
     keys, values = [], []
     for layer in range(cfg.n_layer):

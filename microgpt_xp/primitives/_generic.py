@@ -16,9 +16,10 @@ Array = Any
 __all__ = [
     "arange", "attention", "attention_backward", "cache_write", "causal_attention",
     "causal_attention_backward", "causal_bias", "cross_entropy", "cross_entropy_backward",
-    "cumulative_sum0", "embed", "full", "head_cross_entropy", "head_cross_entropy_backward",
+    "cumulative_sum0", "embed", "embed_columns", "full", "head_cross_entropy", "head_cross_entropy_backward",
     "linear", "linear_input_grad", "merge_heads", "one_hot", "positions", "relu",
-    "relu_backward", "scatter_add_rows", "softmax", "split_heads", "sum_last", "weight_grad",
+    "relu_backward", "scatter_add_rows", "slot_heads", "softmax", "split_heads", "sum_last",
+    "weight_grad",
 ]  # fmt: skip
 
 
@@ -107,15 +108,25 @@ def embed(ids: Array, table: Array) -> Array:
 
 
 @overridable()
+def embed_columns(ids: Array, table: Array) -> Array:
+    """Rows of ``table (V, C)`` picked by ``ids (B,)`` as the columns of ``(C, B)`` (decoding's
+    layout): a ``take`` along ``table.T``'s columns."""
+    xp = array_namespace(table)
+    return xp.take(xp.matrix_transpose(table), ids, axis=1)
+
+
+@overridable()
 def scatter_add_rows(ids: Array, values: Array, num_rows: int) -> Array:
     """``out[i] = Σ values[j] for ids[j] == i`` -> ``(num_rows, C)`` (a one-hot product)."""
     return one_hot(ids, num_rows, values.dtype, axis=0) @ values
 
 
+@overridable()
 def cache_write(keys: Array, values: Array, k: Array, v: Array, pos: Any) -> tuple[Any, ...]:
     """Write ``k, v (C, B)`` into slot ``pos`` of buffers ``(P, C, B)`` -> ``(keys, values,
     seen)``: in place with ``seen = pos + 1`` for an int ``pos`` and writable buffers, else
-    by ``where`` with ``seen`` the ``(P,)`` mask of slots up to ``pos``."""
+    by ``where`` with ``seen`` the ``(P,)`` mask of slots up to ``pos`` (an override may
+    return buffers of the slots written only, ``seen`` then ``None``)."""
     if isinstance(pos, int) and writable(keys):
         keys[pos, ...] = k
         values[pos, ...] = v
@@ -124,6 +135,12 @@ def cache_write(keys: Array, values: Array, k: Array, v: Array, pos: Any) -> tup
     slots = arange(keys.shape[0], k, dtype=getattr(pos, "dtype", None))
     here = (slots == pos)[:, None, None]
     return xp.where(here, k[None, ...], keys), xp.where(here, v[None, ...], values), slots <= pos
+
+
+@overridable()
+def slot_heads(x: Array, n_head: int, head_dim: int) -> Array:
+    """``(P, H·D, B)`` -> ``(P, H, D, B)``: a cache's channels split into heads (a reshape)."""
+    return array_namespace(x).reshape(x, (x.shape[0], n_head, head_dim, -1))
 
 
 @overridable()
