@@ -440,7 +440,8 @@ def _clean(graph: Any) -> None:
         del g.node[:]
         g.node.extend(live[::-1])
 
-    walk(graph)
+    for _ in range(2):  # the second pass finds the NaN checks of the guards' inlined branches
+        walk(graph)
     used = {o.name for o in graph.output}.union(*(_uses(n) for n in graph.node))
     for i in reversed(range(len(graph.initializer))):  # in place: no copies
         if graph.initializer[i].name not in used:
