@@ -16,6 +16,7 @@ from xp_testing import xp_assert_close
 
 import microgpt_xp as mx
 from microgpt_xp import primitives as P
+from microgpt_xp.data import pack_batch
 
 CONFIG = mx.GPTConfig(vocab_size=11, n_layer=2, n_embd=8, n_head=2, block_size=8)
 RTOL = 1e-10
@@ -100,6 +101,15 @@ def test_the_model_equals_numpy(xp: Any, reference: mx.Params) -> None:
         close(loss, want_loss, what="loss")
         for name, g in grads.arrays().items():
             close(g, getattr(want_grads, name), what=f"d{name}")
+    # a packed batch (several documents a row) equals numpy's
+    rows, lens_p, pos, weights = pack_batch(tokens, lengths, CONFIG.block_size)
+    on_xp = {"positions": xp.asarray(pos), "weights": xp.asarray(weights)}
+    loss, grads = mx.loss_and_grads(params, xp.asarray(rows), xp.asarray(lens_p), **on_xp)
+    want_loss, want_grads = mx.loss_and_grads(
+        reference, rows, lens_p, positions=pos, weights=weights
+    )
+    close(loss, want_loss, what="packed loss")
+    close(grads.wpe, want_grads.wpe, what="packed dwpe")
     # decoding equals numpy
     tokens, _ = _batch(1)
     cache, want_cache = mx.KVCache(), mx.KVCache()

@@ -167,9 +167,11 @@ class _MaskedHeads(NamedTuple):
     att: Any
 
 
-def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
-    """Heads of more than :data:`MASKED_HEAD_DIM` channels: the generic code (with this
-    module's heads and attention). Smaller ones: the generic causal attention with the
+def causal_attention(
+    qkv: Any, n_head: int, head_dim: int, doc_positions: Any = None
+) -> tuple[Any, Any]:
+    """Packed rows (``doc_positions``) and heads of more than :data:`MASKED_HEAD_DIM`
+    channels: the generic code (with this module's heads and attention). Smaller ones: the generic causal attention with the
     heads kept in the channels: the queries of
     every head as ``(B, H·T, C)`` rows, each zero outside its head's channels (and scaled),
     so that the scores of all heads are one product per sequence with ``k (B, T, C)``, and
@@ -177,9 +179,9 @@ def causal_attention(qkv: Any, n_head: int, head_dim: int) -> tuple[Any, Any]:
     is transposed out, and the products are ``B`` of ``(H·T, C)`` matrices where per-head
     ones are ``B·H`` tiny ones (measured: benchmarks/onnx_graphs.py). Exact zeros are
     added, so the values are the generic code's to rounding. Cache: ``(qh, k, v, att)``."""
-    if head_dim > MASKED_HEAD_DIM:
+    if doc_positions is not None or head_dim > MASKED_HEAD_DIM:
         generic: Any = _generic.causal_attention.__wrapped__  # type: ignore[attr-defined]
-        return generic(qkv, n_head, head_dim)  # type: ignore[no-any-return]
+        return generic(qkv, n_head, head_dim, doc_positions)  # type: ignore[no-any-return]
     c = n_head * head_dim
     dtype = qkv.dtype.unwrap_numpy()
     x = _var(qkv)
