@@ -77,6 +77,13 @@ def _corrupt(name: str, why: str) -> CheckpointError:
     return CheckpointError(f"checkpoint {name} is corrupt: {why}")
 
 
+def _npy(a: Any) -> bytes:
+    """``a`` in the ``.npy`` format (what ``np.savez`` writes for each entry)."""
+    f = io.BytesIO()
+    np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
+    return f.getvalue()
+
+
 def _bytes(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8)
 
@@ -119,9 +126,18 @@ def save(
         },
     }
     raw = json.dumps(header).encode()
-    buf = io.BytesIO()
     digest = hashlib.sha256(raw).hexdigest().encode()
-    np.savez(buf, __header__=_bytes(raw), __header_sha256__=_bytes(digest), **arrays)  # type: ignore[arg-type]
+    entries = {"__header__": _bytes(raw), "__header_sha256__": _bytes(digest), **arrays}
+    blobs = {name: _npy(a) for name, a in entries.items()}  # the slow part, outside the zip
+    buf = io.BytesIO()
+    try:  # np.savez's layout; each entry written whole, so a Ctrl-C rarely lands in the zip
+        with zipfile.ZipFile(buf, "w") as archive:
+            for name, blob in blobs.items():
+                archive.writestr(f"{name}.npy", blob)
+    except Exception as exc:  # one that does surfaces as close()'s ValueError: re-raise it
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            raise exc.__context__ from None
+        raise
     return atomic_write(Path(path), buf.getvalue())
 
 

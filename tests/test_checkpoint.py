@@ -136,6 +136,25 @@ def test_a_crashed_save_keeps_the_previous_file_or_leaves_nothing(
     assert_params_equal(load(path).params, params)
 
 
+def test_ctrl_c_inside_the_zip_write_stays_a_ctrl_c(
+    saved: tuple[Path, Params, Adam], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C while zipfile opens an entry reaches the caller as the interrupt, not as the
+    ``ValueError`` of the archive's close that it triggers; the file is left as it was."""
+    path, params, adam = saved
+    before = path.read_bytes()
+
+    def interrupted(archive: zipfile.ZipFile, *args: Any, **kwargs: Any) -> Any:
+        archive._writing = True  # the handle is open when the signal lands
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(zipfile.ZipFile, "_open_to_write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save(path, params, adam=adam, step=3)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+
+
 def test_weights_that_load_would_refuse_are_not_saved(tmp_path: Path) -> None:
     params = init_params(CONFIG, dtype="float32")
     half = Params.trusted(CONFIG, {k: v.astype(np.float16) for k, v in params.arrays().items()})
