@@ -17,6 +17,14 @@ from .params import Params
 Array = Any
 
 
+def check_reduction(reduction: str) -> None:
+    """``ArgumentValueError`` unless ``reduction`` is ``"mean"`` or ``"token_mean"``."""
+    if reduction not in ("mean", "token_mean"):
+        raise ArgumentValueError(
+            "reduction", f"reduction must be 'mean' or 'token_mean', got {reduction!r}"
+        )
+
+
 def _check_same_place(params: Params, name: str, a: Array) -> Any:
     ours, theirs = (f"{type(x).__module__}.{type(x).__name__}" for x in (params.wte, a))
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):

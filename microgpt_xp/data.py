@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_reduction
 from ._errors import ArgumentTypeError, ArgumentValueError
 
 
@@ -372,6 +373,7 @@ def pack_batch(
     loss (to rounding), and row shards' results add up. A document that does not end with
     the token it starts with (one cut at ``block_size``) gets a row of its own. ``T`` is
     the longest row's inputs, or ``width`` if given (``>=`` that: one shape a run)."""
+    check_reduction(reduction)
     n = predicted(lengths, block_size)
     starts, ends = tokens[:, 0], tokens[np.arange(len(n)), n]
     shares = ((ends == starts) & (starts == starts[0])).tolist()  # BOS to BOS: may share

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from . import _pytree, _xp
 from . import layers as L
 from . import primitives as P
-from ._checks import check_tokens
+from ._checks import check_reduction, check_tokens
 from ._errors import ArgumentTypeError, ArgumentValueError
 from .optim import AdamConfig, AdamState, adam_config, adam_update
 from .params import LAYER_FIELDS, Params
@@ -117,14 +117,6 @@ def forward(params: Params, tokens: Array, lengths: Array | None = None) -> Arra
         tokens = _safe_tokens(tokens, lengths)
     x, _ = _forward_cached(params, tokens)
     return P.linear(x, params.lm_head)
-
-
-def check_reduction(reduction: str) -> None:
-    """``ArgumentValueError`` unless ``reduction`` is ``"mean"`` or ``"token_mean"``."""
-    if reduction not in ("mean", "token_mean"):
-        raise ArgumentValueError(
-            "reduction", f"reduction must be 'mean' or 'token_mean', got {reduction!r}"
-        )
 
 
 def _nll(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import _xp, runners
+from ._checks import check_reduction
 from ._errors import ArgumentTypeError, ArgumentValueError
 from ._files import claim
 from ._xp import to_batch
@@ -42,7 +43,7 @@ from .data import (
     take_windows,
     text_windows,
 )
-from .model import Reduction, check_reduction, loss_and_grads
+from .model import Reduction, loss_and_grads
 from .optim import Adam, AdamConfig, AdamState, adam_config, adam_update
 from .params import Params, flatten, init_params, materialize, unflatten
 from .resources import check_threads, use_threads
@@ -451,25 +452,22 @@ class _Loop:
         """One Adam step on a host batch: the runner's shards' loss and gradient, added
         (packed: the rows of :func:`~microgpt_xp.data.pack_batch`, compiled at one width)."""
         block = params.config.block_size
+        task: Callable[..., Any]
+        batch: tuple[np.ndarray, ...]
+        args: tuple[Any, ...]
         if self.pack:
             compiled = _xp.compiler(params.backend, self.runner.jit) is not None
-            rows = pack_batch(
+            batch = pack_batch(
                 tokens, lengths, block, self.reduction, width=block if compiled else None
             )
-            loss, flat = self.runner.map(
-                packed_loss_and_grads, params, list(rows), self.runner.jit, combine=add_pair
-            )
+            task, args = packed_loss_and_grads, ()
         else:
+            batch = (tokens, lengths)
             total = (len(lengths), int(predicted(lengths, block).sum()))
-            loss, flat = self.runner.map(
-                weighted_loss_and_grads,
-                params,
-                [tokens, lengths],
-                self.reduction,
-                *total,
-                self.runner.jit,
-                combine=add_pair,
-            )
+            task, args = weighted_loss_and_grads, (self.reduction, *total)
+        loss, flat = self.runner.map(
+            task, params, list(batch), *args, self.runner.jit, combine=add_pair
+        )
         if self._update is None:
             compile_fn = _xp.compiler(params.backend, self.runner.jit)
             fn = functools.partial(_update, optimizer=self.adam.config)
@@ -592,25 +590,12 @@ def weighted_loss_and_grads(
     total_rows: int,
     total_tokens: int,
     jit: bool | None = False,
-    positions: np.ndarray | None = None,
-    weights: np.ndarray | None = None,
 ) -> tuple[Any, Any]:
     """One shard's task: its loss and flat gradient, each times the shard's share of the
     batch (of its rows for ``"mean"``, of its predicted tokens for ``"token_mean"``), so
     that the shards' results add up to the batch's; compiled as ``jit`` says, else in
-    :func:`row_groups` (a shard's bits depend on its rows only, wherever it runs). Packed
-    rows (``positions``, ``weights``): one call, the shard's share already in its weights."""
-    fn: Callable[..., Any] = _LOSS_AND_GRADS[reduction]
-    compiled = _xp.compiler(params.backend, jit) is not None
-    if compiled:
-        fn = _xp.compiled(fn, params.backend)
-    if positions is not None and weights is not None:
-        place = {"backend": params.backend, "device": params.device}
-        packed = (
-            _xp.asarray(positions, **place),
-            _xp.asarray(weights, **place, dtype=_xp.dtype_name(params.wte)),
-        )
-        return fn(params, *to_batch(tokens, lengths, **place), *packed)  # type: ignore[no-any-return]
+    :func:`row_groups` (a shard's bits depend on its rows only, wherever it runs)."""
+    fn, compiled = _task_fn(params, reduction, jit)
     groups = row_groups(params, lengths, compiled)
     parts = []
     for rows in groups:
@@ -633,8 +618,24 @@ def packed_loss_and_grads(
     jit: bool | None = False,
 ) -> tuple[Any, Any]:
     """One shard of packed rows (:func:`~microgpt_xp.data.pack_batch`) as a runner's task:
-    :func:`weighted_loss_and_grads` with its ``positions`` and ``weights``."""
-    return weighted_loss_and_grads(params, tokens, lengths, "mean", 0, 0, jit, positions, weights)
+    its loss and flat gradient in one call, the shard's share of the batch already in its
+    ``weights``."""
+    fn, _ = _task_fn(params, "mean", jit)  # the weights carry the reduction
+    place = {"backend": params.backend, "device": params.device}
+    packed = (
+        _xp.asarray(positions, **place),
+        _xp.asarray(weights, **place, dtype=_xp.dtype_name(params.wte)),
+    )
+    return fn(params, *to_batch(tokens, lengths, **place), *packed)  # type: ignore[no-any-return]
+
+
+def _task_fn(params: Params, reduction: Reduction, jit: bool | None) -> tuple[Any, bool]:
+    """The loss-and-flat-gradient function of ``reduction``, compiled if ``jit`` says so
+    on ``params``' namespace, and whether it is."""
+    fn: Callable[..., Any] = _LOSS_AND_GRADS[reduction]
+    if _xp.compiler(params.backend, jit) is None:
+        return fn, False
+    return _xp.compiled(fn, params.backend), True
 
 
 def row_groups(params: Params, lengths: np.ndarray, compiled: bool) -> list[np.ndarray]:

@@ -147,6 +147,9 @@ def test_a_packed_batch_is_checked() -> None:
     with pytest.raises(ArgumentValueError, match="count up") as info:
         loss_and_grads(params, rows, lens, positions=bad, weights=weights)
     assert info.value.param == "positions"
+    with pytest.raises(ArgumentValueError, match="token_mean") as info:
+        pack_batch(tokens, lengths, BLOCK, "sum")
+    assert info.value.param == "reduction"
 
 
 def _attention_case() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
