@@ -130,14 +130,16 @@ def save(
     entries = {"__header__": _bytes(raw), "__header_sha256__": _bytes(digest), **arrays}
     blobs = {name: _npy(a) for name, a in entries.items()}  # the slow part, outside the zip
     buf = io.BytesIO()
-    try:  # np.savez's layout; each entry written whole, so a Ctrl-C rarely lands in the zip
-        with zipfile.ZipFile(buf, "w") as archive:
-            for name, blob in blobs.items():
-                archive.writestr(f"{name}.npy", blob)
-    except Exception as exc:  # one that does surfaces as close()'s ValueError: re-raise it
-        if isinstance(exc.__context__, KeyboardInterrupt):
-            raise exc.__context__ from None
+    archive = zipfile.ZipFile(buf, "w")  # np.savez's layout, each entry written whole
+    try:
+        for name, blob in blobs.items():
+            archive.writestr(f"{name}.npy", blob)
+    except BaseException:
+        # the buffer is dropped: no close(), whose "open writing handle" ValueError would
+        # replace a Ctrl-C that lands inside an entry, and again at exit from __del__
+        archive.fp = None
         raise
+    archive.close()
     return atomic_write(Path(path), buf.getvalue())
 
 
