@@ -205,9 +205,14 @@ def _decode_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Gra
 
 
 def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> Graph:
-    """An ONNX ``Loop`` over the positions carrying ``(token, done, keys.., values.., pos)``,
-    the ids a scan output, going while a row has not drawn BOS. The caches start empty and
-    grow by a slot a position (``cache_write``'s ndonnx form: attention over the slots seen)."""
+    """An ONNX ``Loop`` over the positions carrying ``(token, done, rows, keys.., values..,
+    pos)`` of the rows still running (``rows``: their indices in the batch), a position's
+    ids (``BOS`` at rows that ended) a scan output, going while a row has not drawn BOS. The
+    caches start empty and grow by a slot a position (``cache_write``'s ndonnx form:
+    attention over the slots seen); the rows that ended are dropped from everything carried
+    once they are a quarter of those carried, as the sampler drops them."""
+    from .primitives._ndonnx import op
+
     cfg = params.config
     xp, s, n, dtype = ndx, cfg.block_size, cfg.n_layer, params.dtype
     b = sizes["batch"] or "batch"
@@ -218,34 +223,55 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
     inv_t = xp.astype(1.0 / xp.astype(temperature, xp.float64), dtype)
     u_t = xp.permute_dims(uniforms, (1, 0))  # (S, B): a position's uniforms are a row
     token0 = xp.astype(xp.zeros_like(uniforms[:, 0]), xp.int64) + bos
+    rows0 = xp.cumulative_sum(xp.astype(token0 == token0, xp.int64)) - 1  # 0..B-1, B unknown
     empty = xp.zeros_like(uniforms[:, 0])[None, None, :] * xp.zeros((0, cfg.n_embd, 1), dtype=dtype)
 
     def body(_i: Any, _cond: Any, *carried: Any) -> list[Any]:
-        token, done, *bufs, pos = (ndx.asarray(v) for v in carried)
+        token, done, rows, *bufs, pos = (ndx.asarray(v) for v in carried)
         cache = KVCache(tuple(bufs[:n]), tuple(bufs[n:]), pos)
-        u = xp.take(u_t, xp.reshape(pos, (1,)), axis=0)[0, :]
+        u = xp.take(xp.take(u_t, xp.reshape(pos, (1,)), axis=0)[0, :], rows, axis=0)
         token, cache, done, row = _position(
             params, cache, token, u, done, bos, inv_t, greedy=False, top_k=None
         )
         going = xp.logical_not(xp.all(done))
-        return [
-            a.unwrap_spox()
-            for a in (going, token, done, *cache.keys, *cache.values, cache.pos, row)
-        ]
+        ids = op.scatter_elements(*(a.unwrap_spox() for a in (token0, rows, row)), axis=0)
+        state = [token, done, rows, *cache.keys, *cache.values]
+        keep = xp.nonzero(xp.logical_not(done))[0]
+        ended, count = (xp.sum(xp.astype(a, xp.int64)) for a in (done, done == done))
 
-    initial = [token0, token0 != token0, *(empty,) * (2 * n), ndx.asarray(0, dtype=ndx.int64)]
+        def kept() -> list[Any]:
+            out = [xp.take(a, keep, axis=0) for a in state[:3]]
+            for buf in state[3:]:  # along the last axis: transposed, rows taken, back
+                taken = xp.take(xp.permute_dims(buf, (2, 0, 1)), keep, axis=0)
+                out.append(xp.permute_dims(taken, (1, 2, 0)))
+            return [a.unwrap_spox() for a in out]
+
+        carried_on = op.if_(
+            (4 * ended >= count).unwrap_spox(),  # measured: as good as 1/8, better than 1/2
+            then_branch=kept,
+            else_branch=lambda: [op.identity(a.unwrap_spox()) for a in state],
+        )
+        return [going.unwrap_spox(), *carried_on, cache.pos.unwrap_spox(), ids]
+
+    initial = [
+        token0,
+        token0 != token0,
+        rows0,
+        *(empty,) * (2 * n),
+        ndx.asarray(0, dtype=ndx.int64),
+    ]
     trips, cond = ndx.asarray(s, dtype=ndx.int64), ndx.asarray(True)
-    grows = range(2, 2 + 2 * n)  # the caches: their slot count changes every position
-    ran = _loop(trips, cond, initial, body, grows)[-1]  # (positions run, B)
+    ran = _loop(trips, cond, initial, body, range(3 + 2 * n))[-1]  # (positions run, B)
     ids = xp.concat([ndx.asarray(ran), xp.astype(xp.zeros_like(u_t), xp.int64) + bos], axis=0)
     ids = xp.permute_dims(ids[:s, :], (1, 0))
     return {"uniforms": uniforms, "temperature": temperature}, {"ids": ids}, {"ids": (b, s)}
 
 
-def _loop(trips: Any, cond: Any, initial: list[Any], body: Any, grows: Any = ()) -> list[Any]:
+def _loop(trips: Any, cond: Any, initial: list[Any], body: Any, dynamic: Any = ()) -> list[Any]:
     """An ONNX ``Loop`` whose body takes the iteration and condition as scalars (spox's
     ``loop`` declares them ``(1,)``, which shape inference rejects); the carried values
-    ``grows`` (indices into ``initial``) have a first axis of any length in the body."""
+    ``dynamic`` (indices into ``initial``) have sizes that change from one iteration to the
+    next."""
     import spox.opset.ai.onnx.v21 as op
     from spox._attributes import AttrGraph
     from spox._graph import subgraph
@@ -254,9 +280,9 @@ def _loop(trips: Any, cond: Any, initial: list[Any], body: Any, grows: Any = ())
 
     spox = [a.unwrap_spox() for a in initial]
     carried = [v.unwrap_type() for v in spox]
-    for i in grows:
+    for i in dynamic:
         t = carried[i].unwrap_tensor()
-        carried[i] = Tensor(t.dtype, (None, *t.shape[1:]))
+        carried[i] = Tensor(t.dtype, (None,) * len(t.shape))
     types = [Tensor(np.int64, ()), Tensor(np.bool_, ()), *carried]
     graph = subgraph(types, body)
     node = op._Loop(
