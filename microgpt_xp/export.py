@@ -399,7 +399,9 @@ def _constants_to_initializers(graph: Any) -> None:
 def _clean(graph: Any) -> None:
     """Remove, in place and in subgraphs, ndonnx's zero-size guards ``If(Equal(<product of
     Size>, 0))`` (their ``else`` branch kept) and NaN checks ``Where(ReduceMax(IsNaN(x)), NaN,
-    ReduceMax(x))`` (a NaN still reaches ``x - max``), then what nothing uses."""
+    ReduceMax(x))`` (a NaN still reaches ``x - max``), then the ``Identity`` chains they
+    leave (:func:`_bypass_identities`), a ``Loop`` body's invariant nodes
+    (:func:`_hoist_invariants`) and what nothing uses."""
     from onnx import helper, numpy_helper
 
     small = {t.name: t for t in graph.initializer if int(np.prod(t.dims)) == 1}
@@ -521,7 +523,7 @@ def _bypass_identities(graph: Any) -> None:
 def _hoist_invariants(graph: Any) -> None:
     """Move, in place, the nodes of a ``Loop`` body that read nothing the loop changes (the
     weights' slices, ``lm_head / temperature``) before the ``Loop``: computed once, not at
-    every position (onnxruntime does not hoist them)."""
+    every position (onnxruntime does not hoist them). Random draws stay in the body."""
     new = []
     for node in graph.node:
         if node.op_type == "Loop":
@@ -531,7 +533,13 @@ def _hoist_invariants(graph: Any) -> None:
             kept = []
             for n in body.node:
                 inner = any(a.type == a.GRAPH for a in n.attribute)
-                if inner or changing.intersection(n.input) or made_out.intersection(n.output):
+                fresh = n.op_type.startswith("Random") or n.op_type in ("Bernoulli", "Multinomial")
+                if (
+                    inner
+                    or fresh
+                    or changing.intersection(n.input)
+                    or made_out.intersection(n.output)
+                ):
                     changing.update(n.output)
                     kept.append(n)
                 else:
