@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 from . import _xp
+from . import primitives as P
 from ._backends import install_extra
 from ._errors import ArgumentTypeError, ArgumentValueError
 from ._files import atomic_open
@@ -241,9 +242,7 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
 
         def kept() -> list[Any]:
             out = [xp.take(a, keep, axis=0) for a in state[:3]]
-            for buf in state[3:]:  # along the last axis: transposed, rows taken, back
-                taken = xp.take(xp.permute_dims(buf, (2, 0, 1)), keep, axis=0)
-                out.append(xp.permute_dims(taken, (1, 2, 0)))
+            out += [P.keep_columns(buf, keep, s) for buf in state[3:]]
             return [a.unwrap_spox() for a in out]
 
         carried_on = op.if_(
@@ -272,11 +271,12 @@ def _loop(trips: Any, cond: Any, initial: list[Any], body: Any, dynamic: Any = (
     ``loop`` declares them ``(1,)``, which shape inference rejects); the carried values
     ``dynamic`` (indices into ``initial``) have sizes that change from one iteration to the
     next."""
-    import spox.opset.ai.onnx.v21 as op
     from spox._attributes import AttrGraph
     from spox._graph import subgraph
     from spox._type_system import Tensor
     from spox._var import unwrap_vars
+
+    from .primitives._ndonnx import op
 
     spox = [a.unwrap_spox() for a in initial]
     carried = [v.unwrap_type() for v in spox]

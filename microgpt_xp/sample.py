@@ -342,17 +342,10 @@ def _decode(
             idx = _xp.asarray(keep, backend, device=dev)
             token, u, done = (xp.take(a, idx, axis=0) for a in (token, u, done))
             keys, values = (
-                tuple(_keep_columns(xp, a, idx, pos + 1) for a in bufs)
+                tuple(P.keep_columns(a, idx, pos + 1) for a in bufs)
                 for bufs in (cache.keys, cache.values)
             )
             cache = KVCache(keys, values, cache.pos)
-
-
-def _keep_columns(xp: Any, buf: Any, idx: Any, filled: int) -> Any:
-    """Columns ``idx`` of ``buf (P, C, B)`` in a new buffer's first ``filled`` slots."""
-    new = xp.empty_like(buf[:, :, : idx.shape[0]])
-    new[:filled, ...] = xp.take(buf[:filled, ...], idx, axis=2)
-    return new
 
 
 @functools.cache

@@ -17,7 +17,7 @@ __all__ = [
     "arange", "attention", "attention_backward", "cache_write", "causal_attention",
     "causal_attention_backward", "causal_bias", "cross_entropy", "cross_entropy_backward",
     "cumulative_sum0", "embed", "embed_columns", "full", "head_cross_entropy", "head_cross_entropy_backward",
-    "linear", "linear_input_grad", "merge_heads", "one_hot", "positions", "relu",
+    "keep_columns", "linear", "linear_input_grad", "merge_heads", "one_hot", "positions", "relu",
     "relu_backward", "scatter_add_rows", "slot_heads", "softmax", "split_heads", "sum_last",
     "weight_grad",
 ]  # fmt: skip
@@ -135,6 +135,18 @@ def cache_write(keys: Array, values: Array, k: Array, v: Array, pos: Any) -> tup
     slots = arange(keys.shape[0], k, dtype=getattr(pos, "dtype", None))
     here = (slots == pos)[:, None, None]
     return xp.where(here, k[None, ...], keys), xp.where(here, v[None, ...], values), slots <= pos
+
+
+@overridable()
+def keep_columns(buf: Array, idx: Array, filled: int) -> Array:
+    """Rows ``idx (K,)`` of a cache buffer ``(P, C, B)`` -> ``(P, C, K)``, its first ``filled``
+    slots (those written) copied; where buffers are writable the rest is left unwritten."""
+    xp = array_namespace(buf)
+    if not writable(buf):
+        return xp.take(buf, idx, axis=2)
+    new = xp.empty_like(buf[:, :, : idx.shape[0]])
+    new[:filled, ...] = xp.take(buf[:filled, ...], idx, axis=2)
+    return new
 
 
 @overridable()
