@@ -234,11 +234,11 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
         token, cache, done, row = _position(
             params, cache, token, u, done, bos, inv_t, greedy=False, top_k=None
         )
-        going = xp.logical_not(xp.all(done))
+        ended, count = (xp.sum(xp.astype(a, xp.int64)) for a in (done, done == done))
+        going = ended < count  # not `all`: defined for a batch of 0 rows
         ids = op.scatter_elements(*(a.unwrap_spox() for a in (token0, rows, row)), axis=0)
         state = [token, done, rows, *cache.keys, *cache.values]
         keep = xp.nonzero(xp.logical_not(done))[0]
-        ended, count = (xp.sum(xp.astype(a, xp.int64)) for a in (done, done == done))
 
         def kept() -> list[Any]:
             out = [xp.take(a, keep, axis=0) for a in state[:3]]

@@ -44,6 +44,14 @@ def test_a_trained_model_samples_as_numpy_as_rows_end_at_many_lengths(temperatur
     assert len(set(ends.tolist())) >= 4 and ends.max() < s - 1  # the Loop stops early
 
 
+def test_a_batch_of_no_rows_gives_no_ids() -> None:
+    params, sess = trained()
+    s = params.config.block_size
+    feed = {"uniforms": np.zeros((0, s), np.float32), "temperature": np.asarray(1.0, np.float32)}
+    (ids,) = sess.run(None, feed)
+    assert ids.shape == (0, s) and ids.dtype == np.int64
+
+
 def test_buffers_of_unknown_slots_grow_and_known_ones_are_written_in_place() -> None:
     c, b = 8, 3
     keys = ndx.argument(shape=(None, c, "batch"), dtype=ndx.float32)
