@@ -200,7 +200,7 @@ def adam_arrays(
     keep = xp.astype(1.0 - lr64 * hp.weight_decay, dtype) if hp.weight_decay else None
     scale = None
     if hp.grad_clip:  # every weight's sum of squares, in the keys' order
-        norm = sum(xp.sum(g * g) for g in grads.values()) ** 0.5
+        norm = xp.sqrt(sum(xp.sum(g * g) for g in grads.values()))
         scale = xp.clip(hp.grad_clip / (norm + 1e-6), max=1.0)
 
     # the Python floats as 0-d arrays of the weights' dtype, the values they are rounded to
@@ -221,7 +221,7 @@ def adam_arrays(
         m_f = b1 * m_f + c1 * g
         v_f = b2 * v_f + c2 * (g * g)
         new[0][f], new[1][f], new[2][f] = (
-            p - (lr_t * (m_f / bc1)) / ((v_f / bc2) ** 0.5 + eps),
+            p - (lr_t * (m_f / bc1)) / (xp.sqrt(v_f / bc2) + eps),
             m_f,
             v_f,
         )
