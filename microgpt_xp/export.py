@@ -235,14 +235,14 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
             params, cache, token, u, done, bos, inv_t, greedy=False, top_k=None
         )
         ended, count = (xp.sum(xp.astype(a, xp.int64)) for a in (done, done == done))
-        going = ended < count  # not `all`: defined for a batch of 0 rows
+        going = ended < count  # not ndonnx's `all`: a ReduceMin that fails on 0 rows unguarded
         ids = op.scatter_elements(*(a.unwrap_spox() for a in (token0, rows, row)), axis=0)
         state = [token, done, rows, *cache.keys, *cache.values]
         keep = xp.nonzero(xp.logical_not(done))[0]
 
         def kept() -> list[Any]:
             out = [xp.take(a, keep, axis=0) for a in state[:3]]
-            out += [P.keep_columns(buf, keep, s) for buf in state[3:]]
+            out += [P.keep_columns(buf, keep) for buf in state[3:]]
             return [a.unwrap_spox() for a in out]
 
         carried_on = op.if_(

@@ -83,7 +83,7 @@ def _cases(dtype: str) -> dict[str, list[tuple[Any, ...]]]:
         "embed": [(_ids((3, 5), 27, 1), f(27, 16)), (_ids((1, 1), 27, 2), f(27, 16))],
         "embed_columns": [(_ids((5,), 27, 1), f(27, 16))],
         "slot_heads": [(f(3, 12, 5), 4, 3)],
-        "keep_columns": [(f(4, 6, 5), np.array([3, 0, 4]), 4)],
+        "keep_columns": [(f(4, 6, 5), np.array([3, 0, 4]), 4), (f(4, 6, 5), np.array([1]))],
         "cache_write": [(f(4, 6, 3), f(4, 6, 3, seed=1), f(6, 3, seed=2), f(6, 3), np.asarray(2))],
         "attention": [(q, k, v, causal, 4), (q, k[:, :, :3], v[:, :, :3], None, 4)],
         "relu": [(relu_x,)],
@@ -208,6 +208,15 @@ def test_numpy_attention_of_a_big_batch_keeps_no_full_size_mask() -> None:
     assert_same(y, want_y, "float32", "y")
     dqkv = P.causal_attention_backward(dy, cache)
     assert_same(dqkv, P.causal_attention_backward.__wrapped__(dy, want_cache), "float32", "dqkv")
+
+
+def test_keep_columns_copies_the_slots_written_where_buffers_are_writable() -> None:
+    buf = np.arange(4 * 3 * 5, dtype=np.float32).reshape(4, 3, 5)
+    idx = np.array([4, 1])
+    kept = P.keep_columns(buf, idx, 2)
+    assert kept.shape == (4, 3, 2) and not np.shares_memory(kept, buf)
+    np.testing.assert_array_equal(kept[:2], buf[:2, :, idx])
+    np.testing.assert_array_equal(P.keep_columns(buf, idx), buf[:, :, idx])  # every slot
 
 
 def test_numpy_constants_are_cached_and_read_only() -> None:

@@ -138,11 +138,12 @@ def cache_write(keys: Array, values: Array, k: Array, v: Array, pos: Any) -> tup
 
 
 @overridable()
-def keep_columns(buf: Array, idx: Array, filled: int) -> Array:
-    """Rows ``idx (K,)`` of a cache buffer ``(P, C, B)`` -> ``(P, C, K)``, its first ``filled``
-    slots (those written) copied; where buffers are writable the rest is left unwritten."""
+def keep_columns(buf: Array, idx: Array, filled: int | None = None) -> Array:
+    """The batch columns ``idx (K,)`` of a cache buffer ``buf (P, C, B)`` -> ``(P, C, K)``:
+    every slot, or, where ``filled`` is given and buffers are writable, the first ``filled``
+    (those written) copied into a new buffer whose other slots are left unwritten."""
     xp = array_namespace(buf)
-    if not writable(buf):
+    if filled is None or not writable(buf):
         return xp.take(buf, idx, axis=2)
     new = xp.empty_like(buf[:, :, : idx.shape[0]])
     new[:filled, ...] = xp.take(buf[:filled, ...], idx, axis=2)

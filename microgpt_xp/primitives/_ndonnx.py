@@ -181,14 +181,15 @@ def causal_attention(
     qkv: Any, n_head: int, head_dim: int, doc_positions: Any = None
 ) -> tuple[Any, Any]:
     """Packed rows (``doc_positions``) and heads of more than :data:`MASKED_HEAD_DIM`
-    channels: the generic code (with this module's heads and attention). Smaller ones: the generic causal attention with the
-    heads kept in the channels: the queries of
-    every head as ``(B, H·T, C)`` rows, each zero outside its head's channels (and scaled),
-    so that the scores of all heads are one product per sequence with ``k (B, T, C)``, and
-    the output one product with ``v`` whose other heads' channels are masked off. No head
-    is transposed out, and the products are ``B`` of ``(H·T, C)`` matrices where per-head
-    ones are ``B·H`` tiny ones (measured: benchmarks/onnx_graphs.py). Exact zeros are
-    added, so the values are the generic code's to rounding. Cache: ``(qh, k, v, att)``."""
+    channels: the generic code (with this module's heads and attention). Smaller ones: the
+    heads kept in the channels. The queries of every head are ``(B, H·T, C)`` rows (copied
+    per head, then masked by ``(H, T, C)``: :func:`_head_masks`), zero outside their head's
+    channels (and scaled), so that the scores of all heads are one product per sequence
+    with ``k (B, T, C)``, and the output one product with ``v`` whose other heads' channels
+    are masked off. No head is transposed out, and the products are ``B`` of ``(H·T, C)``
+    matrices where per-head ones are ``B·H`` tiny ones (measured:
+    benchmarks/onnx_graphs.py). Exact zeros are added, so the values are the generic
+    code's to rounding. Cache: ``(qh, k, v, att)``."""
     if doc_positions is not None or head_dim > MASKED_HEAD_DIM:
         generic: Any = _generic.causal_attention.__wrapped__  # type: ignore[attr-defined]
         return generic(qkv, n_head, head_dim, doc_positions)  # type: ignore[no-any-return]
@@ -260,8 +261,9 @@ def slot_heads(x: Any, n_head: int, head_dim: int) -> Any:
     return ndx.asarray(op.reshape(_var(x), _ints(0, n_head, head_dim, -1)))
 
 
-def keep_columns(buf: Any, idx: Any, filled: int) -> Any:
-    """Transposed, whole rows taken, transposed back: onnxruntime's ``Gather`` on the last
-    axis took 4.1 ms for an ``(8, 16, 10000)`` buffer, this 0.95 ms (2 threads)."""
+def keep_columns(buf: Any, idx: Any, filled: int | None = None) -> Any:
+    """Every slot (``filled`` unused: the generate graph's buffers hold the slots written
+    only), transposed, whole rows taken, transposed back: onnxruntime's ``Gather`` on the
+    last axis took 4.1 ms for an ``(8, 16, 10000)`` buffer, this 0.95 ms (2 threads)."""
     taken = ndx.take(ndx.permute_dims(buf, (2, 0, 1)), idx, axis=0)
     return ndx.permute_dims(taken, (1, 2, 0))
