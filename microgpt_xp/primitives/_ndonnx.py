@@ -138,8 +138,8 @@ def cross_entropy_backward(dlosses: Any, cache: Any) -> Any:
 
 def _head_masks(n_head: int, head_dim: int, dtype: Any, scale: float, x: Any) -> Any:
     """``(H, T, C)`` (``T``: axis 1 of ``x``): ``scale`` on head ``h``'s channels, else 0;
-    ``(B, H, T, C)`` times it broadcasts over ``B`` only (measured: a broadcast over two
-    axes took 4x as long in onnxruntime)."""
+    ``(B, H, T, C)`` times it broadcasts over ``B`` only (measured in onnxruntime: ``(32, 1,
+    16, 16) x (4, 1, 16)`` took 33 us, the copy per head and this product 15 us)."""
     heads = np.arange(n_head * head_dim) // head_dim == np.arange(n_head)[:, None]
     mask = op.const((heads * scale).astype(dtype)[:, None, :])
     return op.expand(mask, _dims(x, n_head, "T", n_head * head_dim))
