@@ -167,7 +167,7 @@ MASKED_HEAD_DIM = 8
 
 class _MaskedHeads(NamedTuple):
     """:func:`causal_attention`'s cache: ``qh (B, H·T, C)``, ``k, v (B, T, C)``, ``att (B,
-    H·T, T)``."""
+    H·T, T)``, the head masks ``scaled, ones (H, T, C)``."""
 
     n_head: int
     head_dim: int
@@ -175,6 +175,8 @@ class _MaskedHeads(NamedTuple):
     k: Any
     v: Any
     att: Any
+    scaled: Any
+    ones: Any
 
 
 def causal_attention(
@@ -189,7 +191,7 @@ def causal_attention(
     are masked off. No head is transposed out, and the products are ``B`` of ``(H·T, C)``
     matrices where per-head ones are ``B·H`` tiny ones (measured:
     benchmarks/onnx_graphs.py). Exact zeros are added, so the values are the generic
-    code's to rounding. Cache: ``(qh, k, v, att)``."""
+    code's to rounding. Cache: ``(qh, k, v, att)`` and the masks."""
     if doc_positions is not None or head_dim > MASKED_HEAD_DIM:
         generic: Any = _generic.causal_attention.__wrapped__  # type: ignore[attr-defined]
         return generic(qkv, n_head, head_dim, doc_positions)  # type: ignore[no-any-return]
@@ -205,10 +207,9 @@ def causal_attention(
     bias = _generic.causal_bias(positions(qkv[:1, :, 0]), qkv.dtype)  # (T, T)
     att = op.reshape(op.softmax(op.add(scores, _var(bias)), axis=-1), _dims(x, 0, -1, "T"))
     heads = op.reshape(op.matmul(att, v), _dims(x, 0, n_head, -1, c))  # (B, H, T, C)
-    y = op.reduce_sum(
-        op.mul(heads, _head_masks(n_head, head_dim, dtype, 1.0, x)), _ints(1), keepdims=0
-    )
-    return ndx.asarray(y), _MaskedHeads(n_head, head_dim, qh, k, v, att)
+    ones = _head_masks(n_head, head_dim, dtype, 1.0, x)
+    y = op.reduce_sum(op.mul(heads, ones), _ints(1), keepdims=0)
+    return ndx.asarray(y), _MaskedHeads(n_head, head_dim, qh, k, v, att, scaled, ones)
 
 
 def causal_attention_backward(dy: Any, cache: Any) -> Any:
@@ -216,16 +217,13 @@ def causal_attention_backward(dy: Any, cache: Any) -> Any:
     if not isinstance(cache, _MaskedHeads):
         generic: Any = _generic.causal_attention_backward.__wrapped__  # type: ignore[attr-defined]
         return generic(dy, cache)
-    n_head, head_dim, qh, k, v, att = cache
+    n_head, head_dim, qh, k, v, att, scaled, ones = cache
     c = n_head * head_dim
-    dtype = dy.dtype.unwrap_numpy()
     g = _var(dy)
-    ones = _head_masks(n_head, head_dim, dtype, 1.0, g)
     dyh = op.reshape(op.mul(_per_head(g, n_head), ones), _ints(0, -1, c))  # (B, H·T, C)
     datt = op.matmul(dyh, op.transpose(v, perm=(0, 2, 1)))  # (B, H·T, T)
     dscores = op.mul(att, op.sub(datt, op.reduce_sum(op.mul(datt, att), _ints(-1), keepdims=1)))
     dq_heads = op.reshape(op.matmul(dscores, k), _dims(g, 0, n_head, -1, c))
-    scaled = _head_masks(n_head, head_dim, dtype, float(head_dim) ** -0.5, g)
     dq = op.reduce_sum(op.mul(dq_heads, scaled), _ints(1), keepdims=0)
     dk = op.matmul(op.transpose(dscores, perm=(0, 2, 1)), qh)
     dv = op.matmul(op.transpose(att, perm=(0, 2, 1)), dyh)
