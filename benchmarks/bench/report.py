@@ -4,9 +4,9 @@ FILE.json ...`` prints again."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
-import sys
 from typing import Any
 
 
@@ -126,6 +126,8 @@ def render(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    for path in sys.argv[1:]:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench.report", description=__doc__)
+    ap.add_argument("files", nargs="+", metavar="FILE.json", help="written by bench --json")
+    for path in ap.parse_args().files:
         with open(path) as f:
             print(render(json.load(f)), end="\n\n")

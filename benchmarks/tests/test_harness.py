@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,11 @@ def test_tiny_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
     result = json.loads((tmp_path / "r.json").read_text())
     assert render(result) == capsys.readouterr().out.rstrip("\n") and "--json" in result["command"]
+    report = [sys.executable, "-m", "benchmarks.bench.report"]
+    again = subprocess.run([*report, str(tmp_path / "r.json")], capture_output=True, text=True)
+    assert again.stdout == render(result) + "\n\n"
+    helped = subprocess.run([*report, "--help"], capture_output=True, text=True)
+    assert helped.returncode == 0 and "FILE.json" in helped.stdout
     assert (
         result["machine"]["square_matmul_gflops"] > 0 and result["machine"]["malloc_tuned"] is False
     )
