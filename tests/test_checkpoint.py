@@ -34,14 +34,14 @@ CONFIG = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=2, n_embd=8, n_head=
 
 
 def _trained(
-    name: str = "numpy", device: Any = None, dtype: str = "float64", steps: int = 2
+    name: str = "numpy", device: Any = None, dtype: str = "float64"
 ) -> tuple[Params, Adam]:
     """Params and an Adam with non-zero moments (a couple of real updates)."""
     params = init_params(CONFIG, seed=3, backend=name, device=device, dtype=dtype)
     adam = Adam(params, lr=0.05, num_steps=10)
     tokens, lengths = encode_docs(TOKENIZER, DOCS, CONFIG.block_size)
     tok, lens = to_batch(tokens, lengths, name, device=device)
-    for _ in range(steps):
+    for _ in range(2):
         loss, grads = loss_and_grads(params, tok, lens)
         params = adam.step(params, grads)
         # as train() does: evaluate each step (a no-op on eager backends)
@@ -49,8 +49,11 @@ def _trained(
     return params, adam
 
 
+Saved = tuple[Path, Params, Adam]
+
+
 @pytest.fixture
-def saved(tmp_path: Path) -> tuple[Path, Params, Adam]:
+def saved(tmp_path: Path) -> Saved:
     """A float64 NumPy checkpoint on disk, with what was saved."""
     params, adam = _trained()
     path = save(tmp_path / "model.ckpt", params, adam=adam, step=2, tokenizer=TOKENIZER)
@@ -85,7 +88,7 @@ def test_round_trip(backend: Any, tmp_path: Path, dtype: str) -> None:
     assert_params_equal(got_next, want)
 
 
-def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params, Adam]) -> None:
+def test_load_as_float32_save_over_and_config_mismatch(saved: Saved) -> None:
     path, params, adam = saved
     got = load(path, dtype="float32")
     assert str(got.params.dtype) == "float32"
@@ -108,7 +111,7 @@ def test_load_as_float32_save_over_and_config_mismatch(saved: tuple[Path, Params
     assert load(path, config=CONFIG).config == CONFIG and issubclass(CheckpointError, ValueError)
 
 
-def test_peek_reads_the_header_only(saved: tuple[Path, Params, Adam]) -> None:
+def test_peek_reads_the_header_only(saved: Saved) -> None:
     """The header alone (for ``train --resume``): a damaged array does not show, a header does."""
     path, params, adam = saved
     save(path, params, adam=adam, step=4, tokenizer=TOKENIZER, meta={"run": {"mode": "text"}})
@@ -120,39 +123,32 @@ def test_peek_reads_the_header_only(saved: tuple[Path, Params, Adam]) -> None:
 
 
 # -- atomic saves (a crash mid-write: test_files.py's test_a_failed_block_leaves_the_old_file) ---
-@pytest.mark.parametrize("crash", ["replace", "fsync"])
+@pytest.mark.parametrize("crash", ["replace", "fsync", "ctrl-c"])
 def test_a_crashed_save_keeps_the_previous_file_or_leaves_nothing(
-    saved: tuple[Path, Params, Adam], monkeypatch: pytest.MonkeyPatch, crash: str
-) -> None:
-    path, params, adam = saved
-    before, new = path.read_bytes(), path.parent / "new.ckpt"
-    monkeypatch.setattr(os, crash, mock.Mock(side_effect=OSError(f"simulated crash in {crash}")))
-    for target in (path, new):
-        with pytest.raises(OSError, match="simulated"):
-            save(target, init_params(CONFIG, seed=99, dtype="float64"), adam=adam, step=3)
-    monkeypatch.undo()
-    assert path.read_bytes() == before and list(path.parent.iterdir()) == [path]
-    assert load(path).step == 2
-    assert_params_equal(load(path).params, params)
-
-
-def test_ctrl_c_inside_the_zip_write_stays_a_ctrl_c(
-    saved: tuple[Path, Params, Adam], monkeypatch: pytest.MonkeyPatch
+    saved: Saved, monkeypatch: pytest.MonkeyPatch, crash: str
 ) -> None:
     """A Ctrl-C while zipfile opens an entry reaches the caller as the interrupt, not as the
-    ``ValueError`` of the archive's close that it triggers; the file is left as it was."""
+    ``ValueError`` of the archive's close that it triggers."""
     path, params, adam = saved
-    before = path.read_bytes()
+    before, new = path.read_bytes(), path.parent / "new.ckpt"
 
     def interrupted(archive: zipfile.ZipFile, *args: Any, **kwargs: Any) -> Any:
         archive._writing = True  # the handle is open when the signal lands
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(zipfile.ZipFile, "_open_to_write", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        save(path, params, adam=adam, step=3)
+    if crash == "ctrl-c":
+        monkeypatch.setattr(zipfile.ZipFile, "_open_to_write", interrupted)
+        error, match = KeyboardInterrupt, None
+    else:
+        error, match = OSError, f"simulated crash in {crash}"
+        monkeypatch.setattr(os, crash, mock.Mock(side_effect=OSError(match)))
+    for target in (path, new):
+        with pytest.raises(error, match=match):
+            save(target, init_params(CONFIG, seed=99, dtype="float64"), adam=adam, step=3)
     monkeypatch.undo()
-    assert path.read_bytes() == before
+    assert path.read_bytes() == before and list(path.parent.iterdir()) == [path]
+    assert load(path).step == 2
+    assert_params_equal(load(path).params, params)
 
 
 def test_weights_that_load_would_refuse_are_not_saved(tmp_path: Path) -> None:
@@ -240,9 +236,7 @@ REFUSALS: dict[str, tuple[Any, str]] = {
 
 
 @pytest.mark.parametrize("damage", list(REFUSALS))
-def test_damaged_or_foreign_files_are_refused(
-    saved: tuple[Path, Params, Adam], damage: str
-) -> None:
+def test_damaged_or_foreign_files_are_refused(saved: Saved, damage: str) -> None:
     path, _, _ = saved
     edit, match = REFUSALS[damage]
     if isinstance(edit, float):
@@ -270,9 +264,7 @@ _OPTIONS = {"warmup": 2, "decay": "cosine", "min_lr": 0.001, "weight_decay": 0.1
      ({**_OLD_ADAM, "decay": "step"}, "decay must be one of"),
      ({**_OLD_ADAM, "warmup": 10}, "warmup must be less than num_steps=10")],
 )  # fmt: skip
-def test_adam_options_in_the_header(
-    saved: tuple[Path, Params, Adam], adam: dict[str, Any], match: str | None
-) -> None:
+def test_adam_options_in_the_header(saved: Saved, adam: dict[str, Any], match: str | None) -> None:
     """An old file (no options recorded) loads with the spec's; the options round-trip."""
     path, _, _ = saved
     _rewrite(path, "__header__", {"adam": adam})
@@ -293,7 +285,7 @@ def test_adam_options_in_the_header(
      ({"device": "gpu7"}, "device")],
 )  # fmt: skip
 def test_bad_arguments_are_argument_errors_not_the_files(
-    saved: tuple[Path, Params, Adam], kwargs: dict[str, str], param: str
+    saved: Saved, kwargs: dict[str, str], param: str
 ) -> None:
     path, _, _ = saved
     with pytest.raises(ArgumentValueError, match=param) as info:
@@ -345,9 +337,7 @@ def _deflate(path: Path, bloat: str = "", nbytes: int = 0) -> None:
 
 
 @pytest.mark.parametrize("member", ["params/wte.npy", "__header__.npy", "adam_v/mlp_fc2.npy"])
-def test_declared_sizes_are_checked_before_anything_is_inflated(
-    saved: tuple[Path, Params, Adam], member: str
-) -> None:
+def test_declared_sizes_are_checked_before_anything_is_inflated(saved: Saved, member: str) -> None:
     path, _, _ = saved
     _deflate(path, member, 256 << 20)  # 256 MiB of zeros, under 1 MiB on disk
     assert path.stat().st_size < 2 << 20
@@ -361,9 +351,7 @@ def test_declared_sizes_are_checked_before_anything_is_inflated(
     assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB traced"
 
 
-def test_a_deflated_or_version_1_checkpoint_loads_with_the_same_checks(
-    saved: tuple[Path, Params, Adam],
-) -> None:
+def test_a_deflated_or_version_1_checkpoint_loads_with_the_same_checks(saved: Saved) -> None:
     path, params, adam = saved
     _deflate(path)
     assert_params_equal(load(path).params, params)
