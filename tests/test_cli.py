@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import reference
 from onnx_testing import session
-from xp_testing import xp_assert_close
+from xp_testing import assert_params_equal, xp_assert_close
 
 from microgpt_xp import AdamConfig, GPTConfig, Params, __version__, cluster, forward
 from microgpt_xp import _xp as cli_xp
@@ -357,10 +357,7 @@ def test_export_round_trips_via_from_state_dict(cli: Cli, tmp_path: Path, checkp
     saved = load(checkpoint)
     assert list(state) == [*state_dict_keys(saved.config), "tokenizer"]
     assert Tokenizer.from_dict(state["tokenizer"]) == saved.tokenizer  # ids back to text
-    restored = Params.from_state_dict(state, dtype="float32")
-    assert restored.config == saved.config
-    for key, value in saved.params.to_state_dict().items():
-        assert np.array_equal(restored.to_state_dict()[key], value), key
+    assert_params_equal(Params.from_state_dict(state, dtype="float32"), saved.params)
 
 
 def test_the_embedded_corpus_keeps_the_originals_output(cli: Cli, tmp_path: Path) -> None:
@@ -1198,11 +1195,9 @@ def test_help_imports_no_heavy_module() -> None:
         "heavy = ['tqdm', 'dask', 'distributed', 'torch', 'jax', 'matplotlib', 'mimesis']\n"
         "print(' '.join(m for m in heavy if m in sys.modules))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == ""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == ""
 
 
 # -- held-out loss, progress lines off a terminal -----------------------------------------------
