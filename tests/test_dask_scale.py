@@ -3,6 +3,7 @@ worker processes (results, graph shape, faults) and the example, against NumPy's
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -201,18 +202,14 @@ def test_row_uniforms_are_rows_of_one_stream_and_names_on_tasks_local(params64: 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_tasks_sample_as_one_process_whatever_the_chunking(dtype: str) -> None:
     trained = train(DOCS, steps=30, batch_size=16, seed=0, dtype=dtype).params
-    want = sample_tokens(trained, TOKENIZER.bos, 300, temperature=0.7, seed=9)
+    draw = functools.partial(sample_tokens, trained, TOKENIZER.bos, 300, temperature=0.7)
+    want = draw(seed=9)
     for chunk_size in (1, 64, 300, 1000):
-        ids = sample_tokens(
-            trained, TOKENIZER.bos, 300, temperature=0.7, seed=9, runner=DaskTasks(chunk_size)
-        )
+        ids = draw(seed=9, runner=DaskTasks(chunk_size))
         assert ids.shape == (300, CONFIG.block_size) and ids.dtype == np.int64
         np.testing.assert_array_equal(ids, want, err_msg=f"chunk size {chunk_size}")
     # another seed gives other samples
-    other = sample_tokens(
-        trained, TOKENIZER.bos, 300, temperature=0.7, seed=10, runner=DaskTasks(64)
-    )
-    assert not np.array_equal(other, want)
+    assert not np.array_equal(draw(seed=10, runner=DaskTasks(64)), want)
 
 
 @pytest.mark.parametrize(
@@ -223,10 +220,8 @@ def test_tasks_sample_as_one_process_whatever_the_chunking(dtype: str) -> None:
 def test_sampling_on_dask_rejects_bad_arguments(
     params64: Params, kwargs: dict[str, Any], match: str
 ) -> None:
-    args: dict[str, Any] = {"num_samples": 5, "bos": TOKENIZER.bos, **kwargs}
-    n, bos = args.pop("num_samples"), args.pop("bos")
     with pytest.raises(ValueError, match=match):
-        sample_tokens(params64.to("dask"), bos, n, **args)
+        sample_tokens(params64.to("dask"), **{"num_samples": 5, "bos": TOKENIZER.bos, **kwargs})
 
 
 # -- data-parallel training --------------------------------------------------------------------
