@@ -708,6 +708,7 @@ USAGE_ERRORS = [  # exit status 2: the command line itself is wrong
     ("sample", "--checkpoint"), ("frobnicate", "invalid choice"),
     ("sample --checkpoint {ckpt} --temperature -1", "--temperature"),
     ("sample --checkpoint {ckpt} --num-samples 0", "--num-samples"),
+    ("sample --checkpoint {ckpt} --length 10", "on documents (names): leave --length out"),
     ("sample --checkpoint {ckpt} --backend nope", "invalid choice"),
     ("eval --checkpoint {ckpt} --chunk-size 0", "--chunk-size"),
     ("export --checkpoint {ckpt} --out {tmp}/w.json --graph decode", "--graph applies only with --format onnx"),

@@ -320,10 +320,8 @@ def test_streams_are_reproducible_by_seed_and_prefixes_of_longer_ones() -> None:
 @pytest.fixture()
 def checkpoints(tmp_path: Any) -> dict[str, Any]:
     params = _params(seed=1, dtype="float32")
-    text, docs = tmp_path / "text.ckpt", tmp_path / "docs.ckpt"
-    save(text, params, tokenizer=TOKENIZER, meta={"run": {"mode": "text"}})
-    save(docs, params, tokenizer=TOKENIZER)
-    return {"text": text, "docs": docs, "params": params}
+    text = save(tmp_path / "text.ckpt", params, tokenizer=TOKENIZER, meta={"run": {"mode": "text"}})
+    return {"text": text, "params": params}
 
 
 def test_cli_length_streams_a_passage(capsys: Any, monkeypatch: Any, checkpoints: Any) -> None:
@@ -352,7 +350,3 @@ def test_cli_length_out_and_usage_errors(capsys: Any, tmp_path: Any, checkpoints
     assert capsys.readouterr().out == f"wrote 3 passages of 12 characters to {out}\n"
     assert main([*argv, "--workers", "2"]) == 2
     assert "--workers" in capsys.readouterr().err
-    # --length on a document checkpoint is a usage error
-    rc = main(["sample", "--checkpoint", str(checkpoints["docs"]), "--length", "10"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "--length" in err and "documents" in err and err.count("\n") == 1
