@@ -311,9 +311,8 @@ def test_streams_are_reproducible_by_seed_and_prefixes_of_longer_ones() -> None:
     assert next(pieces) == "e"  # the prompt first, before anything is drawn
     rest = list(pieces)
     assert all(len(p) == 1 for p in rest) and len(rest) == 2 * 20 + 1
-    assert "e" + "".join(rest) == "".join(
-        sample(params, TOKENIZER, 2, length=20, seed=1, prompt="e")
-    )
+    want = "".join(sample(params, TOKENIZER, 2, length=20, seed=1, prompt="e"))
+    assert "e" + "".join(rest) == want
 
 
 # -- the command line ---------------------------------------------------------------------------

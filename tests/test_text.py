@@ -209,9 +209,7 @@ def test_the_mode_is_recorded_and_a_resume_cannot_change_it(tmp_path: Path) -> N
     assert _text(checkpoint=path, resume=True, steps=3).start_step == 2  # a finished run, extended
 
 
-def test_a_checkpoint_without_the_new_records_resumes_as_a_run_on_documents(
-    tmp_path: Path,
-) -> None:
+def test_a_checkpoint_without_the_new_records_resumes_as_a_run_on_documents(tmp_path: Path) -> None:
     path = tmp_path / "old.ckpt"
     args = {**ARGS, "config": None}
     whole = train(DOCS, **args)
