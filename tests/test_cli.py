@@ -372,6 +372,13 @@ def test_the_embedded_corpus_keeps_the_originals_output(cli: Cli, tmp_path: Path
     assert re.fullmatch(done, lines[1]) and lines[2:] == [f"checkpoint: {ckpt} (step 2)"]
     result = cli.json("eval", "--checkpoint", ckpt)  # eval scores the embedded corpus too
     assert result["num_docs"] == len(default_docs()) and 0 < result["mean_loss"] < 10
+    # and --microgpt-exact, with a note that names.txt is the original's corpus
+    rc, out, err = cli("train", "--microgpt-exact", "--steps", 2, "--num-samples", 2, "--json")
+    assert rc == 0
+    assert err.count("\n") == 1 and err.startswith("microgpt-xp: note: ") and "names.txt" in err
+    summary = json.loads(out)
+    assert summary["num_docs"] == len(default_docs())
+    assert summary["steps"] == 2 and len(summary["samples"]) == 2
 
 
 def test_the_block_size_reads_every_name_or_says_how_many_it_cuts(
@@ -635,15 +642,6 @@ def test_exact_matches_the_reference_script(cli: Cli, names16: Path, shape: dict
     cut = sum(len(name) >= shape.get("block_size", 16) for name in NAMES)
     assert err.count("\n") == (cut > 0)
     assert not cut or f"note: {cut} of {len(NAMES)} documents" in err
-
-
-def test_exact_train_without_data_notes_the_original_corpus(cli: Cli) -> None:
-    rc, out, err = cli("train", "--microgpt-exact", "--steps", 2, "--num-samples", 2, "--json")
-    assert rc == 0
-    assert err.count("\n") == 1 and err.startswith("microgpt-xp: note: ") and "names.txt" in err
-    summary = json.loads(out)
-    assert summary["num_docs"] == len(default_docs())
-    assert summary["steps"] == 2 and len(summary["samples"]) == 2
 
 
 # -- errors -------------------------------------------------------------------------------------
