@@ -62,9 +62,8 @@ __all__ = [
 ]
 
 #: What one more call of the loss and gradient costs, in positions times ``n_embd²``: 128
-#: positions of a 128-channel model, set so that (NumPy, one thread, 4 layers, block 64,
-#: 32 rows) names.txt's batches run whole, where groups were 10-20% slower, and
-#: Shakespeare's lines in groups, 1.6x faster than whole; the spec's model never groups.
+#: positions of a 128-channel model, set so that names.txt's batches run whole and
+#: Shakespeare's lines in groups (docs/training.md); the spec's model never groups.
 CALL_COST = 128 * 128**2
 
 #: A batch loss over this many times a uniform guess's (``ln V``): the run has diverged.
@@ -527,8 +526,7 @@ class _Loop:
                     if due:
                         self.evaluate(result)
                         completed = (done, params, adam.state)
-                    every = self.checkpoint_every
-                    if self.checkpoint is not None and every > 0 and done % every == 0:
+                    if self.checkpoint_every > 0 and done % self.checkpoint_every == 0:
                         self.save(result, done, params)
         except KeyboardInterrupt:
             done, params, state = completed
