@@ -102,9 +102,7 @@ def default_docs() -> list[str]:
 
 def _quote(text: str, limit: int = 40) -> str:
     """``repr(text)``, cut to its first ``limit`` characters and its length when longer."""
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}… ({len(text):,} characters)"
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}… ({len(text):,} characters)"
 
 
 def split_docs(
@@ -505,10 +503,8 @@ def eval_windows(num_tokens: int, block_size: int, max_tokens: int) -> np.ndarra
     of ``num_tokens``: evenly spaced, end to end, predicting disjoint tokens, as many as fit
     but at most ``max_tokens // block_size`` (at least one, all of a shorter stream)."""
     room = num_tokens - 1 - block_size  # the last start
-    if room < 0:
-        return np.zeros(1, dtype=np.int64)
     k = max(1, min(room // block_size + 1, max_tokens // block_size))
-    if k == 1:
+    if k == 1:  # also a stream shorter than one window (room < 0)
         return np.zeros(1, dtype=np.int64)
     return np.arange(k, dtype=np.int64) * room // (k - 1)
 
