@@ -25,7 +25,8 @@ def check_reduction(reduction: str) -> None:
         )
 
 
-def _check_same_place(params: Params, name: str, a: Array) -> Any:
+def _check_array(params: Params, name: str, a: Array) -> Any:
+    """The namespace of ``a`` once it is an integer array of the params' namespace and device."""
     ours, theirs = (f"{type(x).__module__}.{type(x).__name__}" for x in (params.wte, a))
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
         why = f"{name} must be an array of the params' namespace ({ours}), got {theirs}"
@@ -39,6 +40,8 @@ def _check_same_place(params: Params, name: str, a: Array) -> Any:
     where, home = device(a), params.device
     if where is not None and home is not None and str(where) != str(home):
         raise ArgumentValueError(name, f"{name} is on device {where} but params are on {home}")
+    if not _xp.is_integral(xp, a.dtype):
+        raise ArgumentTypeError(name, f"{name} must have an integer dtype, got {a.dtype}")
     return xp
 
 
@@ -47,9 +50,7 @@ def check_tokens(
 ) -> tuple[Array, Array | None]:
     """``tokens (B, T)`` and ``lengths (B,)`` (``None``: rows of ``T``) checked (the
     module's docstring), on Dask with their value checks attached."""
-    xp = _check_same_place(params, "tokens", tokens)
-    if not _xp.is_integral(xp, tokens.dtype):
-        raise ArgumentTypeError("tokens", f"tokens must have an integer dtype, got {tokens.dtype}")
+    xp = _check_array(params, "tokens", tokens)
     if tokens.ndim != 2:
         raise ArgumentValueError(
             "tokens", f"tokens must be 2-d (batch, time), got shape {tuple(tokens.shape)}"
@@ -66,11 +67,7 @@ def check_tokens(
     if isinstance(t, int) and t < min_length:
         raise ArgumentValueError("tokens", f"sequences need at least {min_length} tokens, got {t}")
     if lengths is not None:
-        _check_same_place(params, "lengths", lengths)
-        if not _xp.is_integral(xp, lengths.dtype):
-            raise ArgumentTypeError(
-                "lengths", f"lengths must have an integer dtype, got {lengths.dtype}"
-            )
+        _check_array(params, "lengths", lengths)
         if lengths.ndim != 1 or (
             isinstance(b, int) and isinstance(lengths.shape[0], int) and lengths.shape[0] != b
         ):
