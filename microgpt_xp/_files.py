@@ -44,8 +44,7 @@ def check_writable(path: str | Path, *, make_parents: bool = True) -> Path:
     except OSError as exc:
         why = f"cannot create a file in folder {str(folder)!r} ({exc.strerror or exc})"
         raise _cannot(path, why) from exc
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
+    tmp.unlink(missing_ok=True)
     _release(fd)
     return path
 
@@ -98,8 +97,7 @@ def _atomic_open(path: Path, mode: str, make_parents: bool) -> Iterator[IO[Any]]
             os.fsync(f.fileno())  # the content is on disk before the name points to it
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
         raise
     finally:
         _release(fd)
@@ -205,8 +203,7 @@ class Claim:
         if self._fd is None:
             return
         # removed while locked: a claimer holding the old file sees it unnamed and retries
-        with contextlib.suppress(FileNotFoundError):
-            self._lock_path.unlink()
+        self._lock_path.unlink(missing_ok=True)
         fd, self._fd = self._fd, None
         _release(fd)
 
