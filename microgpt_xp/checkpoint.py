@@ -77,17 +77,6 @@ def _corrupt(name: str, why: str) -> CheckpointError:
     return CheckpointError(f"checkpoint {name} is corrupt: {why}")
 
 
-def _npy(a: Any) -> bytes:
-    """``a`` in the ``.npy`` format (what ``np.savez`` writes for each entry)."""
-    f = io.BytesIO()
-    np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
-    return f.getvalue()
-
-
-def _bytes(raw: bytes) -> np.ndarray:
-    return np.frombuffer(raw, dtype=np.uint8)
-
-
 def save(
     path: str | Path,
     params: Params,
@@ -127,8 +116,13 @@ def save(
     }
     raw = json.dumps(header).encode()
     digest = hashlib.sha256(raw).hexdigest().encode()
-    entries = {"__header__": _bytes(raw), "__header_sha256__": _bytes(digest), **arrays}
-    blobs = {name: _npy(a) for name, a in entries.items()}  # the slow part, outside the zip
+    headers = {"__header__": raw, "__header_sha256__": digest}
+    entries = {**{k: np.frombuffer(v, dtype=np.uint8) for k, v in headers.items()}, **arrays}
+    blobs: dict[str, bytes] = {}
+    for name, a in entries.items():  # each in the .npy format: the slow part, outside the zip
+        f = io.BytesIO()
+        np.lib.format.write_array(f, a, allow_pickle=False)
+        blobs[name] = f.getvalue()
     buf = io.BytesIO()
     archive = zipfile.ZipFile(buf, "w")  # np.savez's layout, each entry written whole
     try:
