@@ -11,7 +11,7 @@ import numpy as np
 from . import _xp
 from ._errors import ArgumentTypeError
 from .corpus import Source, check_source, encode, is_corpus
-from .data import DataError, Tokenizer, check_tokenizer
+from .data import DataError, Tokenizer, check_tokenizer, predicted
 from .model import score
 from .params import Params
 from .resources import score_chunk
@@ -99,7 +99,7 @@ def score_rows(
     """:func:`score_texts`'s ``(n, 3)`` columns of ``tokens (n, L)``, ``lengths (n,)``."""
     tok, lens = _xp.to_batch(tokens, lengths, params.backend, device=params.device)
     losses = _xp.to_numpy(score(params, tok, lens, jit=jit, check=False))  # encoded here
-    n = np.minimum(lengths - 1, params.config.block_size)
+    n = predicted(lengths, params.config.block_size)
     loss64, n64 = losses.astype(np.float64), n.astype(np.float64)
     return np.stack([loss64, loss64 * n64, n64], axis=1)
 
