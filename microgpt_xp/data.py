@@ -144,11 +144,11 @@ def check_docs(docs: Sequence[str] | None, what: str) -> list[str]:
     docs = list(docs)
     if not docs:
         raise DataError(f"{what}: the corpus holds no documents", what)
-    bad = next((d for d in docs if not isinstance(d, str)), None)
-    if bad is not None:
-        raise ArgumentTypeError(
-            what, f"documents must be strings, got {type(bad).__name__}: {bad!r}"
-        )
+    for d in docs:
+        if not isinstance(d, str):
+            raise ArgumentTypeError(
+                what, f"documents must be strings, got {type(d).__name__}: {d!r}"
+            )
     return docs
 
 

@@ -237,6 +237,7 @@ _BAD = [  # (arguments, error, the parameter it names, a phrase that tells the c
     ({"docs": [], "steps": 1, "batch_size": 1}, DataError, "docs", "no documents"),
     ({"docs": "abc"}, TypeError, "docs", "not one string"),  # else one-character documents
     ({"docs": ["abc", 3]}, TypeError, "docs", "documents must be strings"),
+    ({"docs": ["abc", None]}, TypeError, "docs", "got NoneType"),
     ({"resume": True}, ValueError, "resume", "checkpoint"),
     (
         {"config": GPTConfig(TOKENIZER.vocab_size + 1, n_embd=8, n_head=2)},
