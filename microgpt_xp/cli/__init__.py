@@ -77,14 +77,6 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(getattr(signal, name), handler)
 
 
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null, so that the last flush at exit does not fail again."""
-    with contextlib.suppress(AttributeError, OSError, ValueError):  # not a real file
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``microgpt-xp`` command on ``argv`` (default ``sys.argv[1:]``); its exit status:
     2 for usage errors, 1 for other user errors, each after one error line."""
@@ -121,8 +113,13 @@ def _main(arguments: list[str], cli: Any) -> int:
     except KeyboardInterrupt as exc:  # train raises it again with how to resume
         error(str(exc) or "interrupted")
         return 128 + (getattr(exc, "signum", None) or signal.SIGINT)
-    except BrokenPipeError:  # the reader of stdout went away (`sample | head`): it has
-        _silence_stdout()  # what it wanted (docs.python.org, "Note on SIGPIPE")
+    except BrokenPipeError:  # the reader of stdout went away (`sample | head`): it has what
+        # it wanted. Point stdout at /dev/null, so that the last flush at exit does not fail
+        # again (docs.python.org, "Note on SIGPIPE"); not a real file: nothing to do.
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
         return 0
     except MemoryError as exc:
         if os.environ.get("MICROGPT_XP_TRACEBACK"):

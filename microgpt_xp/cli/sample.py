@@ -9,7 +9,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..sample import DEFAULT_BATCH_SIZE
+from .._files import atomic_open
+from ..sample import DEFAULT_BATCH_SIZE, iter_samples
 from . import _common as cli
 from ._progress import Progress
 
@@ -60,8 +61,6 @@ def run(args: argparse.Namespace) -> int:
 
         batches: Iterable[list[str]] = [sample_exact(args, ck)]
     else:
-        from ..sample import iter_samples
-
         batches = iter_samples(
             ck.params,
             ck.tokenizer,
@@ -77,17 +76,12 @@ def run(args: argparse.Namespace) -> int:
     ):
         counted = bar.counted(batches)
         if args.out is not None:
-            from .._files import atomic_open
-
             count = 0
             with atomic_open(args.out, make_parents=False) as f:
                 for names in counted:
                     f.writelines(f"{name}\n" for name in names)
                     count += len(names)
-            if args.json:
-                cli.print_json({**head, "out": args.out, "num_samples": count})
-            else:
-                print(f"wrote {count} names to {args.out}")
+            _wrote(args, head, count, "names")
         elif args.json:
             cli.print_json_stream(head, "samples", counted)
         else:
@@ -99,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
 def _passages(args: argparse.Namespace, ck: Any) -> int:
     """``sample`` on a text checkpoint: ``--num-samples`` passages (default one) of
     ``--length`` characters after the prompt, each piece written as it is drawn."""
-    from ..sample import iter_samples
-
     if args.workers is not None:
         raise cli.UsageError("--workers cannot be used with a text checkpoint (one stream)")
     count = 1 if args.num_samples is None else args.num_samples
@@ -125,14 +117,9 @@ def _passages(args: argparse.Namespace, ck: Any) -> int:
     head = _head(args, ck, length=length)
     with cli.threads_for(args, ck.config, 1, "decode"):
         if args.out is not None:
-            from .._files import atomic_open
-
             with atomic_open(args.out, make_parents=False) as f:
                 f.write("\n\n".join(text for [text] in passages()) + "\n")
-            if args.json:
-                cli.print_json({**head, "out": args.out, "num_samples": count})
-            else:
-                print(f"wrote {count} passages of {size} characters to {args.out}")
+            _wrote(args, head, count, f"passages of {size} characters")
         elif args.json:
             cli.print_json_stream(head, "samples", passages())
         else:
@@ -145,6 +132,14 @@ def _passages(args: argparse.Namespace, ck: Any) -> int:
                 written += len(piece)
             sys.stdout.write("\n")
     return 0
+
+
+def _wrote(args: argparse.Namespace, head: dict[str, Any], count: int, what: str) -> None:
+    """Say that ``count`` samples (``what``) were written to ``--out``, as JSON or a line."""
+    if args.json:
+        cli.print_json({**head, "out": args.out, "num_samples": count})
+    else:
+        print(f"wrote {count} {what} to {args.out}")
 
 
 def _head(args: argparse.Namespace, ck: Any, **more: Any) -> dict[str, Any]:
