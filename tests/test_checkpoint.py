@@ -127,8 +127,9 @@ def test_peek_reads_the_header_only(saved: Saved) -> None:
 def test_a_crashed_save_keeps_the_previous_file_or_leaves_nothing(
     saved: Saved, monkeypatch: pytest.MonkeyPatch, crash: str
 ) -> None:
-    """A Ctrl-C while zipfile opens an entry reaches the caller as the interrupt, not as the
-    ``ValueError`` of the archive's close that it triggers."""
+    """A save that fails (``os.replace`` or ``fsync``, or a Ctrl-C while zipfile opens an
+    entry: it reaches the caller as the interrupt, not as the ``ValueError`` of the archive's
+    close that it triggers) leaves the previous file as it was, and no new one."""
     path, params, adam = saved
     before, new = path.read_bytes(), path.parent / "new.ckpt"
 
