@@ -65,8 +65,7 @@ def rmsnorm_forward(x: Array, size: int) -> tuple[Array, Any]:
 
 def rmsnorm_columns(x_t: Array, size: int) -> Array:
     """:func:`rmsnorm_forward` of each column of ``x_t (C, B)`` (decoding's layout)."""
-    xp = array_namespace(x_t)
-    ms = xp.sum(x_t * x_t, axis=0, keepdims=True) * (1.0 / size)
+    ms = P.sum_first(x_t * x_t) * (1.0 / size)
     return x_t * (ms + RMSNORM_EPS) ** -0.5
 
 
@@ -93,5 +92,5 @@ def decode_attention(
     if seen is not None and not isinstance(seen, int):
         scores = xp.where(seen[:, None, None], scores, xp.full_like(scores, -xp.inf))
     att = P.softmax(scores, axis=0)
-    y = xp.sum(att[:, :, None, :] * P.slot_heads(values, n_head, d), axis=0)
+    y = P.sum_first(att[:, :, None, :] * P.slot_heads(values, n_head, d))[0, ...]
     return xp.reshape(y, (n_head * d, -1))

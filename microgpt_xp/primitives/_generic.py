@@ -18,8 +18,8 @@ __all__ = [
     "causal_attention_backward", "causal_bias", "cross_entropy", "cross_entropy_backward",
     "cumulative_sum0", "embed", "embed_columns", "full", "head_cross_entropy", "head_cross_entropy_backward",
     "keep_columns", "linear", "linear_input_grad", "merge_heads", "one_hot", "positions", "relu",
-    "relu_backward", "scatter_add_rows", "slot_heads", "softmax", "split_heads", "sum_last",
-    "weight_grad",
+    "relu_backward", "scatter_add_rows", "slot_heads", "softmax", "split_heads", "sum_first",
+    "sum_last", "weight_grad",
 ]  # fmt: skip
 
 
@@ -46,6 +46,12 @@ def positions(x: Array, axis: int = 1) -> Array:
         return xp.arange(n, dtype=xp.int64, device=device(x))
     line = xp.moveaxis(x, axis, -1)[(0,) * (x.ndim - 1) + (...,)]
     return xp.cumulative_sum(xp.ones_like(line, dtype=xp.int64)) - 1
+
+
+@overridable()
+def sum_first(x: Array) -> Array:
+    """``(n, …)`` -> ``(1, …)``: the sum over the leading axis."""
+    return array_namespace(x).sum(x, axis=0, keepdims=True)
 
 
 @overridable()
@@ -180,7 +186,7 @@ def softmax(z: Array, axis: int = -1) -> Array:
     if axis != 0:
         raise ValueError(f"softmax runs over axis -1 or 0, not {axis}")
     e = xp.exp(z - xp.max(z, axis=0, keepdims=True))
-    return e * (1.0 / xp.sum(e, axis=0, keepdims=True))
+    return e * (1.0 / sum_first(e))
 
 
 def _normalized(e: Array) -> Array:

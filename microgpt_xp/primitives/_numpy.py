@@ -27,6 +27,12 @@ def positions(x: Any, axis: int = 1) -> Any:
     return _arange(x.shape[axis], np.int64)
 
 
+def sum_first(x: Any) -> Any:
+    """``x.sum(axis=0, keepdims=True)``: the generic form's namespace lookup made the sampler
+    5% slower."""
+    return x.sum(axis=0, keepdims=True)
+
+
 def sum_last(x: Any) -> Any:
     """``x @ ones((n, 2))``, first column (a matrix-vector product rounds by row count)."""
     n = x.shape[-1]
