@@ -116,8 +116,11 @@ def save(
     }
     raw = json.dumps(header).encode()
     digest = hashlib.sha256(raw).hexdigest().encode()
-    headers = {"__header__": raw, "__header_sha256__": digest}
-    entries = {**{k: np.frombuffer(v, dtype=np.uint8) for k, v in headers.items()}, **arrays}
+    entries = {
+        "__header__": np.frombuffer(raw, dtype=np.uint8),
+        "__header_sha256__": np.frombuffer(digest, dtype=np.uint8),
+        **arrays,
+    }
     blobs: dict[str, bytes] = {}
     for name, a in entries.items():  # each in the .npy format: the slow part, outside the zip
         f = io.BytesIO()
