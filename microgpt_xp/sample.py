@@ -238,7 +238,9 @@ def choose_columns(probs_t: Any, u: Any) -> Any:
     c = P.cumulative_sum0(probs_t)
     hits = c[:-1, :] <= (u * c[-1, :])[None, :]
     xp = array_namespace(hits)
-    return xp.sum(xp.astype(hits, xp.int64), axis=0)
+    # counted in c's float dtype (exact: at most V - 1) by sum_first: onnxruntime's integer
+    # ReduceSum over the leading axis took 5x as long (a 16th of the generate graph's time)
+    return xp.astype(P.sum_first(xp.astype(hits, c.dtype))[0, :], xp.int64)
 
 
 def _decode_rows(params: Params, uniforms: np.ndarray, bos: int, inv_t: float, kw: Any) -> Any:
