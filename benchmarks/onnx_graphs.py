@@ -138,21 +138,21 @@ def generate_case(args: Any) -> str:
     """``--samples`` names (default 10,000) at temperature 0.5: ``mx.sample`` with its
     defaults (NumPy, ``batch_size`` 1,000, finished rows dropped) against the generate
     graph fed ``--gen-batch`` rows a ``session.run`` (10,000: one call), names decoded on
-    both sides, the same uniforms (``seed=1``)."""
+    both sides, the same uniforms (``seed=1``), drawn in the timed call on both sides."""
     from microgpt_xp.sample import row_uniforms
 
     result = mx.train(steps=100, dtype="float32")
     params, tokenizer, n = result.params, result.tokenizer, args.samples
     sessions = {k: session(m, args.threads) for k, m in variants(params, "generate").items()}
     width = params.config.block_size
-    u = row_uniforms(1, 0, n, width).astype(np.float32)
     temp = np.asarray(0.5, dtype=np.float32)
     gb = args.gen_batch
 
     def run(s: Any) -> list[str]:
         names: list[str] = []
         for a in range(0, n, gb):
-            (ids,) = s.run(None, {"uniforms": u[a : a + gb], "temperature": temp})
+            u = row_uniforms(1, a, min(a + gb, n), width).astype(np.float32)
+            (ids,) = s.run(None, {"uniforms": u, "temperature": temp})
             names.extend(tokenizer.decode_rows(ids))
         return names
 

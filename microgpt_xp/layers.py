@@ -59,14 +59,14 @@ def rmsnorm_forward(x: Array, size: int) -> tuple[Array, Any]:
     """RMSNorm without gain, ``x * (sum(x²) * (1/C) + 1e-5) ** -0.5``: ``x (…, C)`` -> ``(…, C)``,
     ``C = size``; the scale computed on ``(…,)`` (ONNX runtimes are slow on a length-1 axis)."""
     ms = P.sum_last(x * x)[..., 0] * (1.0 / size)
-    s = ((ms + RMSNORM_EPS) ** -0.5)[..., None]
+    s = P.rsqrt(ms + RMSNORM_EPS)[..., None]
     return x * s, (x, s, size)
 
 
 def rmsnorm_columns(x_t: Array, size: int) -> Array:
     """:func:`rmsnorm_forward` of each column of ``x_t (C, B)`` (decoding's layout)."""
     ms = P.sum_first(x_t * x_t) * (1.0 / size)
-    return x_t * (ms + RMSNORM_EPS) ** -0.5
+    return x_t * P.rsqrt(ms + RMSNORM_EPS)
 
 
 def rmsnorm_backward(dy: Array, cache: Any) -> Array:

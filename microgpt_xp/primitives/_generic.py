@@ -18,8 +18,8 @@ __all__ = [
     "causal_attention_backward", "causal_bias", "cross_entropy", "cross_entropy_backward",
     "cumulative_sum0", "embed", "embed_columns", "full", "head_cross_entropy", "head_cross_entropy_backward",
     "keep_columns", "linear", "linear_input_grad", "merge_heads", "one_hot", "positions", "relu",
-    "relu_backward", "scatter_add_rows", "slot_heads", "softmax", "split_heads", "sum_first",
-    "sum_last", "weight_grad",
+    "relu_backward", "rsqrt", "scatter_add_rows", "slot_heads", "softmax", "split_heads",
+    "sum_first", "sum_last", "weight_grad",
 ]  # fmt: skip
 
 
@@ -58,6 +58,12 @@ def sum_first(x: Array) -> Array:
 def sum_last(x: Array) -> Array:
     """``(…, n)`` -> ``(…, 1)``: the sum over the last axis."""
     return array_namespace(x).sum(x, axis=-1, keepdims=True)
+
+
+@overridable()
+def rsqrt(x: Array) -> Array:
+    """``x ** -0.5``, elementwise."""
+    return x**-0.5
 
 
 @overridable()

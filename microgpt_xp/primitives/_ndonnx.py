@@ -94,6 +94,12 @@ def sum_first(x: Any) -> Any:
     return ndx.asarray(op.reshape(total, shape, allowzero=1))  # a 0 in it is a size
 
 
+def rsqrt(x: Any) -> Any:
+    """``1 / sqrt(x)``: ``Sqrt`` then ``Reciprocal``, where onnxruntime's ``Pow`` by -0.5 took
+    5-9x as long (46 us against 5 for 10,000 values; within an ulp of it, as of NumPy's)."""
+    return ndx.asarray(op.reciprocal(op.sqrt(_var(x))))
+
+
 def sum_last(x: Any) -> Any:
     """``(…, n)`` -> ``(…, 1)``: one ``ReduceSum``."""
     return ndx.asarray(op.reduce_sum(_var(x), _ints(-1), keepdims=1))
