@@ -57,10 +57,11 @@ def linear_backward(dy: Array, cache: Any) -> tuple[Array, Array]:
 
 def rmsnorm_forward(x: Array, size: int) -> tuple[Array, Any]:
     """RMSNorm without gain, ``x * (sum(x²) * (1/C) + 1e-5) ** -0.5``: ``x (…, C)`` -> ``(…, C)``,
-    ``C = size``; the scale computed on ``(…,)`` (ONNX runtimes are slow on a length-1 axis)."""
+    ``C = size``; the scale ``s (…,)`` one per row, applied by ``scale_rows`` (ONNX runtimes
+    are slow on a length-1 axis)."""
     ms = P.sum_last(x * x)[..., 0] * (1.0 / size)
-    s = P.rsqrt(ms + RMSNORM_EPS)[..., None]
-    return x * s, (x, s, size)
+    s = P.rsqrt(ms + RMSNORM_EPS)
+    return P.scale_rows(x, s), (x, s, size)
 
 
 def rmsnorm_columns(x_t: Array, size: int) -> Array:
@@ -72,8 +73,8 @@ def rmsnorm_columns(x_t: Array, size: int) -> Array:
 def rmsnorm_backward(dy: Array, cache: Any) -> Array:
     """``dy (…, C)`` -> ``dx (…, C)``: ``dx = s·(dy − (s²/C)·Σ(dy·x)·x)``."""
     x, s, size = cache
-    dot = P.sum_last(dy * x)
-    return s * (dy - (s * s * (1.0 / size) * dot) * x)
+    dot = P.sum_last(dy * x)[..., 0]
+    return P.scale_rows(dy - P.scale_rows(x, s * s * (1.0 / size) * dot), s)
 
 
 def decode_attention(

@@ -18,8 +18,8 @@ __all__ = [
     "causal_attention_backward", "causal_bias", "cross_entropy", "cross_entropy_backward",
     "cumulative_sum0", "embed", "embed_columns", "full", "head_cross_entropy", "head_cross_entropy_backward",
     "keep_columns", "linear", "linear_input_grad", "merge_heads", "one_hot", "positions", "relu",
-    "relu_backward", "rsqrt", "scatter_add_rows", "slot_heads", "softmax", "split_heads",
-    "sum_first", "sum_last", "weight_grad",
+    "relu_backward", "rsqrt", "scale_rows", "scatter_add_rows", "slot_heads", "softmax",
+    "split_heads", "sum_first", "sum_last", "weight_grad",
 ]  # fmt: skip
 
 
@@ -58,6 +58,12 @@ def sum_first(x: Array) -> Array:
 def sum_last(x: Array) -> Array:
     """``(…, n)`` -> ``(…, 1)``: the sum over the last axis."""
     return array_namespace(x).sum(x, axis=-1, keepdims=True)
+
+
+@overridable()
+def scale_rows(x: Array, s: Array) -> Array:
+    """``x (…, n)`` with each row times its factor in ``s (…,)`` -> ``(…, n)``."""
+    return x * s[..., None]
 
 
 @overridable()
@@ -197,7 +203,7 @@ def softmax(z: Array, axis: int = -1) -> Array:
 
 def _normalized(e: Array) -> Array:
     """``e (…, n)`` times the reciprocal of its sums over the last axis."""
-    return e * (1.0 / sum_last(e)[..., 0])[..., None]
+    return scale_rows(e, 1.0 / sum_last(e)[..., 0])
 
 
 def _masked_softmax(z: Array, bias: Array) -> Array:
@@ -307,7 +313,7 @@ def cross_entropy(logits: Array, targets: Array, valid: Array | None) -> tuple[A
 def cross_entropy_backward(dlosses: Array, cache: Any) -> Array:
     """``dlosses (…)`` -> ``dlogits (…, V) = (p − onehot(target)) * dlosses``."""
     p, onehot = cache
-    return (p - onehot) * dlosses[..., None]
+    return scale_rows(p - onehot, dlosses)
 
 
 @overridable()

@@ -100,6 +100,18 @@ def rsqrt(x: Any) -> Any:
     return ndx.asarray(op.reciprocal(op.sqrt(_var(x))))
 
 
+def scale_rows(x: Any, s: Any) -> Any:
+    """One ``Mul`` by ``s`` widened to ``x``'s rows by a ``MatMul`` with ones ``(1, n)``
+    (``n`` known; else the generic form), where onnxruntime's broadcast of a length-1 last
+    axis took twice as long: ``(32, 16, 16)`` by ``(32, 16, 1)`` 10 us more."""
+    n = x.shape[-1]
+    if not isinstance(n, int):
+        return _generic.scale_rows.__wrapped__(x, s)  # type: ignore[attr-defined]
+    ones = op.const(np.ones((1, n), dtype=x.dtype.unwrap_numpy()))
+    wide = op.matmul(op.unsqueeze(_var(s), _ints(-1)), ones)
+    return ndx.asarray(op.mul(_var(x), wide))
+
+
 def sum_last(x: Any) -> Any:
     """``(…, n)`` -> ``(…, 1)``: one ``ReduceSum``."""
     return ndx.asarray(op.reduce_sum(_var(x), _ints(-1), keepdims=1))
@@ -153,7 +165,7 @@ def cross_entropy_backward(dlosses: Any, cache: Any) -> Any:
     p = op.exp(logp)
     classes = op.const(np.arange(vocab, dtype=np.int64))
     onehot = op.cast_like(op.equal(op.unsqueeze(targets, _ints(-1)), classes), p)
-    return ndx.asarray(op.mul(op.sub(p, onehot), op.unsqueeze(_var(dlosses), _ints(-1))))
+    return scale_rows(ndx.asarray(op.sub(p, onehot)), dlosses)
 
 
 def _head_masks(n_head: int, head_dim: int, dtype: Any, scale: float, x: Any) -> Any:
@@ -242,7 +254,11 @@ def causal_attention_backward(dy: Any, cache: Any) -> Any:
     g = _var(dy)
     dyh = op.reshape(op.mul(_per_head(g, n_head), ones), _ints(0, -1, c))  # (B, H·T, C)
     datt = op.matmul(dyh, op.transpose(v, perm=(0, 2, 1)))  # (B, H·T, T)
-    dscores = op.mul(att, op.sub(datt, op.reduce_sum(op.mul(datt, att), _ints(-1), keepdims=1)))
+    # each row's sum over the keys in every column: one product with ones (T, T), where a
+    # ReduceSum and a Sub broadcasting its length-1 axis took 1.4x as long
+    one = np.ones(1, dtype=dy.dtype.unwrap_numpy())
+    sums = op.matmul(op.mul(datt, att), op.constant_of_shape(_dims(g, "T", "T"), value=one))
+    dscores = op.mul(att, op.sub(datt, sums))
     dq_heads = op.reshape(op.matmul(dscores, k), _dims(g, 0, n_head, -1, c))
     dq = op.reduce_sum(op.mul(dq_heads, scaled), _ints(1), keepdims=0)
     dk = op.matmul(op.transpose(dscores, perm=(0, 2, 1)), qh)
