@@ -11,10 +11,13 @@
 Each graph runs as traced (``raw``) and as exported (``clean``: ndonnx's zero-size guards and
 NaN checks removed, then onnxscript's folding and rewrites where installed; shapes still
 dynamic); for ``train`` also exported with static shapes (``static``). Ratio = NumPy's time /
-onnxruntime's, median of the per-round ratios (interleaved rounds, rounds where other
-processes used the CPUs dropped).
+onnxruntime's, median of the per-round ratios (interleaved rounds, each measurement after
+``--gap`` idle seconds, rounds where other processes used the CPUs dropped). onnxruntime
+keeps its default threads, which spin between the nodes of a call (set to sleep, the
+generate graph took 1.2x as long and the train step 1.3x); the gap lets them, and
+OpenBLAS's, stop spinning before the other side runs.
 
-    python -m benchmarks.onnx_graphs [--rounds 7] [--threads 2]
+    python -m benchmarks.onnx_graphs [--rounds 7] [--threads 2] [--gap 0.3]
         [--cases forward,forward-medium,generate,train]
         [--cpu-time]   # CPU seconds of this process instead of the wall clock
 """
@@ -40,7 +43,6 @@ def session(model: Any, threads: int) -> Any:
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
@@ -98,7 +100,7 @@ def compare(numpy_fn: Callable[[], Any], ort_fns: dict[str, Callable[[], Any]], 
     contenders = [Timed("numpy", numpy_fn), *(Timed(k, f) for k, f in ort_fns.items())]
     for t in contenders:
         calibrate(t, warmup=2, min_time=0.2)
-    rounds = interleave(contenders, args.rounds, max_other=args.max_other)
+    rounds = interleave(contenders, args.rounds, max_other=args.max_other, gap=args.gap)
     use = rounds.use()
     parts = [f"numpy {1e3 * summary([m['numpy'] for m in use])['median']:.2f} ms"]
     for k in ort_fns:
@@ -210,6 +212,7 @@ def main() -> None:
     ap.add_argument("--gen-batch", type=int, default=1_000, help="rows per generate call")
     ap.add_argument("--cases", default="forward,forward-medium,generate,train")
     ap.add_argument("--max-other", type=float, default=0.05)
+    ap.add_argument("--gap", type=float, default=0.3, help="idle seconds before a measurement")
     ap.add_argument(
         "--cpu-time",
         action="store_true",
