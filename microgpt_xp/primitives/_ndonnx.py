@@ -96,7 +96,8 @@ def sum_first(x: Any) -> Any:
 
 def rsqrt(x: Any) -> Any:
     """``1 / sqrt(x)``: ``Sqrt`` then ``Reciprocal``, where onnxruntime's ``Pow`` by -0.5 took
-    5-9x as long (46 us against 5 for 10,000 values; within an ulp of it, as of NumPy's)."""
+    5-9x as long (10,000 values: 46 us against 5); the values within an ulp of ``Pow``'s
+    and of NumPy's."""
     return ndx.asarray(op.reciprocal(op.sqrt(_var(x))))
 
 
