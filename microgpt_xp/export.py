@@ -260,17 +260,26 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
         ndx.asarray(0, dtype=ndx.int64),
     ]
     trips, cond = ndx.asarray(s, dtype=ndx.int64), ndx.asarray(True)
-    ran = _loop(trips, cond, initial, body, range(3 + 2 * n))[-1]  # (positions run, B)
+    # the rows and the slots change from one position to the next, the channels do not
+    sizes_change = {
+        0: (None,),
+        1: (None,),
+        2: (None,),
+        **{3 + i: (None, cfg.n_embd, None) for i in range(2 * n)},
+    }
+    ran = _loop(trips, cond, initial, body, sizes_change)[-1]  # (positions run, B)
     ids = xp.concat([ndx.asarray(ran), xp.astype(xp.zeros_like(u_t), xp.int64) + bos], axis=0)
     ids = xp.permute_dims(ids[:s, :], (1, 0))
     return {"uniforms": uniforms, "temperature": temperature}, {"ids": ids}, {"ids": (b, s)}
 
 
-def _loop(trips: Any, cond: Any, initial: list[Any], body: Any, dynamic: Any = ()) -> list[Any]:
+def _loop(
+    trips: Any, cond: Any, initial: list[Any], body: Any, shapes: dict[int, tuple[Any, ...]]
+) -> list[Any]:
     """An ONNX ``Loop`` whose body takes the iteration and condition as scalars (spox's
     ``loop`` declares them ``(1,)``, which shape inference rejects); the carried values
-    ``dynamic`` (indices into ``initial``) have sizes that change from one iteration to the
-    next."""
+    ``initial[i]`` for ``i`` in ``shapes`` have the shape ``shapes[i]`` (``None`` where a size
+    changes from one iteration to the next)."""
     from spox._attributes import AttrGraph
     from spox._graph import subgraph
     from spox._type_system import Tensor
@@ -280,9 +289,8 @@ def _loop(trips: Any, cond: Any, initial: list[Any], body: Any, dynamic: Any = (
 
     spox = [a.unwrap_spox() for a in initial]
     carried = [v.unwrap_type() for v in spox]
-    for i in dynamic:
-        t = carried[i].unwrap_tensor()
-        carried[i] = Tensor(t.dtype, (None,) * len(t.shape))
+    for i, shape in shapes.items():
+        carried[i] = Tensor(carried[i].unwrap_tensor().dtype, shape)
     types = [Tensor(np.int64, ()), Tensor(np.bool_, ()), *carried]
     graph = subgraph(types, body)
     node = op._Loop(

@@ -367,14 +367,14 @@ def decode_hidden(params: Params, token_ids: Array, cache: KVCache) -> tuple[Arr
     x = L.rmsnorm_columns(x, c)
     keys, values = [], []
     for layer in range(cfg.n_layer):
-        qkv = qkv_weight(params, layer) @ L.rmsnorm_columns(x, c)
+        qkv = P.matmul(qkv_weight(params, layer), L.rmsnorm_columns(x, c))
         k, v, seen = P.cache_write(
             cache.keys[layer], cache.values[layer], qkv[c : 2 * c, :], qkv[2 * c :, :], pos
         )
         keys.append(k)
         values.append(v)
         y = L.decode_attention(qkv[:c, :], k, v, seen, n_head=cfg.n_head, head_dim=cfg.head_dim)
-        x = x + params.attn_wo[layer, ...] @ y
-        h, _ = P.relu(params.mlp_fc1[layer, ...] @ L.rmsnorm_columns(x, c))
-        x = x + params.mlp_fc2[layer, ...] @ h
+        x = x + P.matmul(params.attn_wo[layer, ...], y)
+        h, _ = P.relu(P.matmul(params.mlp_fc1[layer, ...], L.rmsnorm_columns(x, c)))
+        x = x + P.matmul(params.mlp_fc2[layer, ...], h)
     return x, KVCache(tuple(keys), tuple(values), pos + 1)

@@ -373,8 +373,8 @@ def _position(
     xp = params.xp
     x_t, cache = decode_hidden(params, token, cache)  # the model's own draws: no checks
     # logits / temperature laid out (V, B); the draw is scale-free (unnormalised exp)
-    z = (params.lm_head @ x_t) if greedy else (params.lm_head * inv_t) @ x_t
-    top = xp.max(z, axis=0, keepdims=True)
+    z = P.matmul(params.lm_head if greedy else params.lm_head * inv_t, x_t)
+    top = P.max_first(z)
     weights = xp.astype(z == top, z.dtype) if greedy else xp.exp(z - top)
     if top_k is not None:
         kth = xp.sort(z, axis=0)[-top_k : 1 - top_k or None, :]

@@ -68,9 +68,11 @@ def _cases(dtype: str) -> dict[str, list[tuple[Any, ...]]]:
     return {
         "sum_last": [(f(5, 7, 16),), (f(4, 16),), (f(16),)],
         "sum_first": [(f(7, 4, 4, 9),), (f(16, 3),), (_ids((5, 3), 7, 1),)],
+        "max_first": [(f(27, 9),), (f(7, 4, 5),), (f(1, 3),)],
         "rsqrt": [(np.abs(f(4, 9)) + 1e-5,), (np.abs(f(1, 300)),)],
         "scale_rows": [(f(5, 7, 16), f(5, 7, seed=1)), (f(3, 27), f(3, seed=2))],
         "linear": [(f(3, 5, 16), f(48, 16, seed=1)), (f(7, 16), f(27, 16, seed=1))],
+        "matmul": [(f(48, 16), f(16, 9, seed=1)), (f(27, 16), f(16, 1, seed=1))],
         "linear_input_grad": [(f(3, 5, 48), f(48, 16, seed=1))],
         "weight_grad": [(f(3, 5, 48), f(3, 5, 16, seed=1)), (f(3, 5, 8), f(3, 5, 16))],
         "cumulative_sum0": [(f(27, 9),), (f(1, 3),)],

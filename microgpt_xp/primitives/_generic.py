@@ -17,7 +17,7 @@ __all__ = [
     "arange", "attention", "attention_backward", "cache_write", "causal_attention",
     "causal_attention_backward", "causal_bias", "cross_entropy", "cross_entropy_backward",
     "cumulative_sum0", "embed", "embed_columns", "full", "head_cross_entropy", "head_cross_entropy_backward",
-    "keep_columns", "linear", "linear_input_grad", "merge_heads", "one_hot", "positions", "relu",
+    "keep_columns", "linear", "linear_input_grad", "matmul", "max_first", "merge_heads", "one_hot", "positions", "relu",
     "relu_backward", "rsqrt", "scale_rows", "scatter_add_rows", "slot_heads", "softmax",
     "split_heads", "sum_first", "sum_last", "weight_grad",
 ]  # fmt: skip
@@ -55,6 +55,12 @@ def sum_first(x: Array) -> Array:
 
 
 @overridable()
+def max_first(x: Array) -> Array:
+    """``(n, …)`` -> ``(1, …)``: the largest value along the leading axis."""
+    return array_namespace(x).max(x, axis=0, keepdims=True)
+
+
+@overridable()
 def sum_last(x: Array) -> Array:
     """``(…, n)`` -> ``(…, 1)``: the sum over the last axis."""
     return array_namespace(x).sum(x, axis=-1, keepdims=True)
@@ -76,6 +82,12 @@ def rsqrt(x: Array) -> Array:
 def linear(x: Array, w: Array) -> Array:
     """``x @ w.T``: ``x (…, n_in)``, ``w (n_out, n_in)`` -> ``(…, n_out)``."""
     return x @ array_namespace(w).matrix_transpose(w)
+
+
+@overridable()
+def matmul(a: Array, b: Array) -> Array:
+    """``a @ b``: ``a (…, n, k)``, ``b (…, k, m)`` -> ``(…, n, m)`` (decoding's ``w @ x_t``)."""
+    return a @ b
 
 
 @overridable()
