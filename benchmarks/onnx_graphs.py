@@ -6,7 +6,8 @@
 - ``generate``: 10,000 names through the generate graph (one ``session.run`` per batch of
   ``--gen-batch`` rows) against ``mx.sample`` on NumPy, after 100 training steps;
 - ``train``: one step of the train_step graph against ``mx.train_step`` on NumPy at B=32
-  (T=16, default model), state fed back.
+  (T=16, default model), state fed back; also the static graph on one intra-op thread
+  (``static-1``), NumPy keeping its threads.
 
 Each graph runs as traced (``raw``) and as exported (``clean``: ndonnx's zero-size guards and
 NaN checks removed, then onnxscript's folding and rewrites where installed; shapes still
@@ -184,6 +185,8 @@ def train_case(args: Any) -> str:
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
     models = variants(params, "train_step", batch=b, time=t)
     sessions = {k: session(m, args.threads) for k, m in models.items()}
+    if args.threads > 1:  # at this size a second intra-op thread can cost more than it gives
+        sessions["static-1"] = session(models["static"], 1)
     state = session(onnx_model(params, graph="train_init"), 1)
     state0 = dict(zip([o.name for o in state.get_outputs()], state.run(None, {}), strict=True))
     feeds = {k: {"tokens": tokens, "lengths": lengths, **state0} for k in sessions}
