@@ -5,6 +5,8 @@
   T=64;
 - ``generate``: 10,000 names through the generate graph (one ``session.run`` per batch of
   ``--gen-batch`` rows) against ``mx.sample`` on NumPy, after 100 training steps;
+- ``attention`` (not run by default): the causal attention's forward and backward alone at
+  the train step's shapes, against NumPy's;
 - ``train``: one step of the train_step graph against ``mx.train_step`` on NumPy at B=32
   (T=16, default model), state fed back; also the static graph on one intra-op thread
   (``static-1``), NumPy keeping its threads.
@@ -19,7 +21,7 @@ generate graph took 1.2x as long and the train step 1.3x); the gap lets them, an
 OpenBLAS's, stop spinning before the other side runs.
 
     python -m benchmarks.onnx_graphs [--rounds 7] [--threads 2] [--gap 0.3]
-        [--cases forward,forward-medium,generate,train]
+        [--cases forward,forward-medium,generate,train,attention]
         [--cpu-time]   # CPU seconds of this process instead of the wall clock
 """
 
@@ -207,6 +209,41 @@ def train_case(args: Any) -> str:
     return compare(step_np, fns, args) + f"; top-level nodes {counts}"
 
 
+def attention_case(args: Any) -> str:
+    """The causal attention's forward and backward alone (``P.causal_attention`` and its
+    backward, B=32, T=16, 4 heads of 4 channels: the train step's shapes), traced on ndonnx
+    and cleaned as the export does, against the same calls on NumPy: the share of the
+    train_step graph's time that is attention."""
+    import ndonnx as ndx
+
+    import microgpt_xp.primitives as P
+    from microgpt_xp.export import _clean, _optimized
+
+    b, t, h, d = 32, 16, 4, 4
+    qkv_a = ndx.argument(shape=(b, t, 3 * h * d), dtype=ndx.float32)
+    dy_a = ndx.argument(shape=(b, t, h * d), dtype=ndx.float32)
+    y, cache = P.causal_attention(qkv_a, h, d)
+    model = ndx.build(
+        {"qkv": qkv_a, "dy": dy_a}, {"y": y, "dqkv": P.causal_attention_backward(dy_a, cache)}
+    )
+    _clean(model.graph)
+    model = _optimized(model)
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal((b, t, 3 * h * d)).astype(np.float32)
+    dy = rng.standard_normal((b, t, h * d)).astype(np.float32)
+    feed = {"qkv": qkv, "dy": dy}
+    s = session(model, args.threads)
+
+    def numpy_fn() -> Any:
+        out, c = P.causal_attention(qkv, h, d)
+        return out, P.causal_attention_backward(dy, c)
+
+    want = numpy_fn()
+    err = max(float(np.max(np.abs(g - w))) for g, w in zip(s.run(None, feed), want, strict=True))
+    line = compare(numpy_fn, {"graph": lambda: s.run(None, feed)}, args)
+    return line + f"; largest difference {err:.1e}; nodes {len(model.graph.node)}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.onnx_graphs")
     ap.add_argument("--rounds", type=int, default=7)
@@ -229,6 +266,7 @@ def main() -> None:
         "forward-medium": forward_medium_case,
         "generate": generate_case,
         "train": train_case,
+        "attention": attention_case,
     }
     for name in args.cases.split(","):
         print(f"{name}: {cases[name](args)}", flush=True)
