@@ -134,8 +134,8 @@ def max_first(x: Any) -> Any:
 
 
 def matmul(a: Any, b: Any) -> Any:
-    """``a @ b``, one ``MatMul``: ndonnx's guards it against zero sizes (an ``If``, whose
-    output's shape is unknown at export: sizes known in the model are kept known)."""
+    """``a @ b``, one ``MatMul``: ndonnx's ``@`` wraps it in a zero-size guard, an ``If``
+    whose output's shape is unknown at export, so every size after it was unknown too."""
     return ndx.asarray(op.matmul(_var(a), _var(b)))
 
 
