@@ -227,15 +227,10 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
     rows0 = xp.cumulative_sum(xp.astype(token0 == token0, xp.int64)) - 1  # 0..B-1, B unknown
     empty = xp.zeros_like(uniforms[:, 0])[None, None, :] * xp.zeros((0, cfg.n_embd, 1), dtype=dtype)
 
-    def pick(a: Any, idx: Any) -> Any:
-        """``a[idx]`` of a 1-d ``a``: one ``GatherElements``, where onnxruntime's ``Gather``
-        copies 1-d values one by one (10,000 of them: 6x as long)."""
-        return ndx.asarray(op.gather_elements(a.unwrap_spox(), idx.unwrap_spox(), axis=0))
-
     def body(_i: Any, _cond: Any, *carried: Any) -> list[Any]:
         token, done, rows, *bufs, pos = (ndx.asarray(v) for v in carried)
         cache = KVCache(tuple(bufs[:n]), tuple(bufs[n:]), pos)
-        u = pick(xp.take(u_t, xp.reshape(pos, (1,)), axis=0)[0, :], rows)
+        u = P.keep_columns(xp.take(u_t, xp.reshape(pos, (1,)), axis=0)[0, :], rows)
         token, cache, done, row = _position(
             params, cache, token, u, done, bos, inv_t, greedy=False, top_k=None
         )
@@ -246,9 +241,7 @@ def _generate_graph(params: Params, ndx: Any, sizes: dict[str, int | None]) -> G
         keep = xp.nonzero(xp.logical_not(done))[0]
 
         def kept() -> list[Any]:
-            out = [pick(a, keep) for a in state[:3]]
-            out += [P.keep_columns(buf, keep) for buf in state[3:]]
-            return [a.unwrap_spox() for a in out]
+            return [P.keep_columns(a, keep).unwrap_spox() for a in state]
 
         carried_on = op.if_(
             (4 * ended >= count).unwrap_spox(),  # measured: as good as 1/8, better than 1/2

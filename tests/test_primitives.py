@@ -88,7 +88,11 @@ def _cases(dtype: str) -> dict[str, list[tuple[Any, ...]]]:
         "embed": [(_ids((3, 5), 27, 1), f(27, 16)), (_ids((1, 1), 27, 2), f(27, 16))],
         "embed_columns": [(_ids((5,), 27, 1), f(27, 16))],
         "slot_heads": [(f(3, 12, 5), 4, 3)],
-        "keep_columns": [(f(4, 6, 5), np.array([3, 0, 4]), 4), (f(4, 6, 5), np.array([1]))],
+        "keep_columns": [
+            (f(4, 6, 5), np.array([3, 0, 4]), 4),
+            (f(4, 6, 5), np.array([1])),
+            (f(9), np.array([8, 0, 4])),
+        ],
         "cache_write": [(f(4, 6, 3), f(4, 6, 3, seed=1), f(6, 3, seed=2), f(6, 3), np.asarray(2))],
         "attention": [(q, k, v, causal, 4), (q, k[:, :, :3], v[:, :, :3], None, 4)],
         "relu": [(relu_x,)],

@@ -93,7 +93,7 @@ def matmul(a: Array, b: Array) -> Array:
 @overridable()
 def linear_input_grad(dy: Array, w: Array) -> Array:
     """:func:`linear`'s input gradient ``dy @ w``: ``(…, n_out)`` -> ``(…, n_in)``."""
-    return dy @ w
+    return matmul(dy, w)
 
 
 @overridable()
@@ -169,12 +169,13 @@ def cache_write(keys: Array, values: Array, k: Array, v: Array, pos: Any) -> tup
 
 @overridable()
 def keep_columns(buf: Array, idx: Array, filled: int | None = None) -> Array:
-    """The batch columns ``idx (K,)`` of a cache buffer ``buf (P, C, B)`` -> ``(P, C, K)``:
-    every slot, or, where ``filled`` is given and buffers are writable, the first ``filled``
-    (those written) copied into a new buffer whose other slots are left unwritten."""
+    """The batch columns ``idx (K,)`` of ``buf (…, B)``, a cache buffer ``(P, C, B)`` or a
+    ``(B,)`` vector -> ``(…, K)``: every slot, or, where ``filled`` is given and the buffer
+    ``(P, C, B)`` is writable, the first ``filled`` (those written) copied into a new buffer
+    whose other slots are left unwritten."""
     xp = array_namespace(buf)
     if filled is None or not writable(buf):
-        return xp.take(buf, idx, axis=2)
+        return xp.take(buf, idx, axis=-1)
     new = xp.empty_like(buf[:, :, : idx.shape[0]])
     new[:filled, ...] = xp.take(buf[:filled, ...], idx, axis=2)
     return new

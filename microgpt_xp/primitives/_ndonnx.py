@@ -149,11 +149,6 @@ def linear(x: Any, w: Any) -> Any:
     return ndx.asarray(op.matmul(_var(x), op.transpose(_var(w), perm=(1, 0))))
 
 
-def linear_input_grad(dy: Any, w: Any) -> Any:
-    """``dy @ w``: ``(…, n_out)`` -> ``(…, n_in)``."""
-    return ndx.asarray(op.matmul(_var(dy), _var(w)))
-
-
 def weight_grad(dy: Any, x: Any) -> Any:
     """``Σ dy ⊗ x`` over the leading positions: leading axes flattened (``Flatten``), one
     product ``dy2.T @ x2`` -> ``(n_out, n_in)``."""
@@ -323,8 +318,12 @@ def slot_heads(x: Any, n_head: int, head_dim: int) -> Any:
 
 
 def keep_columns(buf: Any, idx: Any, filled: int | None = None) -> Any:
-    """Every slot (``filled`` unused: the generate graph's buffers hold the slots written
-    only), transposed, whole rows taken, transposed back: onnxruntime's ``Gather`` on the
-    last axis took 4.1 ms for an ``(8, 16, 10000)`` buffer, this 0.95 ms (2 threads)."""
+    """A vector: one ``GatherElements``, where onnxruntime's ``Gather`` copies 1-d values one
+    by one (10,000 of them: 6x as long). A buffer: every slot (``filled`` unused: the
+    generate graph's buffers hold the slots written only), transposed, whole rows taken,
+    transposed back: onnxruntime's ``Gather`` on the last axis took 4.1 ms for an ``(8, 16,
+    10000)`` buffer, this 0.95 ms (2 threads)."""
+    if buf.ndim == 1:
+        return ndx.asarray(op.gather_elements(_var(buf), _var(idx), axis=0))
     taken = ndx.take(ndx.permute_dims(buf, (2, 0, 1)), idx, axis=0)
     return ndx.permute_dims(taken, (1, 2, 0))
