@@ -7,6 +7,8 @@
   ``--gen-batch`` rows) against ``mx.sample`` on NumPy, after 100 training steps;
 - ``attention`` (not run by default): the causal attention's forward and backward alone at
   the train step's shapes, against NumPy's;
+- ``nodes`` (not run by default): the static train_step graph's time by operator, each
+  node (after onnxruntime's fusions) timed alone on its real inputs;
 - ``train``: one step of the train_step graph against ``mx.train_step`` on NumPy at B=32
   (T=16, default model), state fed back; also the static graph on one intra-op thread
   (``static-1``), NumPy keeping its threads.
@@ -21,7 +23,7 @@ generate graph took 1.2x as long and the train step 1.3x); the gap lets them, an
 OpenBLAS's, stop spinning before the other side runs.
 
     python -m benchmarks.onnx_graphs [--rounds 7] [--threads 2] [--gap 0.3]
-        [--cases forward,forward-medium,generate,train,attention]
+        [--cases forward,forward-medium,generate,train,attention,nodes]
         [--cpu-time]   # CPU seconds of this process instead of the wall clock
 """
 
@@ -168,7 +170,9 @@ def generate_case(args: Any) -> str:
     return line + f"; {gb} rows a call; same names {same}"
 
 
-def train_case(args: Any) -> str:
+def train_setup() -> tuple[Any, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """The train cases' default model (float32, seed 0), a batch of 32 embedded names padded
+    to ``T + 1 = 17`` and the exported initial state: ``(params, tokens, lengths, state0)``."""
     from microgpt_xp.data import Tokenizer, default_docs
     from microgpt_xp.export import onnx_model
 
@@ -177,20 +181,24 @@ def train_case(args: Any) -> str:
     docs = default_docs()
     tok = Tokenizer.from_docs(docs)
     rng = np.random.default_rng(0)
-    b = 32
     rows = [
         [tok.bos, *tok.encode(docs[i])[: cfg.block_size - 1], tok.bos]
-        for i in rng.integers(0, len(docs), b)
+        for i in rng.integers(0, len(docs), 32)
     ]
     t = cfg.block_size + 1
     tokens = np.array([r + [0] * (t - len(r)) for r in rows], dtype=np.int64)
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    models = variants(params, "train_step", batch=b, time=t)
+    state = session(onnx_model(params, graph="train_init"), 1)
+    state0 = dict(zip([o.name for o in state.get_outputs()], state.run(None, {}), strict=True))
+    return params, tokens, lengths, state0
+
+
+def train_case(args: Any) -> str:
+    params, tokens, lengths, state0 = train_setup()
+    models = variants(params, "train_step", batch=tokens.shape[0], time=tokens.shape[1])
     sessions = {k: session(m, args.threads) for k, m in models.items()}
     if args.threads > 1:  # at this size a second intra-op thread can cost more than it gives
         sessions["static-1"] = session(models["static"], 1)
-    state = session(onnx_model(params, graph="train_init"), 1)
-    state0 = dict(zip([o.name for o in state.get_outputs()], state.run(None, {}), strict=True))
     feeds = {k: {"tokens": tokens, "lengths": lengths, **state0} for k in sessions}
     names = {k: [o.name for o in s.get_outputs()] for k, s in sessions.items()}
 
@@ -244,6 +252,88 @@ def attention_case(args: Any) -> str:
     return line + f"; largest difference {err:.1e}; nodes {len(model.graph.node)}"
 
 
+def _timed(s: Any, feed: dict[str, Any], seconds: float = 0.1, rounds: int = 5) -> float:
+    """Median seconds of ``s.run`` over ``rounds`` rounds of ``seconds`` each, after a warm-up."""
+    import time
+
+    for _ in range(3):
+        s.run(None, feed)
+    times = []
+    for _ in range(rounds):
+        reps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            s.run(None, feed)
+            reps += 1
+        times.append((time.perf_counter() - start) / reps)
+    return float(np.median(times))
+
+
+def nodes_case(args: Any) -> str:
+    """Where the static train_step graph's time goes, without the profiler's cost per node
+    (several microseconds, as much as most nodes take): the graph as onnxruntime optimizes
+    it, each node timed alone in a model of its own on its real inputs, less the time of a
+    one-``Identity`` model (a run's own cost); summed by operator."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from microgpt_xp.export import onnx_model
+
+    params, tokens, lengths, state0 = train_setup()
+    feed = {"tokens": tokens, "lengths": lengths, **state0}
+    exported = onnx_model(params, graph="train_step", batch=tokens.shape[0], time=tokens.shape[1])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    # extended, not all: the file then holds no layout rewrites for this machine's CPU
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"onnx_nodes_{os.getpid()}.onnx")
+    opts.optimized_model_filepath = path
+    ort.InferenceSession(exported.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    model = onnx.load(path)
+    os.remove(path)
+    graph = model.graph
+
+    def alone(nodes: list[Any], names: list[str], outputs: list[str]) -> Any:
+        def info(name: str) -> Any:
+            return helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(values[name].dtype), values[name].shape
+            )
+
+        g = helper.make_graph(nodes, "alone", [info(n) for n in names], [info(o) for o in outputs])
+        m = helper.make_model(g, opset_imports=model.opset_import, ir_version=model.ir_version)
+        return session(m, args.threads)
+
+    every = onnx.ModelProto()
+    every.CopyFrom(model)
+    declared = {o.name for o in graph.output}
+    every.graph.output.extend(
+        onnx.ValueInfoProto(name=o) for n in graph.node for o in n.output if o and o not in declared
+    )
+    whole = session(every, args.threads)
+    values = dict(zip([o.name for o in whole.get_outputs()], whole.run(None, feed), strict=True))
+    values.update(feed)
+    values.update({i.name: numpy_helper.to_array(i) for i in graph.initializer})
+    graph_time = _timed(session(model, args.threads), feed)
+    values["x"] = values["y"] = np.zeros(1, np.float32)
+    base = _timed(
+        alone([helper.make_node("Identity", ["x"], ["y"])], ["x"], ["y"]), {"x": values["x"]}
+    )
+    by_op: dict[str, float] = {}
+    for node in graph.node:
+        names = list(dict.fromkeys(n for n in node.input if n))
+        outputs = [o for o in node.output if o]
+        s = alone([node], names, outputs)
+        spent = _timed(s, {n: values[n] for n in names}, seconds=0.05) - base
+        by_op[node.op_type] = by_op.get(node.op_type, 0.0) + spent
+    total = sum(by_op.values())
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:8]
+    ops = ", ".join(f"{k} {1e6 * v:.0f} us" for k, v in top)
+    return (
+        f"graph {1e3 * graph_time:.3f} ms, {len(graph.node)} nodes; alone they sum to "
+        f"{1e3 * total:.3f} ms (a run's own cost {1e6 * base:.1f} us taken from each); {ops}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.onnx_graphs")
     ap.add_argument("--rounds", type=int, default=7)
@@ -267,6 +357,7 @@ def main() -> None:
         "generate": generate_case,
         "train": train_case,
         "attention": attention_case,
+        "nodes": nodes_case,
     }
     for name in args.cases.split(","):
         print(f"{name}: {cases[name](args)}", flush=True)
