@@ -273,6 +273,8 @@ def nodes_case(args: Any) -> str:
     (several microseconds, as much as most nodes take): the graph as onnxruntime optimizes
     it, each node timed alone in a model of its own on its real inputs, less the time of a
     one-``Identity`` model (a run's own cost); summed by operator."""
+    import tempfile
+
     import onnx
     import onnxruntime as ort
     from onnx import helper, numpy_helper
@@ -286,11 +288,10 @@ def nodes_case(args: Any) -> str:
     opts.log_severity_level = 3
     # extended, not all: the file then holds no layout rewrites for this machine's CPU
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"onnx_nodes_{os.getpid()}.onnx")
-    opts.optimized_model_filepath = path
-    ort.InferenceSession(exported.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    model = onnx.load(path)
-    os.remove(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        opts.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        ort.InferenceSession(exported.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        model = onnx.load(opts.optimized_model_filepath)
     graph = model.graph
 
     def alone(nodes: list[Any], names: list[str], outputs: list[str]) -> Any:
@@ -314,10 +315,9 @@ def nodes_case(args: Any) -> str:
     values.update(feed)
     values.update({i.name: numpy_helper.to_array(i) for i in graph.initializer})
     graph_time = _timed(session(model, args.threads), feed)
-    values["x"] = values["y"] = np.zeros(1, np.float32)
-    base = _timed(
-        alone([helper.make_node("Identity", ["x"], ["y"])], ["x"], ["y"]), {"x": values["x"]}
-    )
+    values["run_in"] = values["run_out"] = np.zeros(1, np.float32)
+    run = alone([helper.make_node("Identity", ["run_in"], ["run_out"])], ["run_in"], ["run_out"])
+    base = _timed(run, {"run_in": values["run_in"]})
     by_op: dict[str, float] = {}
     for node in graph.node:
         names = list(dict.fromkeys(n for n in node.input if n))
