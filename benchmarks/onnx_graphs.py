@@ -253,19 +253,10 @@ def attention_case(args: Any) -> str:
 
 
 def _timed(s: Any, feed: dict[str, Any], seconds: float = 0.1, rounds: int = 5) -> float:
-    """Median seconds of ``s.run`` over ``rounds`` rounds of ``seconds`` each, after a warm-up."""
-    import time
-
-    for _ in range(3):
-        s.run(None, feed)
-    times = []
-    for _ in range(rounds):
-        reps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            s.run(None, feed)
-            reps += 1
-        times.append((time.perf_counter() - start) / reps)
-    return float(np.median(times))
+    """Median seconds of one ``s.run`` over ``rounds`` measurements of about ``seconds``."""
+    t = Timed("run", lambda: s.run(None, feed))
+    calibrate(t, warmup=3, min_time=seconds)
+    return summary([t.measure() for _ in range(rounds)])["median"]
 
 
 def nodes_case(args: Any) -> str:

@@ -348,7 +348,7 @@ def decode_step(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array
         params, token_ids[:, None], None, max_len=cfg.block_size, min_length=1
     )
     x_t, new_cache = decode_hidden(params, checked[:, 0], cache)
-    return params.xp.matrix_transpose(params.lm_head @ x_t), new_cache
+    return params.xp.matrix_transpose(P.matmul(params.lm_head, x_t)), new_cache
 
 
 def decode_hidden(params: Params, token_ids: Array, cache: KVCache) -> tuple[Array, KVCache]:
